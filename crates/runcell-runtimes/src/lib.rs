@@ -1,1 +1,384 @@
+//! runcell-runtimes: the languages runcell runs, what each needs from the host, and how a
+//! program in each is compiled and started inside a sandbox.
+#![forbid(unsafe_code)]
 
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use runcell_jail::RootEntry;
+
+/// A supported language.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Language {
+    Python,
+    Node,
+    Ruby,
+    Go,
+    Bash,
+}
+
+impl Language {
+    pub const ALL: [Language; 5] = [
+        Language::Python,
+        Language::Node,
+        Language::Ruby,
+        Language::Go,
+        Language::Bash,
+    ];
+
+    /// Parse a language name as users and models write it.
+    pub fn parse(name: &str) -> Option<Language> {
+        Some(match name.trim().to_ascii_lowercase().as_str() {
+            "python" | "python3" | "py" => Language::Python,
+            "node" | "nodejs" | "javascript" | "js" => Language::Node,
+            "ruby" | "rb" => Language::Ruby,
+            "go" | "golang" => Language::Go,
+            "bash" | "sh" | "shell" => Language::Bash,
+            _ => return None,
+        })
+    }
+
+    /// The language of a source file, from its extension.
+    pub fn from_path(path: &Path) -> Option<Language> {
+        Some(match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+            "py" => Language::Python,
+            "js" | "mjs" | "cjs" => Language::Node,
+            "rb" => Language::Ruby,
+            "go" => Language::Go,
+            "sh" | "bash" => Language::Bash,
+            _ => return None,
+        })
+    }
+
+    /// The canonical name (used in verdicts and listings).
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Node => "node",
+            Language::Ruby => "ruby",
+            Language::Go => "go",
+            Language::Bash => "bash",
+        }
+    }
+
+    /// The names `parse` accepts, for error messages.
+    pub fn accepted_names() -> &'static str {
+        "python, node (javascript), ruby, go, bash"
+    }
+
+    /// The file the code is written to, in /workspace.
+    pub fn source_file(self) -> &'static str {
+        match self {
+            Language::Python => "main.py",
+            Language::Node => "main.js",
+            Language::Ruby => "main.rb",
+            Language::Go => "main.go",
+            Language::Bash => "main.sh",
+        }
+    }
+
+    /// Where to look for the runtime on the host, in order.
+    fn candidates(self) -> &'static [&'static str] {
+        match self {
+            Language::Python => &["/usr/bin/python3"],
+            Language::Node => &["/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"],
+            Language::Ruby => &["/usr/bin/ruby", "/usr/local/bin/ruby"],
+            Language::Go => &["/usr/bin/go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"],
+            Language::Bash => &["/usr/bin/bash", "/bin/bash"],
+        }
+    }
+
+    /// How an operator installs the runtime (Debian and Ubuntu package names).
+    pub fn install_hint(self) -> &'static str {
+        match self {
+            Language::Python => "apt-get install python3",
+            Language::Node => "apt-get install nodejs",
+            Language::Ruby => "apt-get install ruby",
+            Language::Go => "apt-get install golang-go",
+            Language::Bash => "apt-get install bash",
+        }
+    }
+
+    fn display_name(self) -> &'static str {
+        match self {
+            Language::Python => "Python",
+            Language::Node => "Node.js",
+            Language::Ruby => "Ruby",
+            Language::Go => "Go",
+            Language::Bash => "bash",
+        }
+    }
+}
+
+/// The runtime of a language is not installed on this host.
+#[derive(Debug, thiserror::Error)]
+#[error("{name} is not installed on this host (looked for {looked}); the operator can install it with: {hint}")]
+pub struct Unavailable {
+    pub language: Language,
+    name: &'static str,
+    looked: String,
+    pub hint: &'static str,
+}
+
+/// A located runtime.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    pub language: Language,
+    /// The executable, as a path that is valid inside the sandbox (the host path: the host
+    /// directories it lives in are bound at the same place).
+    pub executable: PathBuf,
+}
+
+/// A command to run in the sandbox.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// How to run a program: write its source, optionally compile, then run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Absolute sandbox path of the source file.
+    pub source_path: PathBuf,
+    pub compile: Option<Invocation>,
+    pub run: Invocation,
+}
+
+/// The working directory of every program.
+pub const WORKSPACE: &str = "/workspace";
+/// Where a compiled binary goes (outside /workspace, so it is not mistaken for an output).
+const GO_BINARY: &str = "/tmp/.runcell/main";
+
+/// Find a language's runtime on the host.
+pub fn locate(language: Language) -> Result<Runtime, Unavailable> {
+    locate_in(language, Path::new("/"))
+}
+
+/// `locate` against another root directory (for tests).
+pub fn locate_in(language: Language, root: &Path) -> Result<Runtime, Unavailable> {
+    for c in language.candidates() {
+        let host = root.join(c.trim_start_matches('/'));
+        if is_executable(&host) {
+            return Ok(Runtime {
+                language,
+                executable: PathBuf::from(c),
+            });
+        }
+    }
+    Err(Unavailable {
+        language,
+        name: language.display_name(),
+        looked: language.candidates().join(", "),
+        hint: language.install_hint(),
+    })
+}
+
+fn is_executable(p: &Path) -> bool {
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The environment every program gets; nothing of runcell's own environment is passed on.
+pub fn base_env() -> Vec<(String, String)> {
+    [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("USER", "sandbox"),
+        ("LOGNAME", "sandbox"),
+        ("LANG", "C.UTF-8"),
+        ("TMPDIR", "/tmp"),
+        ("PWD", WORKSPACE),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+impl Runtime {
+    /// The host parts this runtime needs, read-only. Everything lives under /usr on current
+    /// distributions; the top-level /bin, /lib, ... are symlinks into it on merged-/usr systems
+    /// (recreated as symlinks) and real directories elsewhere (bound).
+    pub fn root_entries(&self) -> Vec<RootEntry> {
+        root_entries_in(Path::new("/"))
+    }
+
+    /// The runtime's version, asked from the host binary (for `doctor` and listings).
+    pub fn version(&self) -> Option<String> {
+        let (args, pick): (&[&str], fn(&str) -> Option<String>) = match self.language {
+            Language::Go => (&["version"], |s| s.split_whitespace().nth(2).map(|v| v.trim_start_matches("go").to_string())),
+            Language::Node => (&["--version"], |s| Some(s.trim().trim_start_matches('v').to_string())),
+            Language::Bash => (&["--version"], |s| {
+                s.lines().next()?.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit())).map(|v| v.split('(').next().unwrap_or(v).to_string())
+            }),
+            Language::Python | Language::Ruby => (&["--version"], |s| s.split_whitespace().nth(1).map(str::to_string)),
+        };
+        let out = Command::new(&self.executable).args(args).env_clear().output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        pick(&text)
+    }
+
+    /// The plan for running `source` (the file content is written by the caller).
+    pub fn plan(&self) -> Plan {
+        let source_path = Path::new(WORKSPACE).join(self.language.source_file());
+        let src = source_path.to_string_lossy().into_owned();
+        let exe = self.executable.to_string_lossy().into_owned();
+        let mut env = base_env();
+        let (compile, argv) = match self.language {
+            Language::Python => {
+                env.extend(kv(&[
+                    // The standard library is read-only and user modules should not leave
+                    // __pycache__ directories in /workspace.
+                    ("PYTHONDONTWRITEBYTECODE", "1"),
+                    // Output reaches the caller as it is written, also when streamed.
+                    ("PYTHONUNBUFFERED", "1"),
+                    ("MPLBACKEND", "Agg"),
+                ]));
+                (None, vec![exe, src])
+            }
+            Language::Node | Language::Ruby | Language::Bash => (None, vec![exe, src]),
+            Language::Go => {
+                env.extend(kv(&[
+                    ("GOCACHE", "/tmp/.cache/go-build"),
+                    ("GOPATH", "/tmp/go"),
+                    ("GOENV", "off"),
+                    ("GOFLAGS", "-buildvcs=false"),
+                    ("GOPROXY", "off"),
+                    ("GOTOOLCHAIN", "local"),
+                    ("GOTELEMETRY", "off"),
+                    // No C toolchain in the sandbox: pure-Go builds of os/user and net.
+                    ("CGO_ENABLED", "0"),
+                ]));
+                let compile = Invocation {
+                    argv: vec![exe, "build".into(), "-o".into(), GO_BINARY.into(), src],
+                    env: env.clone(),
+                };
+                (Some(compile), vec![GO_BINARY.to_string()])
+            }
+        };
+        Plan {
+            source_path,
+            compile,
+            run: Invocation { argv, env },
+        }
+    }
+
+    /// Whether the runtime copes with RLIMIT_AS as a memory limit. Node and Go reserve large
+    /// virtual address ranges up front and fail under an address-space limit, so for them only
+    /// the cgroup limits memory.
+    pub fn tolerates_address_space_limit(&self) -> bool {
+        matches!(self.language, Language::Python | Language::Ruby | Language::Bash)
+    }
+}
+
+fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// The read-only host entries, found relative to `host_root` (for tests).
+pub fn root_entries_in(host_root: &Path) -> Vec<RootEntry> {
+    let mut entries = vec![RootEntry::Bind {
+        path: PathBuf::from("/usr"),
+        dir: true,
+    }];
+    for top in ["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"] {
+        let host = host_root.join(&top[1..]);
+        match fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(target) = fs::read_link(&host) {
+                    entries.push(RootEntry::Symlink {
+                        path: PathBuf::from(top),
+                        target,
+                    });
+                }
+            }
+            Ok(m) if m.is_dir() => entries.push(RootEntry::Bind {
+                path: PathBuf::from(top),
+                dir: true,
+            }),
+            _ => {}
+        }
+    }
+    // The dynamic loader's cache, the alternatives symlinks that /usr/bin entries point into,
+    // and fontconfig's configuration (read by matplotlib).
+    for (path, dir) in [
+        ("/etc/ld.so.cache", false),
+        ("/etc/alternatives", true),
+        ("/etc/fonts", true),
+    ] {
+        let host = host_root.join(&path[1..]);
+        let exists = fs::symlink_metadata(&host)
+            .map(|m| m.is_dir() == dir && !m.file_type().is_symlink())
+            .unwrap_or(false);
+        if exists {
+            entries.push(RootEntry::Bind {
+                path: PathBuf::from(path),
+                dir,
+            });
+        }
+    }
+    entries
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_extensions() {
+        assert_eq!(Language::parse("JavaScript"), Some(Language::Node));
+        assert_eq!(Language::parse("python3"), Some(Language::Python));
+        assert_eq!(Language::parse("golang"), Some(Language::Go));
+        assert_eq!(Language::parse("cobol"), None);
+        assert_eq!(Language::from_path(Path::new("x/a.mjs")), Some(Language::Node));
+        assert_eq!(Language::from_path(Path::new("a.RB")), Some(Language::Ruby));
+        assert_eq!(Language::from_path(Path::new("Makefile")), None);
+        for l in Language::ALL {
+            assert_eq!(Language::parse(l.name()), Some(l));
+            assert_eq!(Language::from_path(Path::new(l.source_file())), Some(l));
+        }
+    }
+
+    #[test]
+    fn locate_reports_missing_runtime_with_install_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = locate_in(Language::Go, dir.path()).unwrap_err();
+        assert!(err.to_string().contains("apt-get install golang-go"), "{err}");
+        fs::create_dir_all(dir.path().join("usr/bin")).unwrap();
+        let go = dir.path().join("usr/bin/go");
+        fs::write(&go, "#!/bin/sh\n").unwrap();
+        // Not executable yet: still unavailable.
+        assert!(locate_in(Language::Go, dir.path()).is_err());
+        fs::set_permissions(&go, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(locate_in(Language::Go, dir.path()).unwrap().executable, PathBuf::from("/usr/bin/go"));
+    }
+
+    #[test]
+    fn root_entries_follow_the_host_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("usr/lib")).unwrap();
+        std::os::unix::fs::symlink("usr/lib", dir.path().join("lib")).unwrap();
+        fs::create_dir_all(dir.path().join("sbin")).unwrap();
+        fs::create_dir_all(dir.path().join("etc/alternatives")).unwrap();
+        fs::write(dir.path().join("etc/ld.so.cache"), "").unwrap();
+        let e = root_entries_in(dir.path());
+        assert!(e.contains(&RootEntry::Symlink { path: "/lib".into(), target: "usr/lib".into() }));
+        assert!(e.contains(&RootEntry::Bind { path: "/sbin".into(), dir: true }));
+        assert!(e.contains(&RootEntry::Bind { path: "/etc/ld.so.cache".into(), dir: false }));
+        assert!(e.contains(&RootEntry::Bind { path: "/etc/alternatives".into(), dir: true }));
+        assert!(!e.iter().any(|x| matches!(x, RootEntry::Bind { path, .. } if path == Path::new("/etc/fonts"))));
+    }
+
+    #[test]
+    fn go_is_compiled_then_run_from_tmp() {
+        let rt = Runtime { language: Language::Go, executable: "/usr/bin/go".into() };
+        let plan = rt.plan();
+        let compile = plan.compile.unwrap();
+        assert_eq!(compile.argv[1], "build");
+        assert_eq!(plan.run.argv, vec![GO_BINARY.to_string()]);
+        assert!(plan.run.env.iter().any(|(k, v)| k == "CGO_ENABLED" && v == "0"));
+    }
+}

@@ -1,1 +1,385 @@
-fn main() {}
+//! The runcell binary: `runcell run`, `runcell doctor`, and (hidden) the sandbox helper.
+#![forbid(unsafe_code)]
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use runcell_core::limits::LimitOverrides;
+use runcell_core::units::{format_size, parse_duration, parse_size};
+use runcell_core::verdict::ErrorCategory;
+use runcell_core::{Engine, EngineConfig, ExecRequest, Verdict};
+use runcell_jail::{OutputSink, Stream};
+use runcell_runtimes::Language;
+
+/// Run untrusted code in a sandbox and get a structured verdict.
+#[derive(Parser)]
+#[command(name = "runcell", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program in a fresh sandbox.
+    Run(RunArgs),
+    /// Check which isolation layers and runtimes this host provides.
+    Doctor {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Language: python, node (javascript), ruby, go, bash. Default: from the file's
+    /// extension, otherwise python.
+    #[arg(long, short = 'l')]
+    lang: Option<String>,
+    /// The code to run, given inline.
+    #[arg(short = 'c', long = "code", conflicts_with = "file")]
+    code: Option<String>,
+    /// A file with the code, or '-' to read it from standard input.
+    file: Option<PathBuf>,
+    /// Wall-clock limit, in seconds or with a unit (500ms, 2m). Default 30.
+    #[arg(long, allow_hyphen_values = true)]
+    timeout: Option<String>,
+    /// Compile-time limit for compiled languages (Go). Default 60.
+    #[arg(long, allow_hyphen_values = true)]
+    compile_timeout: Option<String>,
+    /// Memory limit, swap included (256M, 1G). Default 256M.
+    #[arg(long, allow_hyphen_values = true)]
+    memory: Option<String>,
+    /// CPU cores (may be fractional, e.g. 0.5). Default 1.
+    #[arg(long, allow_hyphen_values = true)]
+    cpus: Option<String>,
+    /// Processes and threads. Default 64.
+    #[arg(long, allow_hyphen_values = true)]
+    pids: Option<String>,
+    /// Disk space of /tmp, /workspace and /dev/shm together (64M). Default 64M.
+    #[arg(long, allow_hyphen_values = true)]
+    disk: Option<String>,
+    /// Cap of stdout and of stderr each (1M). Default 1M.
+    #[arg(long, allow_hyphen_values = true)]
+    output: Option<String>,
+    /// Open files per process. Default 1024.
+    #[arg(long, allow_hyphen_values = true)]
+    open_files: Option<String>,
+    /// A file to feed to the program's standard input ('-' for runcell's own stdin).
+    #[arg(long)]
+    stdin: Option<PathBuf>,
+    /// Print exactly one JSON verdict on stdout and nothing else.
+    #[arg(long)]
+    json: bool,
+    /// Refuse to run when any isolation layer is missing on this host.
+    #[arg(long)]
+    strict: bool,
+}
+
+fn main() -> ExitCode {
+    // The sandbox helper role must start before anything else (no threads, no allocation of
+    // shared state): the supervisor exec's this binary with `__jail`.
+    if std::env::args_os().nth(1).as_deref() == Some(runcell_jail::init::HELPER_ARG.as_ref()) {
+        runcell_jail::init::helper_main();
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => Ok(run(args)),
+        Command::Doctor { json } => doctor(json),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("runcell: error: {e:#}");
+            ExitCode::from(125)
+        }
+    }
+}
+
+/// Writes the program's output through as it arrives.
+struct Passthrough;
+
+impl OutputSink for Passthrough {
+    fn output(&mut self, stream: Stream, chunk: &[u8]) {
+        let _ = match stream {
+            Stream::Stdout => {
+                let mut o = std::io::stdout().lock();
+                o.write_all(chunk).and_then(|_| o.flush())
+            }
+            Stream::Stderr => {
+                let mut e = std::io::stderr().lock();
+                e.write_all(chunk).and_then(|_| e.flush())
+            }
+        };
+    }
+}
+
+/// Turn the CLI's arguments into a request, or an invalid_request verdict.
+fn build_request(args: &RunArgs) -> Result<ExecRequest, Verdict> {
+    let invalid = |m: String| Verdict::failed(ErrorCategory::InvalidRequest, m);
+    let (code, path) = match (&args.code, &args.file) {
+        (Some(c), _) => (c.clone(), None),
+        (None, Some(p)) if p.as_os_str() == "-" => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| invalid(format!("Cannot read the code from standard input: {e}.")))?;
+            let code = String::from_utf8(buf)
+                .map_err(|_| invalid("The code on standard input is not valid UTF-8.".into()))?;
+            (code, None)
+        }
+        (None, Some(p)) => {
+            let bytes = std::fs::read(p)
+                .map_err(|e| invalid(format!("Cannot read {}: {e}.", p.display())))?;
+            let code = String::from_utf8(bytes)
+                .map_err(|_| invalid(format!("{} is not valid UTF-8 text.", p.display())))?;
+            (code, Some(p.clone()))
+        }
+        (None, None) => {
+            return Err(invalid(
+                "No code given: pass -c CODE, a FILE, or '-' to read standard input.".into(),
+            ))
+        }
+    };
+    let language = match (&args.lang, &path) {
+        (Some(l), _) => l.clone(),
+        (None, Some(p)) => Language::from_path(p)
+            .map(|l| l.name().to_string())
+            .unwrap_or_else(|| "python".into()),
+        (None, None) => "python".into(),
+    };
+    let size = |flag: &str, v: &Option<String>| -> Result<Option<u64>, Verdict> {
+        v.as_deref()
+            .map(|s| parse_size(s).map_err(|e| invalid(format!("--{flag}: {e}."))))
+            .transpose()
+    };
+    let duration_ms = |flag: &str, v: &Option<String>| -> Result<Option<u64>, Verdict> {
+        v.as_deref()
+            .map(|s| {
+                parse_duration(s)
+                    .map(|d| d.as_millis() as u64)
+                    .map_err(|e| invalid(format!("--{flag}: {e}.")))
+            })
+            .transpose()
+    };
+    let count = |flag: &str, v: &Option<String>| -> Result<Option<u64>, Verdict> {
+        v.as_deref()
+            .map(|s| {
+                s.trim()
+                    .parse::<u64>()
+                    .map_err(|_| invalid(format!("--{flag}: '{s}' is not a whole number ≥ 0.")))
+            })
+            .transpose()
+    };
+    let cpu_millis = args
+        .cpus
+        .as_deref()
+        .map(|s| match s.trim().parse::<f64>() {
+            Ok(c) if c.is_finite() && c > 0.0 && c < 1e6 => Ok((c * 1000.0).round() as u64),
+            _ => Err(invalid(format!("--cpus: '{s}' is not a positive number of cores."))),
+        })
+        .transpose()?;
+    let stdin = match &args.stdin {
+        None => None,
+        Some(p) if p.as_os_str() == "-" => {
+            if args.file.as_deref() == Some("-".as_ref()) {
+                return Err(invalid("--stdin - and code from '-' cannot both use standard input.".into()));
+            }
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| invalid(format!("Cannot read standard input: {e}.")))?;
+            Some(String::from_utf8_lossy(&buf).into_owned())
+        }
+        Some(p) => Some(
+            std::fs::read(p)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .map_err(|e| invalid(format!("Cannot read {}: {e}.", p.display())))?,
+        ),
+    };
+    Ok(ExecRequest {
+        language,
+        code,
+        stdin,
+        limits: LimitOverrides {
+            timeout_ms: duration_ms("timeout", &args.timeout)?,
+            compile_timeout_ms: duration_ms("compile-timeout", &args.compile_timeout)?,
+            memory_bytes: size("memory", &args.memory)?,
+            cpu_millis,
+            pids: count("pids", &args.pids)?,
+            disk_bytes: size("disk", &args.disk)?,
+            output_bytes: size("output", &args.output)?,
+            open_files: count("open-files", &args.open_files)?,
+        },
+    })
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let mut config = EngineConfig::for_host();
+    config.strict = args.strict;
+    let engine = Engine::new(config);
+    let verdict = match build_request(&args) {
+        Ok(req) => {
+            if args.json {
+                engine.execute(&req, &mut runcell_jail::NoSink, None)
+            } else {
+                engine.execute(&req, &mut Passthrough, None)
+            }
+        }
+        Err(v) => v,
+    };
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        let _ = serde_json::to_writer(&mut out, &verdict);
+        let _ = out.write_all(b"\n");
+    } else {
+        eprintln!("{}", summary(&verdict));
+    }
+    exit_code(&verdict)
+}
+
+/// The process exit code: the program's, or a fixed code when no program ran.
+fn exit_code(v: &Verdict) -> ExitCode {
+    let code = match (v.exit_code, v.category()) {
+        (Some(c), _) => c,
+        (None, Some(ErrorCategory::InvalidRequest)) => 2,
+        (None, Some(ErrorCategory::RuntimeUnavailable)) => 127,
+        (None, _) => 125,
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// The one-line summary printed on stderr after a run.
+fn summary(v: &Verdict) -> String {
+    let lang = v.language.as_deref().unwrap_or("program");
+    let mut s = match (&v.error, v.exit_code) {
+        (None, _) => format!("runcell: {lang} exited 0 in {:.3} s", v.execution_time),
+        (Some(e), Some(code)) => format!(
+            "runcell: {} (exit code {code}) after {:.3} s: {}",
+            e.category.as_str(),
+            v.execution_time,
+            e.message
+        ),
+        (Some(e), None) => format!("runcell: {}: {}", e.category.as_str(), e.message),
+    };
+    if v.exit_code.is_some() {
+        s.push_str(&format!(" [cpu {:.3} s", v.usage.cpu_time));
+        if let Some(m) = v.usage.peak_memory_bytes {
+            s.push_str(&format!(", peak memory {}", format_size(m)));
+        }
+        s.push_str(&format!(
+            "; landlock {}, cgroup {}",
+            v.enforcement.landlock, v.enforcement.cgroup
+        ));
+        if !v.enforcement.missing.is_empty() {
+            s.push_str(&format!(", missing: {}", v.enforcement.missing.join("; ")));
+        }
+        s.push(']');
+        if v.stdout_truncated || v.stderr_truncated {
+            s.push_str(" (output truncated)");
+        }
+    }
+    s
+}
+
+fn doctor(json: bool) -> anyhow::Result<ExitCode> {
+    let layers = runcell_jail::probe::layers();
+    let runtimes: Vec<(Language, Option<runcell_runtimes::Runtime>, Option<String>)> = Language::ALL
+        .iter()
+        .map(|&l| match runcell_runtimes::locate(l) {
+            Ok(rt) => {
+                let version = rt.version();
+                (l, Some(rt), version)
+            }
+            Err(_) => (l, None, None),
+        })
+        .collect();
+    // An end-to-end check: build a real sandbox and run bash's `true` in it.
+    let engine = Engine::new(EngineConfig::for_host());
+    let started = Instant::now();
+    let probe = engine.execute(&ExecRequest::new("bash", "true"), &mut runcell_jail::NoSink, None);
+    let probe_ms = started.elapsed().as_millis();
+    let sandbox_ok = probe.exit_code == Some(0);
+    let all_layers = layers.iter().all(|l| l.available);
+
+    if json {
+        let report = serde_json::json!({
+            "layers": layers.iter().map(|l| serde_json::json!({
+                "name": l.name, "available": l.available, "detail": l.detail, "fix": l.fix,
+            })).collect::<Vec<_>>(),
+            "runtimes": runtimes.iter().map(|(l, rt, v)| serde_json::json!({
+                "language": l.name(),
+                "available": rt.is_some(),
+                "version": v,
+                "executable": rt.as_ref().map(|r| r.executable.display().to_string()),
+                "install": rt.is_none().then(|| l.install_hint()),
+            })).collect::<Vec<_>>(),
+            "sandbox_test": {
+                "ok": sandbox_ok,
+                "milliseconds": probe_ms,
+                "enforcement": probe.enforcement,
+                "error": probe.error,
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&report).context("serialise report")?);
+    } else {
+        let color = std::io::stdout().is_terminal();
+        let mark = |ok: bool| match (ok, color) {
+            (true, true) => "\x1b[32mok\x1b[0m     ",
+            (true, false) => "ok     ",
+            (false, true) => "\x1b[31mMISSING\x1b[0m",
+            (false, false) => "MISSING",
+        };
+        println!("Isolation layers");
+        for l in &layers {
+            println!("  {:<20} {}  {}", l.name, mark(l.available), l.detail);
+            if let Some(fix) = &l.fix {
+                println!("  {:<20}          fix: {fix}", "");
+            }
+        }
+        println!("Runtimes");
+        for (l, rt, v) in &runtimes {
+            match rt {
+                Some(rt) => println!(
+                    "  {:<20} {}  {} {}",
+                    l.name(),
+                    mark(true),
+                    v.as_deref().unwrap_or("?"),
+                    rt.executable.display()
+                ),
+                None => println!("  {:<20} {}  install: {}", l.name(), mark(false), l.install_hint()),
+            }
+        }
+        println!("Sandbox test");
+        if sandbox_ok {
+            let e = &probe.enforcement;
+            println!(
+                "  {:<20} {}  ran `true` in {probe_ms} ms: namespaces {}; seccomp {}; landlock {}; cgroup {}{}",
+                "end to end",
+                mark(true),
+                e.namespaces.join(","),
+                if e.seccomp { "on" } else { "off" },
+                e.landlock,
+                e.cgroup,
+                if e.rootless { "; rootless" } else { "" }
+            );
+        } else {
+            println!(
+                "  {:<20} {}  {}",
+                "end to end",
+                mark(false),
+                probe.error.map(|e| e.message).unwrap_or_default()
+            );
+        }
+    }
+    Ok(if sandbox_ok && all_layers {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,1 +1,1247 @@
-//! placeholder: being written
+//! A small hand-written cgroupfs manager for cgroup v1 and v2.
+//!
+//! # Kernel concepts, briefly
+//!
+//! A *cgroup* is a directory in a cgroup filesystem; processes are placed in it by
+//! writing their pid to its `cgroup.procs` file, and *controllers* (memory, pids, cpu, ...)
+//! enforce limits written to the group's interface files. Removing a group is `rmdir`,
+//! which the kernel refuses while live processes or child groups remain. Children are
+//! born into their parent's group, so once a sandbox's first process is inside, every
+//! descendant it forks stays inside and is counted and limited.
+//!
+//! * **cgroup v1** has one *hierarchy* (one mounted tree) per controller or per group of
+//!   co-mounted controllers (`/sys/fs/cgroup/memory`, `/sys/fs/cgroup/cpu,cpuacct`, ...).
+//!   A sandbox therefore is one directory *per hierarchy*, and a process must be written
+//!   into each of them. Controllers are chosen by mounting; there is no per-group switch.
+//! * **cgroup v2** has a single *unified* tree. A controller is usable in a group only if
+//!   the parent lists it in `cgroup.subtree_control`, which in turn needs it in the
+//!   parent's `cgroup.controllers`, so controllers are enabled top-down along the path.
+//!   The *no internal processes* rule forbids a non-root group from both holding
+//!   processes and distributing controllers to children: processes live in leaves.
+//! * **Delegation** (v2): a privileged manager (systemd with `Delegate=yes`) can chown a
+//!   subtree to a user, who may then create groups and move processes inside it without
+//!   privilege. That is the only way an unprivileged runcell gets cgroups, and because of
+//!   the no-internal-processes rule it must first move itself into a leaf
+//!   (`<own group>/supervisor`) before it can enable controllers for its sandboxes.
+//! * **Hybrid hosts** mount v1 controllers *and* a cgroup2 tree (often
+//!   `/sys/fs/cgroup/unified`). A controller can be bound to only one version at a time,
+//!   so such a v2 tree usually carries no useful controller and is ignored here.
+//!
+//! # Limits applied
+//!
+//! * memory, swap *included*: v1 `memory.limit_in_bytes`, then
+//!   `memory.memsw.limit_in_bytes` (memory+swap; exists only with swap accounting, and
+//!   must never be below the memory limit, hence the order). v2 `memory.max` plus
+//!   `memory.swap.max = 0`, and `memory.oom.group = 1` so an OOM kills the sandbox as a
+//!   whole instead of leaving a half-dead process tree.
+//! * pids: `pids.max` (both versions) bounds fork bombs.
+//! * cpu: bandwidth quota per period (v1 `cpu.cfs_period_us`/`cpu.cfs_quota_us`, v2
+//!   `cpu.max`). cpuset is never used: a new v1 cpuset group starts with no CPUs and would
+//!   have to be configured before any process can join it.
+//!
+//! A write that fails for a controller that is present is an error: limits are never
+//! silently weakened. A controller that is simply not available is reported through
+//! [`Enforced`].
+//!
+//! # Killing
+//!
+//! v2 kernels ≥ 5.14 have `cgroup.kill`, which kills a whole group atomically (no fork
+//! can escape it). Elsewhere the group is frozen first, if a freezer is available, so that
+//! nothing can fork while the pids from `cgroup.procs` are being signalled; then it is
+//! thawed so the pending SIGKILLs take effect, and the sweep repeats until it is empty.
+//!
+//! # Testing seam
+//!
+//! All kernel paths are parameters and every effect goes through the small
+//! [`fs::CgroupFs`] trait, whose default methods are the real syscalls. Unit tests run the
+//! same code against fake trees in temp dirs; `real_v1_tests` exercise a real v1 host.
+//!
+//! Error messages do not repeat their `source`; print the chain (e.g. `{:#}` with anyhow)
+//! to see the underlying OS error.
+
+mod fs;
+mod mountinfo;
+mod v1;
+mod v2;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod real_v1_tests;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use self::fs::{CgroupFs, RealFs};
+use self::mountinfo::MountEntry;
+
+/// Which cgroup implementation a manager (and its groups) use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+impl fmt::Display for CgroupVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        })
+    }
+}
+
+/// Limits for one sandbox group. `None` leaves the kernel default (unlimited).
+#[derive(Debug, Clone, Default)]
+pub struct CgroupLimits {
+    /// Hard limit on memory *including swap*.
+    pub memory_bytes: Option<u64>,
+    /// Maximum number of tasks (processes and threads).
+    pub pids_max: Option<u64>,
+    /// CPU bandwidth limit.
+    pub cpu_quota: Option<CpuQuota>,
+}
+
+/// The group may run `quota_us` of CPU time every `period_us` (so 2 CPUs' worth is
+/// `quota_us = 2 * period_us`).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuQuota {
+    pub quota_us: u64,
+    pub period_us: u64,
+}
+
+/// Which limits were really applied (for honest reporting).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Enforced {
+    /// A memory limit was requested and written.
+    pub memory: bool,
+    /// The memory limit also covers swap (v1 memsw / v2 `memory.swap.max = 0`).
+    pub memory_swap: bool,
+    /// A pids limit was requested and written.
+    pub pids: bool,
+    /// A CPU quota was requested and written.
+    pub cpu: bool,
+    /// CPU usage can be read back ([`CgroupStats::cpu_usage_ns`]).
+    pub cpu_accounting: bool,
+}
+
+/// Counters read back from a group. Missing files read as `None` / 0.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CgroupStats {
+    /// Highest memory use since creation or the last [`Cgroup::reset_peak`]
+    /// (v1: the larger of the memory and memory+swap watermarks).
+    pub memory_peak_bytes: Option<u64>,
+    /// Processes killed by the OOM killer because of this group's limit.
+    pub oom_kills: u64,
+    /// Forks refused because `pids.max` was reached.
+    pub pids_limit_hits: u64,
+    /// Total CPU time consumed by the group.
+    pub cpu_usage_ns: Option<u64>,
+}
+
+/// Errors name the step that failed and carry the path involved.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("reading the mount table {}", .path.display())]
+    ReadMountinfo {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("malformed line {line} in the mount table {}", .path.display())]
+    MalformedMountinfo { path: PathBuf, line: usize },
+    #[error("reading the process cgroup file {}", .path.display())]
+    ReadProcCgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("invalid cgroup name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    #[error("no cgroup hierarchy was configured")]
+    NoHierarchy,
+    #[error("creating cgroup directory {}", .path.display())]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("reading the available controllers from {}", .path.display())]
+    ReadControllers {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("enabling controllers `{controllers}` in {}", .path.display())]
+    EnableControllers {
+        path: PathBuf,
+        controllers: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("copying the parent's cpuset configuration into {}", .path.display())]
+    CopyCpuset {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("setting {} to {value:?}", .path.display())]
+    SetLimit {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("moving runcell (pid {pid}) into its delegated leaf group via {}", .path.display())]
+    MoveSelf {
+        path: PathBuf,
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("adding pid {pid} to {}", .path.display())]
+    AddProcess {
+        path: PathBuf,
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("killing the group through {}", .path.display())]
+    WriteKill {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("sending SIGKILL to pid {pid} of the group {}", .path.display())]
+    SignalProcess {
+        path: PathBuf,
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("removing cgroup directory {}", .path.display())]
+    RemoveDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One v1 hierarchy runcell uses: the controllers mounted together, and the directory
+/// under which groups are created (`<mount point>/<base>`).
+#[derive(Debug, Clone)]
+struct V1Hierarchy {
+    controllers: Vec<String>,
+    base: PathBuf,
+}
+
+impl V1Hierarchy {
+    fn has(&self, controller: &str) -> bool {
+        self.controllers.iter().any(|c| c == controller)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Layout {
+    /// `top` is the highest group whose `cgroup.subtree_control` runcell manages (the
+    /// mount root, or its own delegated group); groups are made in `base`, which is `top`
+    /// or below it.
+    V2 {
+        top: PathBuf,
+        base: PathBuf,
+    },
+    V1 {
+        hierarchies: Vec<V1Hierarchy>,
+    },
+}
+
+/// Facts about the calling process that steer discovery.
+#[derive(Debug, Clone, Copy)]
+struct Host {
+    is_root: bool,
+    pid: u32,
+}
+
+/// Name of the leaf a supervisor moves itself into when it must vacate its own group.
+const SUPERVISOR_LEAF: &str = "supervisor";
+
+/// A discovered hierarchy plus the base directory under which runcell makes its groups.
+#[derive(Debug)]
+pub struct CgroupManager {
+    fs: Arc<dyn CgroupFs>,
+    layout: Layout,
+}
+
+impl CgroupManager {
+    /// Discover cgroups from a mountinfo file (normally `/proc/self/mountinfo`) and the
+    /// process's cgroup file (normally `/proc/self/cgroup`). `base` is the relative name
+    /// of runcell's parent group (normally `runcell`).
+    ///
+    /// Returns `Ok(None)` when no usable hierarchy exists (e.g. not root and nothing
+    /// delegated). When unprivileged with a delegated v2 group, this moves the calling
+    /// process into `<own group>/supervisor` (see the module docs).
+    pub fn discover(
+        mountinfo: &Path,
+        proc_self_cgroup: &Path,
+        base: &str,
+    ) -> Result<Option<CgroupManager>, CgroupError> {
+        let raw = std::fs::read(mountinfo).map_err(|source| CgroupError::ReadMountinfo {
+            path: mountinfo.to_path_buf(),
+            source,
+        })?;
+        let mounts =
+            mountinfo::parse_mountinfo(&raw).map_err(|line| CgroupError::MalformedMountinfo {
+                path: mountinfo.to_path_buf(),
+                line,
+            })?;
+        let own =
+            std::fs::read(proc_self_cgroup).map_err(|source| CgroupError::ReadProcCgroup {
+                path: proc_self_cgroup.to_path_buf(),
+                source,
+            })?;
+        let host = Host {
+            is_root: rustix::process::geteuid().is_root(),
+            pid: std::process::id(),
+        };
+        Self::discover_in(
+            Arc::new(RealFs),
+            &mounts,
+            mountinfo::own_v2_path(&own).as_deref(),
+            base,
+            host,
+        )
+    }
+
+    fn discover_in(
+        fs: Arc<dyn CgroupFs>,
+        mounts: &[MountEntry],
+        own_v2: Option<&Path>,
+        base: &str,
+        host: Host,
+    ) -> Result<Option<CgroupManager>, CgroupError> {
+        validate_base(base)?;
+        let v2_mounts: Vec<&MountEntry> = mounts
+            .iter()
+            .filter(|m| m.fstype == "cgroup2" && !m.read_only())
+            .collect();
+        for mount in &v2_mounts {
+            if let Some(layout) = v2::discover_layout(fs.as_ref(), mount, own_v2, base, host)? {
+                return Ok(Some(CgroupManager { fs, layout }));
+            }
+        }
+        if !host.is_root {
+            // v1 has no safe delegation model.
+            return Ok(None);
+        }
+        if let Some(hierarchies) = v1::discover_hierarchies(mounts, base) {
+            let layout = Layout::V1 { hierarchies };
+            return Ok(Some(CgroupManager { fs, layout }));
+        }
+        // Last resort: a unified tree without memory but with pids or cpu still beats
+        // having no limits at all; Enforced reports what is missing.
+        for mount in v2_mounts {
+            let available = v2::controllers(fs.as_ref(), &mount.mount_point).unwrap_or_default();
+            if v2::WANTED.iter().any(|c| available.iter().any(|a| a == c)) {
+                let layout = Layout::V2 {
+                    top: mount.mount_point.clone(),
+                    base: mount.mount_point.join(base),
+                };
+                return Ok(Some(CgroupManager { fs, layout }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Build directly for a v2 tree: `root_dir` is the dir under which groups are
+    /// created (e.g. `/sys/fs/cgroup/runcell`). Controllers are enabled from the highest
+    /// cgroup ancestor of `root_dir` (the mount root) downwards.
+    pub fn v2_at(root_dir: PathBuf) -> CgroupManager {
+        Self::v2_with(Arc::new(RealFs), root_dir)
+    }
+
+    fn v2_with(fs: Arc<dyn CgroupFs>, root_dir: PathBuf) -> CgroupManager {
+        let top = v2::find_top(fs.as_ref(), &root_dir);
+        CgroupManager {
+            fs,
+            layout: Layout::V2 {
+                top,
+                base: root_dir,
+            },
+        }
+    }
+
+    /// Build directly for v1: `(controller, base dir)` pairs such as
+    /// `("memory", "/sys/fs/cgroup/memory/runcell")`. Controllers sharing a directory
+    /// (co-mounted `cpu,cpuacct`) may be given as two pairs or as `"cpu,cpuacct"`.
+    pub fn v1_at(controllers: Vec<(String, PathBuf)>) -> CgroupManager {
+        Self::v1_with(Arc::new(RealFs), controllers)
+    }
+
+    fn v1_with(fs: Arc<dyn CgroupFs>, controllers: Vec<(String, PathBuf)>) -> CgroupManager {
+        let mut hierarchies: Vec<V1Hierarchy> = Vec::new();
+        for (names, base) in controllers {
+            let names = names
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned);
+            match hierarchies.iter_mut().find(|h| h.base == base) {
+                Some(h) => {
+                    for name in names {
+                        if !h.has(&name) {
+                            h.controllers.push(name);
+                        }
+                    }
+                }
+                None => hierarchies.push(V1Hierarchy {
+                    controllers: names.collect(),
+                    base,
+                }),
+            }
+        }
+        CgroupManager {
+            fs,
+            layout: Layout::V1 { hierarchies },
+        }
+    }
+
+    pub fn version(&self) -> CgroupVersion {
+        match self.layout {
+            Layout::V1 { .. } => CgroupVersion::V1,
+            Layout::V2 { .. } => CgroupVersion::V2,
+        }
+    }
+
+    /// The directories groups are created in (one per v1 hierarchy).
+    pub fn base_dirs(&self) -> Vec<PathBuf> {
+        match &self.layout {
+            Layout::V2 { base, .. } => vec![base.clone()],
+            Layout::V1 { hierarchies } => hierarchies.iter().map(|h| h.base.clone()).collect(),
+        }
+    }
+
+    /// Create a new group `name` (a single path component) with these limits. Creates
+    /// the base dir(s) if missing and, on v2, enables `memory`, `pids` and `cpu` (those
+    /// available) along the path. Use [`Cgroup::enforced`] to learn what was applied.
+    ///
+    /// On error nothing is left behind (a half-configured group is removed again).
+    pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<Cgroup, CgroupError> {
+        validate_name(name)?;
+        match &self.layout {
+            Layout::V2 { top, base } => v2::create(&self.fs, top, base, name, limits),
+            Layout::V1 { hierarchies } => v1::create(&self.fs, hierarchies, name, limits),
+        }
+    }
+
+    /// Remove leftover groups under the base whose name starts with `<pid>-` where
+    /// `is_alive(pid)` is false (a runcell supervisor that died), killing anything left
+    /// in them first. Best effort; returns how many were removed.
+    pub fn sweep_stale(&self, is_alive: &dyn Fn(u32) -> bool) -> usize {
+        let (version, bases): (CgroupVersion, Vec<(PathBuf, Vec<String>)>) = match &self.layout {
+            Layout::V2 { base, .. } => (CgroupVersion::V2, vec![(base.clone(), Vec::new())]),
+            Layout::V1 { hierarchies } => (
+                CgroupVersion::V1,
+                hierarchies
+                    .iter()
+                    .map(|h| (h.base.clone(), h.controllers.clone()))
+                    .collect(),
+            ),
+        };
+        let mut stale = BTreeSet::new();
+        for (base, _) in &bases {
+            let Ok(names) = self.fs.subdirs(base) else {
+                continue;
+            };
+            for name in names {
+                let Some(name) = name.to_str() else { continue };
+                if let Some(pid) = owner_pid(name) {
+                    if !is_alive(pid) {
+                        stale.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+        let mut removed = 0;
+        for name in stale {
+            let dirs = bases
+                .iter()
+                .map(|(base, controllers)| GroupDir {
+                    path: base.join(&name),
+                    controllers: controllers.clone(),
+                })
+                .filter(|d| self.fs.exists(&d.path))
+                .collect();
+            let mut group = Cgroup::new(Arc::clone(&self.fs), version, dirs);
+            if group.destroy().is_ok() {
+                removed += 1;
+            }
+            // Best effort: do not retry (and wait again) in Drop.
+            group.destroyed = true;
+        }
+        removed
+    }
+}
+
+/// `<digits>-...` names a group made by the supervisor with that pid.
+fn owner_pid(name: &str) -> Option<u32> {
+    let (pid, _) = name.split_once('-')?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Group names become a single directory component.
+fn validate_name(name: &str) -> Result<(), CgroupError> {
+    let reason = if name.is_empty() {
+        Some("empty")
+    } else if name == "." || name == ".." {
+        Some("`.` and `..` are not group names")
+    } else if name.contains('/') {
+        Some("contains `/`")
+    } else if name.contains('\0') {
+        Some("contains NUL")
+    } else if name.len() > 255 {
+        Some("longer than NAME_MAX (255 bytes)")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(CgroupError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The base may be nested (`a/b`) but must stay inside the hierarchy.
+fn validate_base(base: &str) -> Result<(), CgroupError> {
+    if base.starts_with('/') {
+        return Err(CgroupError::InvalidName {
+            name: base.to_owned(),
+            reason: "the base must be relative",
+        });
+    }
+    base.split('/')
+        .try_for_each(validate_name)
+        .map_err(|_| CgroupError::InvalidName {
+            name: base.to_owned(),
+            reason: "the base must be one or more valid group names joined by `/`",
+        })
+}
+
+/// Creates `dir` and any missing ancestors (like `mkdir -p`), tolerating a concurrent
+/// creator. Returns the directories this call created, top-down.
+fn ensure_dirs(fs: &dyn CgroupFs, dir: &Path) -> Result<Vec<PathBuf>, CgroupError> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !fs.exists(a))
+        .collect();
+    let mut created = Vec::new();
+    for d in missing.into_iter().rev() {
+        match fs.mkdir(d) {
+            Ok(()) => created.push(d.to_path_buf()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(source) => {
+                return Err(CgroupError::CreateDir {
+                    path: d.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// The value of `key` in a flat-keyed file (`key value` per line, like `memory.events`).
+fn keyed_value(content: &str, key: &str) -> Option<u64> {
+    content.lines().find_map(|line| {
+        let mut parts = line.split_whitespace();
+        if parts.next()? != key {
+            return None;
+        }
+        parts.next()?.parse().ok()
+    })
+}
+
+fn read_keyed(fs: &dyn CgroupFs, path: &Path, key: &str) -> Option<u64> {
+    keyed_value(&fs.read(path).ok()?, key)
+}
+
+fn read_u64(fs: &dyn CgroupFs, path: &Path) -> Option<u64> {
+    fs.read(path).ok()?.trim().parse().ok()
+}
+
+/// Polls `done` every few milliseconds until it holds or `timeout` passes.
+fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn set_limit(fs: &dyn CgroupFs, path: PathBuf, value: String) -> Result<(), CgroupError> {
+    fs.write(&path, &value)
+        .map_err(|source| CgroupError::SetLimit {
+            path,
+            value,
+            source,
+        })
+}
+
+/// One directory of a group: the v2 dir, or its dir in one v1 hierarchy.
+#[derive(Debug, Clone)]
+struct GroupDir {
+    path: PathBuf,
+    /// v1: the controllers of this hierarchy. v2: the controllers enabled for it.
+    controllers: Vec<String>,
+}
+
+/// How long `destroy` waits for killed processes to leave the group.
+const DESTROY_WAIT: Duration = Duration::from_secs(2);
+/// How long `kill_all` keeps re-signalling processes that are still listed.
+const KILL_SWEEP: Duration = Duration::from_secs(1);
+/// How long to wait for a freezer to report the group frozen.
+const FREEZE_WAIT: Duration = Duration::from_millis(500);
+
+/// One sandbox's group (on v1: one dir per controller hierarchy). Dropping it destroys
+/// the group (best effort) unless [`Cgroup::destroy`] already succeeded.
+#[derive(Debug)]
+pub struct Cgroup {
+    fs: Arc<dyn CgroupFs>,
+    version: CgroupVersion,
+    dirs: Vec<GroupDir>,
+    enforced: Enforced,
+    /// v2 `memory.peak` descriptor after a reset: the reset is per open file.
+    peak_fd: Mutex<Option<File>>,
+    destroyed: bool,
+}
+
+impl Cgroup {
+    fn new(fs: Arc<dyn CgroupFs>, version: CgroupVersion, dirs: Vec<GroupDir>) -> Cgroup {
+        Cgroup {
+            fs,
+            version,
+            dirs,
+            enforced: Enforced::default(),
+            peak_fd: Mutex::new(None),
+            destroyed: false,
+        }
+    }
+
+    /// The dir of the hierarchy carrying `controller` (v1).
+    fn dir_with(&self, controller: &str) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|d| d.controllers.iter().any(|c| c == controller))
+            .map(|d| d.path.as_path())
+    }
+
+    pub fn version(&self) -> CgroupVersion {
+        self.version
+    }
+
+    pub fn enforced(&self) -> Enforced {
+        self.enforced
+    }
+
+    /// The files a process's pid must be written to: every hierarchy's `cgroup.procs`.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .map(|d| d.path.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// Moves `pid` (the whole process, all threads) into the group.
+    pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
+        for path in self.procs_files() {
+            self.fs
+                .write(&path, &pid.to_string())
+                .map_err(|source| CgroupError::AddProcess { path, pid, source })?;
+        }
+        Ok(())
+    }
+
+    /// Pids in the group, union over hierarchies, sorted. Exited processes are not
+    /// listed even before they are reaped.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = BTreeSet::new();
+        for path in self.procs_files() {
+            if let Ok(content) = self.fs.read(&path) {
+                pids.extend(content.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+        }
+        pids.into_iter().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pids().is_empty()
+    }
+
+    /// Reads the counters; never fails (a missing file reads as `None` / 0).
+    pub fn stats(&self) -> CgroupStats {
+        match self.version {
+            CgroupVersion::V1 => v1::stats(self),
+            CgroupVersion::V2 => v2::stats(self),
+        }
+    }
+
+    /// Resets the peak-memory watermark so a later phase can be measured alone. Best
+    /// effort: v2 only supports it on kernels ≥ 6.12.
+    pub fn reset_peak(&self) {
+        match self.version {
+            CgroupVersion::V1 => v1::reset_peak(self),
+            CgroupVersion::V2 => v2::reset_peak(self),
+        }
+    }
+
+    /// SIGKILLs every process in the group; does not wait for them to exit.
+    pub fn kill_all(&self) -> Result<(), CgroupError> {
+        if self.version == CgroupVersion::V2 {
+            if let Some(dir) = self.dirs.first() {
+                let path = dir.path.join("cgroup.kill");
+                if self.fs.exists(&path) {
+                    return self
+                        .fs
+                        .write(&path, "1")
+                        .map_err(|source| CgroupError::WriteKill { path, source });
+                }
+            }
+        }
+        self.kill_by_signal()
+    }
+
+    fn kill_by_signal(&self) -> Result<(), CgroupError> {
+        let frozen = self.freeze();
+        let mut first_error = None;
+        let mut signalled = BTreeSet::new();
+        // While frozen nothing can fork or exit, so once a pass finds no pid it has not
+        // signalled yet, every process has been hit. Unfrozen, this is one pass.
+        loop {
+            let fresh: Vec<u32> = self
+                .pids()
+                .into_iter()
+                .filter(|p| !signalled.contains(p))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            for pid in fresh {
+                self.signal(pid, &mut first_error);
+                signalled.insert(pid);
+            }
+            if !frozen {
+                break;
+            }
+        }
+        if frozen {
+            // Frozen tasks only act on the pending SIGKILL once thawed.
+            self.thaw();
+        }
+        // Without a freezer a process may have forked between reading cgroup.procs and
+        // the kill: keep sweeping until the group is empty (bounded).
+        wait_until(KILL_SWEEP, || {
+            let pids = self.pids();
+            for &pid in &pids {
+                self.signal(pid, &mut first_error);
+            }
+            pids.is_empty()
+        });
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn signal(&self, pid: u32, first_error: &mut Option<CgroupError>) {
+        match self.fs.kill(pid) {
+            Ok(()) => {}
+            // Exited between listing and signalling.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(source) => {
+                if first_error.is_none() {
+                    *first_error = Some(CgroupError::SignalProcess {
+                        path: self.path().to_path_buf(),
+                        pid,
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Freezes the group if a freezer is available; true when it must be thawed later.
+    fn freeze(&self) -> bool {
+        match self.version {
+            CgroupVersion::V1 => v1::freeze(self),
+            CgroupVersion::V2 => v2::freeze(self),
+        }
+    }
+
+    fn thaw(&self) {
+        match self.version {
+            CgroupVersion::V1 => v1::thaw(self),
+            CgroupVersion::V2 => v2::thaw(self),
+        }
+    }
+
+    /// [`kill_all`](Self::kill_all), wait (up to ~2 s) until the group is empty, then
+    /// remove every directory of the group. Idempotent; a group whose directories are
+    /// already gone counts as destroyed.
+    pub fn destroy(&mut self) -> Result<(), CgroupError> {
+        if self.destroyed {
+            return Ok(());
+        }
+        if self.dirs.iter().all(|d| !self.fs.exists(&d.path)) {
+            self.destroyed = true;
+            return Ok(());
+        }
+        let killed = self.kill_all();
+        wait_until(DESTROY_WAIT, || self.is_empty());
+        let mut first_error = killed.err();
+        for dir in &self.dirs {
+            match self.fs.rmdir(&dir.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    first_error.get_or_insert(CgroupError::RemoveDir {
+                        path: dir.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        match first_error {
+            // A kill error is moot if the group is gone anyway.
+            Some(_) if self.dirs.iter().all(|d| !self.fs.exists(&d.path)) => {
+                self.destroyed = true;
+                Ok(())
+            }
+            Some(error) => Err(error),
+            None => {
+                self.destroyed = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// The primary dir: the v2 dir, or the v1 memory dir, else the first.
+    pub fn path(&self) -> &Path {
+        self.dir_with("memory")
+            .or_else(|| self.dirs.first().map(|d| d.path.as_path()))
+            .unwrap_or_else(|| Path::new(""))
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        if !self.destroyed {
+            let _ = self.destroy();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use super::fake::{FakeFs, V2Features};
+    use super::mountinfo::tests::{COMOUNTED_V1, HYBRID, PURE_V2};
+    use std::fs as stdfs;
+
+    const ROOT: Host = Host {
+        is_root: true,
+        pid: 4321,
+    };
+    const USER: Host = Host {
+        is_root: false,
+        pid: 4321,
+    };
+    const ALL: &str = "cpuset cpu io memory hugetlb pids rdma misc";
+
+    /// `sample` with /sys/fs/cgroup moved into `root`.
+    fn mounts_for(sample: &str, root: &Path) -> Vec<MountEntry> {
+        let text = sample.replace("/sys/fs/cgroup", &root.display().to_string());
+        mountinfo::parse_mountinfo(text.as_bytes()).expect("valid sample")
+    }
+
+    fn discover(
+        fake: &Arc<FakeFs>,
+        mounts: &[MountEntry],
+        own: &str,
+        host: Host,
+    ) -> Option<CgroupManager> {
+        CgroupManager::discover_in(fake.clone(), mounts, Some(Path::new(own)), "runcell", host)
+            .expect("discover")
+    }
+
+    fn v2_layout(manager: &CgroupManager) -> (PathBuf, PathBuf) {
+        match &manager.layout {
+            Layout::V2 { top, base } => (top.clone(), base.clone()),
+            Layout::V1 { .. } => panic!("expected v2, got {manager:?}"),
+        }
+    }
+
+    fn v1_hierarchies(manager: &CgroupManager) -> Vec<(Vec<String>, PathBuf)> {
+        match &manager.layout {
+            Layout::V1 { hierarchies } => hierarchies
+                .iter()
+                .map(|h| (h.controllers.clone(), h.base.clone()))
+                .collect(),
+            Layout::V2 { .. } => panic!("expected v1, got {manager:?}"),
+        }
+    }
+
+    /// Fake trees for the hybrid sample: v1 controllers plus a hugetlb-only cgroup2.
+    fn hybrid_fake(root: &Path) -> Arc<FakeFs> {
+        let mut fake = FakeFs::new();
+        for c in [
+            "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids",
+        ] {
+            fake.add_v1_root(&root.join(c), &[c], true);
+        }
+        fake.add_v1_root(&root.join("systemd"), &[], false);
+        fake.add_v2_root(&root.join("unified"), "hugetlb", V2Features::MODERN);
+        Arc::new(fake)
+    }
+
+    #[test]
+    fn hybrid_host_uses_v1_with_the_wanted_controllers() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        let fake = hybrid_fake(root);
+        let mounts = mounts_for(HYBRID, root);
+        let manager = discover(&fake, &mounts, "/", ROOT).expect("usable");
+        assert_eq!(manager.version(), CgroupVersion::V1);
+        let expected: Vec<(Vec<String>, PathBuf)> = ["cpu", "cpuacct", "memory", "freezer", "pids"]
+            .iter()
+            .map(|c| (vec![(*c).to_owned()], root.join(c).join("runcell")))
+            .collect();
+        assert_eq!(v1_hierarchies(&manager), expected);
+
+        let group = manager
+            .create(
+                "4321-ab",
+                &CgroupLimits {
+                    memory_bytes: Some(1 << 30),
+                    pids_max: Some(64),
+                    cpu_quota: None,
+                },
+            )
+            .expect("create");
+        assert_eq!(group.path(), root.join("memory/runcell/4321-ab"));
+        assert_eq!(group.procs_files().len(), 5);
+        assert!(
+            !root.join("cpuset/runcell").exists(),
+            "cpuset is never used"
+        );
+        assert!(!root.join("unified/runcell").exists());
+    }
+
+    #[test]
+    fn hybrid_host_unprivileged_has_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let fake = hybrid_fake(tmp.path());
+        let mounts = mounts_for(HYBRID, tmp.path());
+        assert!(discover(&fake, &mounts, "/", USER).is_none());
+    }
+
+    #[test]
+    fn comounted_host_uses_one_cpu_cpuacct_hierarchy() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&root.join("unified"), "", V2Features::MODERN);
+        for mount in [
+            "systemd",
+            "cpu,cpuacct",
+            "net_cls,net_prio",
+            "memory",
+            "pids",
+            "freezer",
+            "cpuset",
+        ] {
+            let controllers: Vec<&str> = if mount == "systemd" {
+                Vec::new()
+            } else {
+                mount.split(',').collect()
+            };
+            fake.add_v1_root(&root.join(mount), &controllers, false);
+        }
+        let fake = Arc::new(fake);
+        let mounts = mounts_for(COMOUNTED_V1, root);
+        let manager = discover(&fake, &mounts, "/", ROOT).expect("usable");
+        let hierarchies = v1_hierarchies(&manager);
+        let names: Vec<Vec<String>> = hierarchies.iter().map(|h| h.0.clone()).collect();
+        assert_eq!(
+            names,
+            vec![
+                vec!["cpu".to_owned(), "cpuacct".to_owned()],
+                vec!["memory".to_owned()],
+                vec!["pids".to_owned()],
+                vec!["freezer".to_owned()],
+            ]
+        );
+        assert_eq!(hierarchies[0].1, root.join("cpu,cpuacct/runcell"));
+        let group = manager
+            .create(
+                "1-x",
+                &CgroupLimits {
+                    cpu_quota: Some(CpuQuota {
+                        quota_us: 10_000,
+                        period_us: 100_000,
+                    }),
+                    ..CgroupLimits::default()
+                },
+            )
+            .expect("create");
+        let e = group.enforced();
+        assert!(e.cpu && e.cpu_accounting && !e.memory, "{e:?}");
+        assert_eq!(group.procs_files().len(), 4);
+    }
+
+    #[test]
+    fn pure_v2_host_as_root() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, ALL, V2Features::MODERN);
+        let fake = Arc::new(fake);
+        let mounts = mounts_for(PURE_V2, &mp);
+        let manager =
+            discover(&fake, &mounts, "/user.slice/session-1.scope", ROOT).expect("usable");
+        assert_eq!(manager.version(), CgroupVersion::V2);
+        assert_eq!(v2_layout(&manager), (mp.clone(), mp.join("runcell")));
+        assert!(
+            !mp.join(SUPERVISOR_LEAF).exists(),
+            "root on the host stays put"
+        );
+        let group = manager
+            .create("4321-ab", &CgroupLimits::default())
+            .expect("create");
+        assert_eq!(group.path(), mp.join("runcell/4321-ab"));
+    }
+
+    #[test]
+    fn v2_without_memory_is_a_last_resort_only() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, "cpu pids", V2Features::MODERN);
+        let fake = Arc::new(fake);
+        let mounts = mounts_for(PURE_V2, &mp);
+        let manager = discover(&fake, &mounts, "/", ROOT).expect("usable");
+        assert_eq!(v2_layout(&manager), (mp.clone(), mp.join("runcell")));
+        // ... and nothing at all for hugetlb only.
+        stdfs::write(mp.join("cgroup.controllers"), "hugetlb").expect("write");
+        assert!(discover(&fake, &mounts, "/", ROOT).is_none());
+    }
+
+    #[test]
+    fn read_only_v2_mount_is_not_used() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, ALL, V2Features::MODERN);
+        let fake = Arc::new(fake);
+        let ro = PURE_V2.replace(
+            "rw,nosuid,nodev,noexec,relatime shared:4",
+            "ro,nosuid,nodev,noexec,relatime shared:4",
+        );
+        let mounts = mounts_for(&ro, &mp);
+        assert!(mounts[3].read_only());
+        assert!(discover(&fake, &mounts, "/", ROOT).is_none());
+    }
+
+    #[test]
+    fn root_in_a_cgroup_namespace_vacates_the_namespace_root() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, "cpu memory pids", V2Features::MODERN);
+        // Only non-root groups have cgroup.type: this "root" is a container's group.
+        stdfs::write(mp.join("cgroup.type"), "domain\n").expect("write");
+        let fake = Arc::new(fake);
+        let mounts = mounts_for(PURE_V2, &mp);
+        let manager = discover(&fake, &mounts, "/", ROOT).expect("usable");
+        assert_eq!(v2_layout(&manager), (mp.clone(), mp.join("runcell")));
+        let leaf_procs = mp.join("supervisor/cgroup.procs");
+        assert_eq!(
+            stdfs::read_to_string(&leaf_procs).expect("read").trim(),
+            "4321"
+        );
+        // Discovering again from inside the leaf gives the same answer.
+        let again = discover(&fake, &mounts, "/supervisor", ROOT).expect("usable");
+        assert_eq!(v2_layout(&again), (mp.clone(), mp.join("runcell")));
+    }
+
+    /// A systemd user service with `Delegate=yes`: the own group is writable.
+    fn delegated_setup(root: &Path) -> (Arc<FakeFs>, Vec<MountEntry>, PathBuf) {
+        let own = "user.slice/user-1000.slice/user@1000.service/app.slice/run.scope";
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(root, ALL, V2Features::MODERN);
+        fake.add_v2_root(&root.join(own), "memory pids cpu", V2Features::MODERN);
+        (Arc::new(fake), mounts_for(PURE_V2, root), root.join(own))
+    }
+
+    const OWN: &str = "/user.slice/user-1000.slice/user@1000.service/app.slice/run.scope";
+
+    #[test]
+    fn unprivileged_delegated_v2_moves_into_a_leaf_and_uses_its_own_group() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (fake, mounts, own) = delegated_setup(tmp.path());
+        let manager = discover(&fake, &mounts, OWN, USER).expect("usable");
+        assert_eq!(v2_layout(&manager), (own.clone(), own.clone()));
+        let leaf_procs = own.join("supervisor/cgroup.procs");
+        assert_eq!(
+            stdfs::read_to_string(&leaf_procs).expect("read").trim(),
+            "4321"
+        );
+        let group = manager
+            .create(
+                "4321-ab",
+                &CgroupLimits {
+                    memory_bytes: Some(1 << 28),
+                    ..CgroupLimits::default()
+                },
+            )
+            .expect("create");
+        assert_eq!(group.path(), own.join("4321-ab"));
+        assert!(group.enforced().memory);
+        assert_eq!(
+            stdfs::read_to_string(own.join("cgroup.subtree_control")).expect("read"),
+            "memory pids cpu"
+        );
+        assert!(
+            fake.writes_to("cgroup.subtree_control")
+                .iter()
+                .all(|(p, _)| p.starts_with(&own)),
+            "nothing above the delegated group is touched"
+        );
+        // Later discoveries see us inside the leaf and keep the same layout.
+        let own_leaf = format!("{OWN}/supervisor");
+        let again = discover(&fake, &mounts, &own_leaf, USER).expect("usable");
+        assert_eq!(v2_layout(&again), (own.clone(), own));
+    }
+
+    #[test]
+    fn unprivileged_without_delegation_has_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (fake, mounts, own) = delegated_setup(tmp.path());
+        fake.deny_write(&own.join("cgroup.subtree_control"));
+        assert!(discover(&fake, &mounts, OWN, USER).is_none());
+        assert!(!own.join("supervisor").exists(), "nothing moved");
+        // A group outside the mount is not ours either.
+        let tmp2 = tempfile::tempdir().expect("tempdir");
+        let (fake2, mut mounts2, _) = delegated_setup(tmp2.path());
+        mounts2[3].root = PathBuf::from("/other");
+        assert!(discover(&fake2, &mounts2, OWN, USER).is_none());
+    }
+
+    #[test]
+    fn unprivileged_delegation_without_memory_has_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(root, ALL, V2Features::MODERN);
+        fake.add_v2_root(&root.join(&OWN[1..]), "pids", V2Features::MODERN);
+        let fake = Arc::new(fake);
+        let mounts = mounts_for(PURE_V2, root);
+        assert!(discover(&fake, &mounts, OWN, USER).is_none());
+    }
+
+    #[test]
+    fn discover_reports_unreadable_or_malformed_inputs() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mountinfo = tmp.path().join("mountinfo");
+        let cgroup = tmp.path().join("cgroup");
+        let missing = tmp.path().join("missing");
+        stdfs::write(&cgroup, "0::/\n").expect("write");
+        assert!(matches!(
+            CgroupManager::discover(&missing, &cgroup, "runcell"),
+            Err(CgroupError::ReadMountinfo { path, .. }) if path == missing
+        ));
+        stdfs::write(
+            &mountinfo,
+            "22 27 0:21 / /proc rw - proc proc rw\nbroken line\n",
+        )
+        .expect("write");
+        assert!(matches!(
+            CgroupManager::discover(&mountinfo, &cgroup, "runcell"),
+            Err(CgroupError::MalformedMountinfo { line: 2, .. })
+        ));
+        stdfs::write(&mountinfo, "22 27 0:21 / /proc rw - proc proc rw\n").expect("write");
+        assert!(matches!(
+            CgroupManager::discover(&mountinfo, &missing, "runcell"),
+            Err(CgroupError::ReadProcCgroup { .. })
+        ));
+        // No cgroup mounts at all: usable nothing, not an error.
+        assert!(CgroupManager::discover(&mountinfo, &cgroup, "runcell")
+            .expect("discover")
+            .is_none());
+        assert!(matches!(
+            CgroupManager::discover(&mountinfo, &cgroup, "../escape"),
+            Err(CgroupError::InvalidName { .. })
+        ));
+    }
+
+    #[test]
+    fn version_display() {
+        assert_eq!(CgroupVersion::V1.to_string(), "v1");
+        assert_eq!(CgroupVersion::V2.to_string(), "v2");
+    }
+
+    #[test]
+    fn name_validation() {
+        for good in ["1234-deadbeef", "a", "runcell-test-1-x", "x.y", "..."] {
+            assert!(validate_name(good).is_ok(), "{good:?} should be accepted");
+        }
+        for bad in ["", ".", "..", "a/b", "/", "a\0b", &"x".repeat(256)] {
+            assert!(
+                matches!(validate_name(bad), Err(CgroupError::InvalidName { .. })),
+                "{bad:?} should be rejected"
+            );
+        }
+    }
+
+    #[test]
+    fn base_validation() {
+        assert!(validate_base("runcell").is_ok());
+        assert!(validate_base("runcell/nested").is_ok());
+        for bad in ["", "/runcell", "../x", "a//b", "a/", "a/.."] {
+            assert!(validate_base(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn owner_pid_parsing() {
+        assert_eq!(owner_pid("1234-abcdef"), Some(1234));
+        assert_eq!(owner_pid("1-"), Some(1));
+        assert_eq!(owner_pid("supervisor"), None);
+        assert_eq!(owner_pid("-12"), None);
+        assert_eq!(owner_pid("12a-x"), None);
+        assert_eq!(owner_pid("+12-x"), None);
+        assert_eq!(owner_pid("99999999999-x"), None, "does not fit u32");
+    }
+
+    #[test]
+    fn keyed_value_parsing() {
+        let events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 1\n";
+        assert_eq!(keyed_value(events, "oom_kill"), Some(2));
+        assert_eq!(keyed_value(events, "max"), Some(12));
+        assert_eq!(keyed_value(events, "oom"), Some(3));
+        assert_eq!(keyed_value(events, "missing"), None);
+        assert_eq!(keyed_value("max\n", "max"), None);
+        assert_eq!(keyed_value("max x\n", "max"), None);
+    }
+}

@@ -1,0 +1,347 @@
+//! The engine: validate a request against the policy, find the runtime, build a sandbox, run
+//! the program (compiling first where needed) and turn what happened into a verdict.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use runcell_jail::{
+    CgroupRequest, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program,
+    Rlimits, Sandbox, SandboxSpec,
+};
+use runcell_runtimes::{Invocation, Language, Runtime, WORKSPACE};
+
+use crate::limits::{Limits, Policy};
+use crate::request::ExecRequest;
+use crate::verdict::{classify, lossy, EnforcementReport, ErrorCategory, Phase, Usage, Verdict};
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub policy: Policy,
+    /// Refuse to run when any isolation layer is missing.
+    pub strict: bool,
+    /// The runcell binary, exec'd as the sandbox helper.
+    pub helper_exe: PathBuf,
+    pub hostname: String,
+    /// How long building a sandbox may take.
+    pub setup_timeout: Duration,
+}
+
+impl EngineConfig {
+    /// Defaults for this host.
+    pub fn for_host() -> EngineConfig {
+        let memory = crate::limits::host_memory_bytes("/proc/meminfo".as_ref()).unwrap_or(1 << 30);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u64)
+            .unwrap_or(1);
+        EngineConfig {
+            policy: Policy::for_host(memory, cpus),
+            strict: false,
+            helper_exe: PathBuf::from("/proc/self/exe"),
+            hostname: "runcell".into(),
+            setup_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Runs requests. Cheap to share between threads.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    config: EngineConfig,
+}
+
+/// A request that passed validation.
+struct Validated {
+    language: Language,
+    limits: Limits,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Self {
+        Engine { config }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Check a request against the policy without running anything.
+    fn validate(&self, req: &ExecRequest) -> Result<Validated, Verdict> {
+        let invalid = |m: String| Verdict::failed(ErrorCategory::InvalidRequest, m);
+        let language = Language::parse(&req.language).ok_or_else(|| {
+            invalid(format!(
+                "Unknown language '{}'. Use one of: {}.",
+                req.language,
+                Language::accepted_names()
+            ))
+        })?;
+        let p = &self.config.policy;
+        if req.code.len() as u64 > p.max_code_bytes {
+            return Err(invalid(format!(
+                "The code is {} bytes, more than the {} byte limit. Send a shorter program.",
+                req.code.len(),
+                p.max_code_bytes
+            )));
+        }
+        if req.code.contains('\0') {
+            return Err(invalid("The code contains a NUL byte.".into()));
+        }
+        if let Some(s) = &req.stdin {
+            if s.len() as u64 > p.max_stdin_bytes {
+                return Err(invalid(format!(
+                    "stdin is {} bytes, more than the {} byte limit.",
+                    s.len(),
+                    p.max_stdin_bytes
+                )));
+            }
+        }
+        let limits = p
+            .resolve(&req.limits)
+            .map_err(|e| invalid(format!("Invalid limit: {}.", e.message)))?;
+        Ok(Validated { language, limits })
+    }
+
+    /// Run a request and return its verdict. Never panics on bad input: every failure is a
+    /// verdict with a category.
+    pub fn execute(
+        &self,
+        req: &ExecRequest,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> Verdict {
+        let v = match self.validate(req) {
+            Ok(v) => v,
+            Err(verdict) => return verdict,
+        };
+        let runtime = match runcell_runtimes::locate(v.language) {
+            Ok(r) => r,
+            Err(e) => {
+                let mut verdict = Verdict::failed(ErrorCategory::RuntimeUnavailable, e.to_string());
+                verdict.language = Some(v.language.name().into());
+                return verdict;
+            }
+        };
+        if self.config.strict {
+            let missing: Vec<String> = runcell_jail::probe::layers()
+                .into_iter()
+                .filter(|l| !l.available)
+                .map(|l| l.name.to_string())
+                .collect();
+            if !missing.is_empty() {
+                return Verdict::failed(
+                    ErrorCategory::SandboxFailure,
+                    format!(
+                        "Strict mode: refusing to run because these isolation layers are \
+                         missing on this host: {}. Run `runcell doctor` for how to fix them.",
+                        missing.join(", ")
+                    ),
+                );
+            }
+        }
+        let mut verdict = self.run(req, &v, &runtime, sink, cancel);
+        verdict.language = Some(v.language.name().into());
+        verdict.limits = Some(v.limits);
+        verdict
+    }
+
+    fn sandbox_spec(&self, limits: &Limits, runtime: &Runtime) -> SandboxSpec {
+        SandboxSpec {
+            hostname: self.config.hostname.clone(),
+            root: runtime.root_entries(),
+            scratch_bytes: limits.disk_bytes,
+            // One inode per 4 KiB of space, within sane bounds: enough for real work, not
+            // enough for a million empty files.
+            scratch_inodes: (limits.disk_bytes / 4096).clamp(1024, 1_000_000),
+            cgroup: CgroupRequest {
+                memory_bytes: limits.memory_bytes,
+                pids: limits.pids,
+                cpu_millis: limits.cpu_millis,
+            },
+            setup_timeout: self.config.setup_timeout,
+            helper_exe: self.config.helper_exe.clone(),
+        }
+    }
+
+    fn program(
+        inv: &Invocation,
+        limits: &Limits,
+        timeout: Duration,
+        runtime: &Runtime,
+        enforcement: &Enforcement,
+        files: Vec<InputFile>,
+        stdin: Option<Vec<u8>>,
+    ) -> Program {
+        // RLIMIT_CPU is a backstop for the wall clock: the CPU seconds the program could burn
+        // at its CPU share over the whole timeout, plus one.
+        let cpu_seconds =
+            (timeout.as_secs_f64() * (limits.cpu_millis as f64 / 1000.0).max(1.0)).ceil() as u64 + 1;
+        let address_space_bytes = (!enforcement.cgroup_limits.memory
+            && runtime.tolerates_address_space_limit())
+        .then_some(limits.memory_bytes);
+        Program {
+            argv: inv.argv.clone(),
+            env: inv.env.clone(),
+            cwd: PathBuf::from(WORKSPACE),
+            files,
+            stdin,
+            rlimits: Rlimits {
+                cpu_seconds,
+                open_files: limits.open_files,
+                // The sandbox's pid 1 runs as the same uid and counts too.
+                processes: limits.pids + 1,
+                file_size_bytes: limits.disk_bytes,
+                address_space_bytes,
+            },
+            wall_timeout: timeout,
+            stdout_cap: limits.output_bytes,
+            stderr_cap: limits.output_bytes,
+        }
+    }
+
+    fn run(
+        &self,
+        req: &ExecRequest,
+        v: &Validated,
+        runtime: &Runtime,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> Verdict {
+        let limits = &v.limits;
+        let spec = self.sandbox_spec(limits, runtime);
+        let mut sandbox = match Sandbox::create(&spec) {
+            Ok(s) => s,
+            Err(e) => {
+                return Verdict::failed(
+                    ErrorCategory::SandboxFailure,
+                    format!("The sandbox could not be set up ({e}). This is a problem with the host, not with the program."),
+                )
+            }
+        };
+        let plan = runtime.plan();
+        let source = InputFile {
+            path: plan.source_path.clone(),
+            mode: 0o644,
+            content: req.code.clone().into_bytes(),
+        };
+        let enforcement = sandbox.enforcement().clone();
+
+        let mut compile_time = None;
+        let mut files = vec![source];
+        if let Some(compile) = &plan.compile {
+            let program = Self::program(
+                compile,
+                limits,
+                limits.compile_timeout(),
+                runtime,
+                &enforcement,
+                std::mem::take(&mut files),
+                None,
+            );
+            // Compiler output is not the program's output: it is not streamed.
+            let outcome = match sandbox.run(&program, &mut runcell_jail::NoSink, cancel) {
+                Ok(o) => o,
+                Err(e) => return self.sandbox_failed(&sandbox, e),
+            };
+            compile_time = Some(outcome.wall.as_secs_f64());
+            let (code, error) = classify(&outcome, limits, Phase::Compile);
+            if error.is_some() {
+                let mut verdict = verdict_from(&outcome, code, error, &sandbox);
+                verdict.compile_time = compile_time;
+                verdict.execution_time = 0.0;
+                return verdict;
+            }
+        }
+        let program = Self::program(
+            &plan.run,
+            limits,
+            limits.timeout(),
+            runtime,
+            &enforcement,
+            files,
+            req.stdin.clone().map(String::into_bytes),
+        );
+        let outcome = match sandbox.run(&program, sink, cancel) {
+            Ok(o) => o,
+            Err(e) => return self.sandbox_failed(&sandbox, e),
+        };
+        let (code, error) = classify(&outcome, limits, Phase::Run);
+        let mut verdict = verdict_from(&outcome, code, error, &sandbox);
+        verdict.compile_time = compile_time;
+        if let Err(e) = sandbox.destroy() {
+            // The run itself is complete; a teardown problem is the host's to fix, but it must
+            // not pass unnoticed.
+            verdict.enforcement.missing.push(format!("teardown: {e}"));
+        }
+        verdict
+    }
+
+    fn sandbox_failed(&self, sandbox: &Sandbox, e: runcell_jail::SandboxError) -> Verdict {
+        let mut v = Verdict::failed(
+            ErrorCategory::SandboxFailure,
+            format!("The sandbox failed while running the program ({e}). This is a problem with the host, not with the program."),
+        );
+        v.enforcement = EnforcementReport::from(sandbox.enforcement());
+        v
+    }
+}
+
+fn verdict_from(
+    outcome: &Outcome,
+    exit_code: i32,
+    error: Option<crate::verdict::VerdictError>,
+    sandbox: &Sandbox,
+) -> Verdict {
+    Verdict {
+        stdout: lossy(&outcome.stdout),
+        stderr: lossy(&outcome.stderr),
+        exit_code: Some(exit_code),
+        execution_time: round_secs(outcome.wall),
+        stdout_truncated: outcome.stdout_truncated,
+        stderr_truncated: outcome.stderr_truncated,
+        error,
+        usage: Usage {
+            cpu_time: round_secs(outcome.cpu),
+            peak_memory_bytes: outcome.peak_memory_bytes,
+        },
+        files: Vec::new(),
+        enforcement: EnforcementReport::from(sandbox.enforcement()),
+        language: None,
+        compile_time: None,
+        limits: None,
+    }
+}
+
+fn round_secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> Engine {
+        let mut c = EngineConfig::for_host();
+        c.policy = Policy::for_host(8 << 30, 2);
+        Engine::new(c)
+    }
+
+    #[test]
+    fn validation_rejects_bad_requests_before_anything_runs() {
+        let e = engine();
+        let v = e.execute(&ExecRequest::new("cobol", "x"), &mut runcell_jail::NoSink, None);
+        assert_eq!(v.category(), Some(ErrorCategory::InvalidRequest));
+        assert!(v.error.unwrap().message.contains("python, node"));
+
+        let big = "x".repeat((1 << 20) + 1);
+        let v = e.execute(&ExecRequest::new("python", big), &mut runcell_jail::NoSink, None);
+        assert_eq!(v.category(), Some(ErrorCategory::InvalidRequest));
+
+        let mut r = ExecRequest::new("python", "print(1)");
+        r.limits.memory_bytes = Some(1 << 40);
+        let v = e.execute(&r, &mut runcell_jail::NoSink, None);
+        let err = v.error.unwrap();
+        assert_eq!(err.category, ErrorCategory::InvalidRequest);
+        assert!(err.message.contains("memory_bytes"), "{}", err.message);
+        assert_eq!(v.exit_code, None);
+    }
+}

@@ -1,0 +1,293 @@
+//! Tests against the host's real cgroup v1 hierarchies. They need root and a v1 memory
+//! hierarchy; anywhere else they say so and return. Every test uses its own base group
+//! (`runcell-test-base-<test>-<pid>`), and guards remove groups, children and bases even
+//! when an assertion fails.
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::{Cgroup, CgroupLimits, CgroupManager, CgroupVersion, CpuQuota};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// The manager for a test, plus cleanup of its base dirs on drop (declare it first so it
+/// is dropped last, after the groups below it are gone).
+struct Fixture {
+    manager: CgroupManager,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for base in self.manager.base_dirs() {
+            // rmdir only succeeds on an empty group, which is exactly the intent.
+            let _ = std::fs::remove_dir(&base);
+        }
+    }
+}
+
+/// `None` (with a message) unless running as root on a host with a v1 memory hierarchy.
+fn fixture(test: &str) -> Option<Fixture> {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED {test}: needs root for real cgroup v1 tests");
+        return None;
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let has_v1_memory = mountinfo.lines().any(|line| {
+        line.split_once(" - ").is_some_and(|(_, tail)| {
+            let mut fields = tail.split(' ');
+            fields.next() == Some("cgroup")
+                && fields
+                    .nth(1)
+                    .is_some_and(|opts| opts.split(',').any(|o| o == "memory"))
+        })
+    });
+    if !has_v1_memory {
+        eprintln!("SKIPPED {test}: no cgroup v1 memory hierarchy on this host");
+        return None;
+    }
+    let base = format!("runcell-test-base-{test}-{}", std::process::id());
+    let manager = CgroupManager::discover(
+        Path::new("/proc/self/mountinfo"),
+        Path::new("/proc/self/cgroup"),
+        &base,
+    )
+    .expect("discover")
+    .expect("a usable hierarchy on a root v1 host");
+    assert_eq!(manager.version(), CgroupVersion::V1);
+    Some(Fixture { manager })
+}
+
+/// Kills and reaps the child if the test bails out early.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl ChildGuard {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Lets a `sh -c 'read x; ...'` child continue past its `read`.
+    fn release(&mut self) {
+        let stdin = self.0.stdin.as_mut().expect("piped stdin");
+        stdin.write_all(b"go\n").expect("write to child");
+        stdin.flush().expect("flush");
+    }
+
+    fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A shell that waits for a line on stdin before running `script`, so it can be put in
+/// the group before it does anything interesting.
+fn gated_shell(script: &str) -> ChildGuard {
+    let child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("read x; {script}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn sh");
+    ChildGuard(child)
+}
+
+fn read_trimmed(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .trim()
+        .to_owned()
+}
+
+fn dirs_of(group: &Cgroup) -> Vec<PathBuf> {
+    group
+        .procs_files()
+        .iter()
+        .map(|f| f.parent().expect("dir").to_path_buf())
+        .collect()
+}
+
+#[test]
+fn real_v1_limits_stats_kill_and_destroy() {
+    let Some(fx) = fixture("basic") else { return };
+    let name = format!("runcell-test-{}-x", std::process::id());
+    let limits = CgroupLimits {
+        memory_bytes: Some(256 << 20),
+        pids_max: Some(16),
+        cpu_quota: Some(CpuQuota {
+            quota_us: 50_000,
+            period_us: 100_000,
+        }),
+    };
+    let mut group = fx.manager.create(&name, &limits).expect("create");
+    let e = group.enforced();
+    assert!(e.memory && e.pids && e.cpu && e.cpu_accounting, "{e:?}");
+
+    let mem = group.path().to_path_buf();
+    assert!(
+        mem.starts_with("/sys/fs/cgroup/memory"),
+        "{}",
+        mem.display()
+    );
+    assert_eq!(
+        read_trimmed(&mem.join("memory.limit_in_bytes")),
+        (256u64 << 20).to_string()
+    );
+    let memsw = mem.join("memory.memsw.limit_in_bytes");
+    assert_eq!(e.memory_swap, memsw.exists());
+    if memsw.exists() {
+        assert_eq!(read_trimmed(&memsw), (256u64 << 20).to_string());
+    }
+    let dirs = dirs_of(&group);
+    let dir_for = |ctrl: &str| {
+        dirs.iter()
+            .find(|d| d.components().any(|c| c.as_os_str() == ctrl))
+            .unwrap_or_else(|| panic!("no {ctrl} dir in {dirs:?}"))
+            .clone()
+    };
+    assert_eq!(read_trimmed(&dir_for("pids").join("pids.max")), "16");
+    let cpu = dir_for("cpu");
+    assert_eq!(read_trimmed(&cpu.join("cpu.cfs_period_us")), "100000");
+    assert_eq!(read_trimmed(&cpu.join("cpu.cfs_quota_us")), "50000");
+
+    let mut child = gated_shell("exec sleep 30");
+    group.add_process(child.pid()).expect("add");
+    assert_eq!(group.pids(), vec![child.pid()]);
+    for file in group.procs_files() {
+        assert_eq!(
+            read_trimmed(&file),
+            child.pid().to_string(),
+            "{}",
+            file.display()
+        );
+    }
+    // Let it run (and exec) inside the group so there is something to account.
+    child.release();
+    thread::sleep(Duration::from_millis(200));
+    let stats = group.stats();
+    eprintln!("basic: {stats:?}");
+    assert!(stats.cpu_usage_ns.is_some_and(|ns| ns > 0), "{stats:?}");
+    assert!(stats.memory_peak_bytes.is_some_and(|b| b > 0), "{stats:?}");
+    assert_eq!(stats.oom_kills, 0);
+    assert_eq!(stats.pids_limit_hits, 0);
+
+    group.reset_peak();
+    assert!(group.stats().memory_peak_bytes.is_some());
+
+    group.kill_all().expect("kill_all");
+    let status = child
+        .wait_timeout(Duration::from_secs(5))
+        .expect("child died");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+
+    group.destroy().expect("destroy");
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} still exists", dir.display());
+    }
+    group.destroy().expect("idempotent");
+}
+
+#[test]
+fn real_v1_oom_kill_is_counted() {
+    let Some(fx) = fixture("oom") else { return };
+    let limits = CgroupLimits {
+        memory_bytes: Some(64 << 20),
+        ..CgroupLimits::default()
+    };
+    let name = format!("runcell-test-{}-oom", std::process::id());
+    let group = fx.manager.create(&name, &limits).expect("create");
+    assert!(group.enforced().memory);
+    let mut child = gated_shell(&format!(
+        "exec {PYTHON} -c 'a = bytearray(200 * 1024 * 1024)'"
+    ));
+    group.add_process(child.pid()).expect("add");
+    child.release();
+    let status = child
+        .wait_timeout(Duration::from_secs(20))
+        .expect("python finished");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let stats = group.stats();
+    eprintln!("oom: {stats:?}");
+    assert!(stats.oom_kills >= 1, "{stats:?}");
+    let peak = stats.memory_peak_bytes.expect("peak");
+    assert!(
+        peak > 32 << 20 && peak <= 80 << 20,
+        "peak {peak} near the limit"
+    );
+}
+
+#[test]
+fn real_v1_pids_limit_hits_are_counted() {
+    let Some(fx) = fixture("pids") else { return };
+    let limits = CgroupLimits {
+        pids_max: Some(5),
+        ..CgroupLimits::default()
+    };
+    let name = format!("runcell-test-{}-pids", std::process::id());
+    let mut group = fx.manager.create(&name, &limits).expect("create");
+    assert!(group.enforced().pids);
+    let sleeps = "sleep 5 & ".repeat(20);
+    let mut child = gated_shell(&format!("{sleeps} wait"));
+    group.add_process(child.pid()).expect("add");
+    child.release();
+    let hit = super::wait_until(Duration::from_secs(5), || {
+        group.stats().pids_limit_hits >= 1
+    });
+    assert!(hit, "{:?}", group.stats());
+    assert!(group.pids().len() <= 5, "{:?}", group.pids());
+    group.destroy().expect("destroy");
+    let status = child
+        .wait_timeout(Duration::from_secs(5))
+        .expect("shell gone");
+    // The shell either gave up on the failed fork or was killed with its children.
+    assert!(status.signal() == Some(libc::SIGKILL) || status.code().is_some());
+}
+
+#[test]
+fn real_v1_sweep_removes_groups_of_dead_supervisors() {
+    let Some(fx) = fixture("sweep") else { return };
+    let dead_pid: u32 = 999_999_999;
+    let none = CgroupLimits::default();
+    let mut dead = fx
+        .manager
+        .create(&format!("{dead_pid}-stale"), &none)
+        .expect("create");
+    let live = fx
+        .manager
+        .create(&format!("{}-live", std::process::id()), &none)
+        .expect("create");
+    let mut child = gated_shell("exec sleep 30");
+    dead.add_process(child.pid()).expect("add");
+    let dead_dirs = dirs_of(&dead);
+    // As if the supervisor had crashed: nobody destroys this group but the sweep. (The
+    // flag is restored right after, so `dead` still cleans up if an assertion fails.)
+    dead.destroyed = true;
+    let removed = fx.manager.sweep_stale(&|pid| pid != dead_pid);
+    dead.destroyed = false;
+    assert_eq!(removed, 1);
+    for dir in &dead_dirs {
+        assert!(!dir.exists(), "{} still exists", dir.display());
+    }
+    let status = child.wait_timeout(Duration::from_secs(5)).expect("killed");
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert!(live.path().exists(), "a live supervisor's group stays");
+}

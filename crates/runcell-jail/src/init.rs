@@ -1,0 +1,723 @@
+//! The processes that build a sandbox, in the order they run. `docs/isolation.md` lists the
+//! same steps and the reason for each.
+//!
+//! ```text
+//! supervisor (runcell run / serve; may be multi-threaded)
+//!   └─ helper      `runcell __jail`, exec'd with an empty environment; host side, single-threaded.
+//!        │         Writes the uid/gid maps, places pid 1 in the cgroup, dies with the supervisor.
+//!        └─ pid 1  clone(NEWUSER|NEWNS|NEWPID|NEWNET|NEWIPC|NEWUTS), then NEWCGROUP. Builds the
+//!             │    root filesystem, pivots into it, then runs programs on request and reaps.
+//!             └─ program   setsid, rlimits, no_new_privs, Landlock, capabilities dropped,
+//!                          seccomp, execve.
+//! ```
+//!
+//! Descriptors of the helper: 0 = /dev/null, 1 = stdout pipe, 2 = stderr pipe, 3 = control
+//! socket, 4 = lifeline (read end of a pipe whose write end only the supervisor holds).
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::fs::{Mode, OFlags};
+use rustix::mount::{unmount, MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::pipe::{pipe_with, PipeFlags};
+use rustix::process::{
+    pidfd_send_signal, waitpid, DumpableBehavior, Pid, Resource, Rlimit, Signal, WaitOptions,
+};
+use rustix::thread::{
+    clear_ambient_capability_set, set_capabilities, set_no_new_privs, set_thread_res_gid,
+    set_thread_res_uid, CapabilitySet, CapabilitySets, Gid, Uid,
+};
+
+use crate::config::{ExecStep, JailConfig, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
+use crate::protocol::{self, ExitStatus, LandlockStatus, Report, Request};
+use crate::rootfs::{self, under, Step, StepError};
+use crate::seccomp::SeccompPolicy;
+use crate::sys;
+
+/// The argument that makes the runcell binary act as the helper.
+pub const HELPER_ARG: &str = "__jail";
+
+const CTRL_FD: RawFd = 3;
+const LIFELINE_FD: RawFd = 4;
+/// Where pid 1 assembles the new root before pivoting into it. It is a mount point in pid 1's
+/// private mount namespace only (after step 5 nothing propagates back to the host).
+const NEW_ROOT: &str = "/tmp";
+const HOSTNAME_FILE_MODE: u32 = 0o644;
+
+/// Entry point of `runcell __jail`. Never returns.
+pub fn helper_main() -> ! {
+    // SAFETY: fd 3 was set up by the supervisor as our end of the control socket and nothing
+    // else in this fresh process owns it.
+    let ctrl = unsafe { UnixStream::from_raw_fd(CTRL_FD) };
+    // SAFETY: fd 4 is the lifeline pipe's read end, handed to us the same way.
+    let lifeline = unsafe { OwnedFd::from_raw_fd(LIFELINE_FD) };
+    let code = match helper(&ctrl, lifeline) {
+        Ok(code) => code,
+        Err(e) => {
+            report_failure(&ctrl, &e);
+            125
+        }
+    };
+    sys::exit_now(code)
+}
+
+fn report_failure(ctrl: &UnixStream, e: &StepError) {
+    let _ = protocol::send(
+        ctrl,
+        &Report::Failed {
+            step: e.step.to_string(),
+            path: e.path.clone(),
+            errno: e.source.raw_os_error(),
+            message: e.source.to_string(),
+        },
+        &[],
+    );
+}
+
+/// The helper: runs on the host side, single-threaded, as the supervisor's user.
+fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
+    // H1. Read the sandbox description. It comes over the socket, never through argv or the
+    //     environment, which /proc would show.
+    let cfg = match protocol::recv::<Request>(ctrl).step("read setup")? {
+        Some(protocol::Frame {
+            message: Request::Setup(cfg),
+            ..
+        }) => cfg,
+        _ => {
+            return Err(StepError {
+                step: "read setup",
+                path: None,
+                source: io::Error::new(io::ErrorKind::InvalidData, "expected a setup message"),
+            })
+        }
+    };
+
+    // H2. As host root, drop the supplementary groups (group 0 among them): they would follow
+    //     the sandbox into its user namespace and still count in host permission checks.
+    if cfg.privileged {
+        sys::clear_supplementary_groups().step("setgroups")?;
+    }
+
+    // H3. The "go" pipe: pid 1 waits on it until its uid/gid maps and cgroup are in place.
+    let (go_r, go_w) = pipe_with(PipeFlags::CLOEXEC).step("pipe")?;
+
+    // H4. Create pid 1 of the sandbox in new user, mount, pid, network, ipc and uts namespaces
+    //     in one clone: the user namespace comes first in the kernel's order, so the others are
+    //     owned by it, and the uid 0 of the host never owns anything inside.
+    let ns = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS;
+    let (pid, pidfd) = match sys::clone_with_pidfd(ns).step("clone")? {
+        sys::Forked::Child => {
+            drop(go_w);
+            drop(lifeline);
+            sandbox_pid1(ctrl, &cfg, go_r)
+        }
+        sys::Forked::Parent { pid, pidfd } => (pid, pidfd),
+    };
+    drop(go_r);
+    let kill_child = |e: StepError| {
+        let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+        e
+    };
+
+    // H5. Map the sandbox's uid/gid 1000 to an unprivileged host uid/gid, and nothing else:
+    //     there is no uid 0 inside, so no process of the sandbox can ever act as host root (a
+    //     sandbox root mapped to host root could, e.g., rewrite /proc/sys/kernel/core_pattern).
+    //     "deny" setgroups first: required for unprivileged maps, and it stops the sandbox from
+    //     dropping groups to get around group-based denials.
+    write_proc(pid, "setgroups", "deny").map_err(kill_child)?;
+    write_proc(
+        pid,
+        "gid_map",
+        &format!("{SANDBOX_GID} {} 1\n", cfg.host_gid),
+    )
+    .map_err(kill_child)?;
+    write_proc(
+        pid,
+        "uid_map",
+        &format!("{SANDBOX_UID} {} 1\n", cfg.host_uid),
+    )
+    .map_err(kill_child)?;
+
+    // H6. Put pid 1 into the sandbox's cgroup before it runs anything, so every process it
+    //     ever creates is accounted and limited. The helper itself stays outside the group.
+    for procs in &cfg.cgroup_procs {
+        fs::write(procs, pid.to_string())
+            .step_at("join cgroup", procs)
+            .map_err(kill_child)?;
+    }
+
+    protocol::send(ctrl, &Report::Spawned { pid }, &[]).step("report spawned")?;
+
+    // H7. Release pid 1.
+    rustix::io::write(&go_w, b"g").step("release pid 1")?;
+    drop(go_w);
+
+    // H8. Hold no descriptor the program could need to see closed: the pipes' write ends and
+    //     the control socket belong to pid 1 and the supervisor from now on.
+    let null = File::open("/dev/null").step("open /dev/null")?;
+    for fd in 0..=2 {
+        sys::dup_to(null.as_raw_fd(), fd).step("redirect stdio")?;
+    }
+    // The control socket is the caller's; it is closed when this process exits below.
+
+    // H9. Wait for pid 1 to exit. If the supervisor dies (the lifeline reads EOF), kill pid 1:
+    //     the kernel then kills every process of the sandbox's pid namespace.
+    loop {
+        let mut fds = [
+            PollFd::new(&lifeline, PollFlags::IN),
+            PollFd::new(&pidfd, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e).step("poll"),
+        }
+        if !fds[0].revents().is_empty() {
+            let _ = pidfd_send_signal(&pidfd, Signal::KILL);
+        }
+        if !fds[1].revents().is_empty() || !fds[0].revents().is_empty() {
+            break;
+        }
+    }
+    let status = waitpid(Pid::from_raw(pid), WaitOptions::empty()).step("wait for pid 1")?;
+    Ok(match status {
+        Some((_, st)) => st.exit_status().unwrap_or(125),
+        None => 125,
+    })
+}
+
+fn write_proc(pid: i32, file: &str, content: &str) -> Result<(), StepError> {
+    let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+    fs::write(&path, content).step_at("write id map", &path)
+}
+
+/// Pid 1 of the sandbox. Never returns.
+fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd) -> ! {
+    let result = build_sandbox(cfg, go_r);
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            report_failure(ctrl, &e);
+            sys::exit_now(125);
+        }
+    }
+    if protocol::send(ctrl, &Report::Ready, &[]).is_err() {
+        sys::exit_now(125);
+    }
+    serve(ctrl)
+}
+
+/// The linear setup of the sandbox, run by its pid 1. Each step says why it is there and why
+/// it comes where it does.
+fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
+    // P1. Die with the helper (which dies with the supervisor): when pid 1 dies, the kernel
+    //     kills the whole pid namespace, so nothing of the run can outlive its supervisor.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).step("pdeathsig")?;
+
+    // P2. Wait until the helper wrote our uid/gid maps and cgroup. EOF without the byte means
+    //     the helper died first (and so before P1 could take effect): give up.
+    let mut b = [0u8; 1];
+    if rustix::io::read(&go_r, &mut b).step("wait for helper")? != 1 {
+        return Err(StepError {
+            step: "wait for helper",
+            path: None,
+            source: io::Error::new(io::ErrorKind::UnexpectedEof, "helper went away"),
+        });
+    }
+    drop(go_r);
+
+    // P3. Become uid/gid 1000 of the new user namespace now, keeping our capabilities in it
+    //     (uid 0 is not mapped, so the kernel's setuid capability fix-up does not fire). Files
+    //     created during setup are then owned by the sandbox user rather than by an unmapped
+    //     id (which tmpfs would refuse with EOVERFLOW).
+    set_thread_res_gid(
+        Gid::from_raw(SANDBOX_GID),
+        Gid::from_raw(SANDBOX_GID),
+        Gid::from_raw(SANDBOX_GID),
+    )
+    .step("setresgid")?;
+    set_thread_res_uid(
+        Uid::from_raw(SANDBOX_UID),
+        Uid::from_raw(SANDBOX_UID),
+        Uid::from_raw(SANDBOX_UID),
+    )
+    .step("setresuid")?;
+
+    // P4. A cgroup namespace rooted at the sandbox's cgroup (we were moved there in H6), so
+    //     /proc/self/cgroup shows "/" and no host cgroup path.
+    // SAFETY: unshare(CLONE_NEWCGROUP) only changes this process's cgroup namespace; the
+    // process is single-threaded.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
+        .step("unshare cgroup namespace")?;
+
+    // P5. Non-dumpable: the program (same uid) cannot open /proc/1/{mem,environ,fd,exe,...}
+    //     of this process, which holds the control socket and runs the runcell binary (runc
+    //     CVE-2019-5736 overwrote the runtime through /proc/<pid>/exe).
+    rustix::process::set_dumpable_behavior(DumpableBehavior::NotDumpable).step("dumpable")?;
+
+    // P6. Stop mount propagation in both directions before mounting anything, so no mount made
+    //     below can ever appear on the host.
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .step("make mounts private")?;
+
+    // P7. The new root: a small tmpfs, read-only once built (P15). It only holds directories,
+    //     symlinks and the generated /etc files.
+    let root = Path::new(NEW_ROOT);
+    rootfs::mount_tmpfs(root, 8 << 20, 4096, 0o755)?;
+
+    // P8. The host parts the runtime needs, read-only, nosuid, nodev, recursively.
+    for entry in &cfg.root {
+        match entry {
+            RootEntry::Bind { path, dir } => rootfs::bind_readonly(path, &under(root, path), *dir)?,
+            RootEntry::Symlink { path, target } => {
+                let dst = under(root, path);
+                if let Some(parent) = dst.parent() {
+                    rootfs::mkdir_p(parent, 0o755)?;
+                }
+                std::os::unix::fs::symlink(target, &dst).step_at("symlink", &dst)?;
+            }
+        }
+    }
+
+    // P9. A minimal /dev: the harmless character devices bound from the host (a user namespace
+    //     cannot mknod), the /dev/fd links, and nothing else (no block devices, kmsg, mem, tty).
+    let dev = root.join("dev");
+    rootfs::mkdir_p(&dev, 0o755)?;
+    for name in ["null", "zero", "full", "random", "urandom"] {
+        let host = Path::new("/dev").join(name);
+        rootfs::bind_device(&host, &dev.join(name))?;
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, dev.join(name)).step_at("symlink", &dev.join(name))?;
+    }
+
+    // P10. The writable scratch space: ONE size- and inode-capped tmpfs, exposed at /tmp,
+    //      /workspace and /dev/shm, so the disk limit covers all three together. It is staged
+    //      at a temporary mount point, bound into place, and the staging mount is removed (the
+    //      binds keep the filesystem alive).
+    let staging = root.join(".scratch");
+    rootfs::mkdir_p(&staging, 0o700)?;
+    rootfs::mount_tmpfs(&staging, cfg.scratch_bytes, cfg.scratch_inodes, 0o755)?;
+    for (sub, mode, target) in [
+        ("tmp", 0o1777, root.join("tmp")),
+        ("workspace", 0o755, root.join("workspace")),
+        ("shm", 0o1777, dev.join("shm")),
+    ] {
+        let src = staging.join(sub);
+        rootfs::mkdir_p(&src, mode)?;
+        rootfs::mkdir_p(&target, 0o755)?;
+        rootfs::bind_plain(&src, &target)?;
+    }
+    unmount(&staging, UnmountFlags::DETACH).step_at("unmount staging", &staging)?;
+    fs::remove_dir(&staging).step_at("rmdir staging", &staging)?;
+
+    // P11. A fresh /proc for the new pid namespace (only the sandbox's processes appear), with
+    //      the entries that leak or act on the host masked or read-only.
+    let proc_dir = root.join("proc");
+    rootfs::mkdir_p(&proc_dir, 0o555)?;
+    rustix::mount::mount(
+        "proc",
+        &proc_dir,
+        "proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        None,
+    )
+    .step_at("mount proc", &proc_dir)?;
+    rootfs::mask_proc(&proc_dir, &dev.join("null"))?;
+
+    // P12. Synthetic identity files: the sandbox user exists, and nothing of the host's
+    //      users, groups or hosts leaks in.
+    let etc = root.join("etc");
+    rootfs::mkdir_p(&etc, 0o755)?;
+    let files: [(&str, String); 5] = [
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+                 sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:/tmp:/bin/bash\n\
+                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        (
+            "group",
+            format!("root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"),
+        ),
+        (
+            "hosts",
+            format!(
+                "127.0.0.1\tlocalhost {h}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+                h = cfg.hostname
+            ),
+        ),
+        ("hostname", format!("{}\n", cfg.hostname)),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nhosts: files\n".to_string(),
+        ),
+    ];
+    for (name, content) in files {
+        let p = etc.join(name);
+        fs::write(&p, content).step_at("write", &p)?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(HOSTNAME_FILE_MODE))
+            .step_at("chmod", &p)?;
+    }
+
+    // P13. Own hostname (UTS namespace) and a loopback-only network (network namespace): no
+    //      route out, no host loopback services, no host abstract unix sockets.
+    rustix::system::sethostname(cfg.hostname.as_bytes()).step("sethostname")?;
+    sys::loopback_up().step("bring up loopback")?;
+
+    // P14. Enter the new root. pivot_root(".", ".") stacks the old root on top of the new one
+    //      and the lazy unmount drops it, so no path to the host's tree remains (a chroot would
+    //      leave the old root reachable).
+    rustix::process::chdir(root).step("chdir new root")?;
+    rustix::process::pivot_root(".", ".").step("pivot_root")?;
+    unmount(".", UnmountFlags::DETACH).step("detach old root")?;
+    rustix::process::chdir("/").step("chdir /")?;
+
+    // P15. Freeze the root tmpfs: /etc, /dev and the mount points cannot be changed any more.
+    //      /tmp, /workspace and /dev/shm are separate mounts and stay writable.
+    let slash = File::open("/").step("open /")?;
+    sys::mount_setattr(
+        slash.as_fd(),
+        c"",
+        false,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        false,
+    )
+    .step("make root read-only")?;
+    Ok(())
+}
+
+/// Pid 1's service loop: run each requested program, then report. Ends on EOF.
+fn serve(ctrl: &UnixStream) -> ! {
+    // Compile the seccomp policy once, here, so that the forked program only installs it.
+    let seccomp = match SeccompPolicy::compile() {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = protocol::send(
+                ctrl,
+                &Report::Failed {
+                    step: "compile seccomp policy".into(),
+                    path: None,
+                    errno: None,
+                    message: e.to_string(),
+                },
+                &[],
+            );
+            sys::exit_now(125);
+        }
+    };
+    loop {
+        let frame = match protocol::recv::<Request>(ctrl) {
+            Ok(Some(f)) => f,
+            _ => sys::exit_now(0),
+        };
+        let Request::Exec(step) = frame.message else {
+            sys::exit_now(125);
+        };
+        let report = match run_step(ctrl, &step, &frame.blobs, &seccomp) {
+            Ok(r) => r,
+            Err(e) => Report::Failed {
+                step: e.step.to_string(),
+                path: e.path,
+                errno: e.source.raw_os_error(),
+                message: e.source.to_string(),
+            },
+        };
+        if protocol::send(ctrl, &report, &[]).is_err() {
+            sys::exit_now(125);
+        }
+    }
+}
+
+/// Run one program and report how it ended. Every process it leaves behind is killed before
+/// the report, so a step never leaks into the next one.
+fn run_step(
+    ctrl: &UnixStream,
+    step: &ExecStep,
+    blobs: &[Vec<u8>],
+    seccomp: &SeccompPolicy,
+) -> Result<Report, StepError> {
+    for f in &step.files {
+        write_sandbox_file(&f.path, f.mode, blob(blobs, f.blob)?)?;
+    }
+    let stdin: OwnedFd = match step.stdin_blob {
+        Some(i) => {
+            let fd = rustix::fs::memfd_create("stdin", rustix::fs::MemfdFlags::CLOEXEC)
+                .step("memfd_create")?;
+            let mut f = File::from(fd);
+            f.write_all(blob(blobs, i)?).step("write stdin")?;
+            rustix::fs::seek(&f, rustix::fs::SeekFrom::Start(0)).step("seek stdin")?;
+            f.into()
+        }
+        None => rustix::fs::open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+            .step("open /dev/null")?,
+    };
+    let argv: Vec<CString> = step
+        .argv
+        .iter()
+        .map(|a| cstring(a))
+        .collect::<Result<_, _>>()?;
+    let envp: Vec<CString> = step
+        .env
+        .iter()
+        .map(|(k, v)| cstring(&format!("{k}={v}")))
+        .collect::<Result<_, _>>()?;
+    let cwd = step.cwd.clone();
+    if argv.is_empty() {
+        return Err(invalid("argv", "empty argv"));
+    }
+    let (status_r, status_w) = pipe_with(PipeFlags::CLOEXEC).step("pipe")?;
+
+    let before = sys::children_rusage();
+    let started = Instant::now();
+    let Some(pid) = sys::fork().step("fork")? else {
+        drop(status_r);
+        exec_program(&argv, &envp, &cwd, &step.rlimits, stdin, status_w, seccomp)
+    };
+    drop(status_w);
+    drop(stdin);
+
+    // The program reports its Landlock status, then either execs (the close-on-exec pipe hits
+    // EOF) or reports why it could not.
+    let mut buf = Vec::new();
+    let _ = File::from(status_r).read_to_end(&mut buf);
+    let landlock = match buf.first().zip(buf.get(1)) {
+        Some((b'L', b'f')) => LandlockStatus::Full,
+        Some((b'L', b'p')) => LandlockStatus::Partial,
+        _ => LandlockStatus::None,
+    };
+    let exec_error = buf
+        .iter()
+        .position(|&c| c == b'E')
+        .map(|i| String::from_utf8_lossy(&buf[i + 1..]).into_owned());
+    if exec_error.is_none() {
+        protocol::send(ctrl, &Report::Started { pid, landlock }, &[]).step("report started")?;
+    }
+
+    // Reap until the program itself is reaped (orphans re-parented to us are reaped on the way).
+    let status = loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((p, st))) if p.as_raw_nonzero().get() == pid => break st,
+            Ok(_) => continue,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e).step("wait"),
+        }
+    };
+    let wall = started.elapsed();
+    // The run ends with its main program: kill what it left behind (daemons, setsid children,
+    // SIGTERM-ignoring loops) and reap them, so the next step starts clean.
+    sys::kill_rest_of_namespace().step("kill leftovers")?;
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some(_)) => continue,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => break,
+        }
+    }
+    let after = sys::children_rusage();
+    if let Some(msg) = exec_error {
+        return Err(StepError {
+            step: "start program",
+            path: Some(PathBuf::from(&step.argv[0])),
+            source: io::Error::other(msg),
+        });
+    }
+    let status = if let Some(sig) = status.terminating_signal() {
+        ExitStatus::Signal(sig)
+    } else {
+        ExitStatus::Code(status.exit_status().unwrap_or(0))
+    };
+    let disk_full = match rustix::fs::statvfs("/workspace") {
+        Ok(s) => s.f_bavail == 0 || s.f_favail == 0,
+        Err(_) => false,
+    };
+    Ok(Report::Exited {
+        status,
+        wall_ns: wall.as_nanos() as u64,
+        cpu_ns: after.cpu_ns.saturating_sub(before.cpu_ns),
+        max_rss_bytes: after.max_rss_bytes,
+        disk_full,
+    })
+}
+
+/// The program's last steps before execve, in the forked child of pid 1. Never returns.
+/// Any failure is written to `status_w` and the process exits with 127.
+fn exec_program(
+    argv: &[CString],
+    envp: &[CString],
+    cwd: &Path,
+    rlimits: &Rlimits,
+    stdin: OwnedFd,
+    status_w: OwnedFd,
+    seccomp: &SeccompPolicy,
+) -> ! {
+    let fail = |status_w: &OwnedFd, what: &str, e: &dyn std::fmt::Display| -> ! {
+        let _ = rustix::io::write(status_w, format!("E{what}: {e}").as_bytes());
+        sys::exit_now(127)
+    };
+
+    // X1. A new session and process group: no controlling terminal to inject input into
+    //     (TIOCSTI, bubblewrap CVE-2017-5226), and the run's processes form one group.
+    if let Err(e) = rustix::process::setsid() {
+        fail(&status_w, "setsid", &e);
+    }
+    // X2. stdin, and the status pipe moved to fd 3 (close-on-exec); close everything else.
+    if let Err(e) = sys::dup_to(stdin.as_raw_fd(), 0) {
+        fail(&status_w, "stdin", &e);
+    }
+    drop(stdin);
+    if status_w.as_raw_fd() != 3 {
+        if let Err(e) = sys::dup_to(status_w.as_raw_fd(), 3) {
+            fail(&status_w, "status pipe", &e);
+        }
+    }
+    // SAFETY: fd 3 now holds the status pipe (dup_to above, or it already was fd 3); we take
+    // ownership of that number and forget the original handle so it is not closed twice.
+    let status_w = if status_w.as_raw_fd() == 3 {
+        status_w
+    } else {
+        drop(status_w);
+        unsafe { OwnedFd::from_raw_fd(3) }
+    };
+    if let Err(e) = rustix::io::fcntl_setfd(&status_w, rustix::io::FdFlags::CLOEXEC) {
+        fail(&status_w, "status pipe", &e);
+    }
+    if let Err(e) = sys::close_fds_from(4) {
+        fail(&status_w, "close_range", &e);
+    }
+    if let Err(e) = rustix::process::chdir(cwd) {
+        fail(&status_w, "chdir", &e);
+    }
+    // X3. rlimits: the second layer behind the cgroup (processes, file size = disk, open files,
+    //     CPU seconds as a backstop for the wall clock, no core dumps).
+    if let Err(e) = set_rlimits(rlimits) {
+        fail(&status_w, "setrlimit", &e);
+    }
+    // X4. no_new_privs: execve can never grant privileges (setuid bits, file capabilities);
+    //     required for unprivileged Landlock and seccomp.
+    if let Err(e) = set_no_new_privs(true) {
+        fail(&status_w, "no_new_privs", &e);
+    }
+    // X5. Landlock (needs no privilege, so its order against X6 is free; it goes first so that
+    //     a failure to drop capabilities still leaves it in place).
+    let landlock = match crate::landlock::restrict_self() {
+        Ok(s) => s,
+        Err(e) => fail(&status_w, "landlock", &e),
+    };
+    // X6. Drop every capability in all five sets. The bounding set needs CAP_SETPCAP, so it
+    //     goes before the capset that clears permitted/effective/inheritable.
+    if let Err(e) = sys::lock_securebits() {
+        fail(&status_w, "securebits", &e);
+    }
+    if let Err(e) = sys::drop_bounding_set() {
+        fail(&status_w, "capability bounding set", &e);
+    }
+    if let Err(e) = clear_ambient_capability_set() {
+        fail(&status_w, "ambient capabilities", &e);
+    }
+    if let Err(e) = set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::empty(),
+            permitted: CapabilitySet::empty(),
+            inheritable: CapabilitySet::empty(),
+        },
+    ) {
+        fail(&status_w, "capset", &e);
+    }
+    let tag: &[u8] = match landlock {
+        LandlockStatus::Full => b"Lf",
+        LandlockStatus::Partial => b"Lp",
+        LandlockStatus::None => b"Ln",
+    };
+    let _ = rustix::io::write(&status_w, tag);
+    // X7. seccomp, last: everything above uses syscalls the filter denies (prctl, capset,
+    //     landlock_*); after it only execve and the program's own syscalls remain.
+    if let Err(e) = seccomp.apply() {
+        fail(&status_w, "seccomp", &e);
+    }
+    // X8. execve with the fixed environment only.
+    let err = sys::execve(&argv[0], argv, envp);
+    fail(&status_w, "execve", &err)
+}
+
+fn set_rlimits(r: &Rlimits) -> rustix::io::Result<()> {
+    let lim = |v: u64| Rlimit {
+        current: Some(v),
+        maximum: Some(v),
+    };
+    rustix::process::setrlimit(Resource::Core, lim(0))?;
+    rustix::process::setrlimit(Resource::Cpu, lim(r.cpu_seconds))?;
+    rustix::process::setrlimit(Resource::Nofile, lim(r.open_files))?;
+    rustix::process::setrlimit(Resource::Nproc, lim(r.processes))?;
+    rustix::process::setrlimit(Resource::Fsize, lim(r.file_size_bytes))?;
+    if let Some(a) = r.address_space_bytes {
+        rustix::process::setrlimit(Resource::As, lim(a))?;
+    }
+    Ok(())
+}
+
+/// Write a requested file into the sandbox, refusing anything outside /workspace and /tmp and
+/// never following a symlink (a previous step may have planted one).
+fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepError> {
+    let allowed = rootfs::is_plain_absolute(path)
+        && (path.starts_with("/workspace/") || path.starts_with("/tmp/"))
+        && path.components().count() >= 3;
+    if !allowed {
+        return Err(invalid("write file", "path outside /workspace and /tmp"));
+    }
+    if let Some(parent) = path.parent() {
+        rootfs::mkdir_p(parent, 0o755)?;
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode & 0o777)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .step_at("create file", path)?;
+    f.write_all(data).step_at("write file", path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o777)).step_at("chmod", path)
+}
+
+fn blob(blobs: &[Vec<u8>], i: usize) -> Result<&[u8], StepError> {
+    blobs
+        .get(i)
+        .map(Vec::as_slice)
+        .ok_or_else(|| invalid("read blob", "missing blob"))
+}
+
+fn cstring(s: &str) -> Result<CString, StepError> {
+    CString::new(s).map_err(|_| invalid("argument", "NUL byte in argument or environment"))
+}
+
+fn invalid(step: &'static str, msg: &str) -> StepError {
+    StepError {
+        step,
+        path: None,
+        source: io::Error::new(io::ErrorKind::InvalidInput, msg.to_string()),
+    }
+}

@@ -1,0 +1,214 @@
+//! The control channel between the supervisor and the sandbox's helper processes.
+//!
+//! One `AF_UNIX` stream socket pair. Each frame is a JSON message followed by zero or more binary
+//! blobs (file contents, stdin), so that code and data never need escaping:
+//!
+//! ```text
+//! u32 json_len | json | u32 blob_count | (u64 blob_len | blob)*
+//! ```
+//!
+//! All integers are little-endian. Sizes are bounded on read: the sandbox side is our code, but
+//! it runs next to untrusted code, so the supervisor never trusts a length it did not cap.
+
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ExecStep, JailConfig};
+
+/// Largest JSON message accepted.
+pub const MAX_JSON: u32 = 4 << 20;
+/// Largest total of blobs accepted in one frame.
+pub const MAX_BLOBS_TOTAL: u64 = 1 << 30;
+const MAX_BLOB_COUNT: u32 = 100_000;
+
+/// Supervisor -> sandbox.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// First message, read by the helper: the sandbox to build.
+    Setup(JailConfig),
+    /// Read by the sandbox's pid 1: run a program (blobs carry files and stdin).
+    Exec(ExecStep),
+}
+
+/// How a program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// Shell convention: a signal N becomes 128 + N.
+    pub fn code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+/// What the Landlock layer achieved for a program, as reported by rust-landlock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LandlockStatus {
+    Full,
+    Partial,
+    None,
+}
+
+impl LandlockStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LandlockStatus::Full => "full",
+            LandlockStatus::Partial => "partial",
+            LandlockStatus::None => "none",
+        }
+    }
+}
+
+/// Sandbox -> supervisor.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Report {
+    /// From the helper: the sandbox's pid 1 exists (host pid, for diagnostics).
+    Spawned { pid: i32 },
+    /// From pid 1: the filesystem and namespaces are set up; send programs.
+    Ready,
+    /// From pid 1: the program is running (its pid inside the sandbox).
+    Started { pid: i32, landlock: LandlockStatus },
+    /// From pid 1: the program ended and every other process it left was killed and reaped.
+    Exited {
+        status: ExitStatus,
+        wall_ns: u64,
+        /// CPU time of the program and every reaped descendant (getrusage RUSAGE_CHILDREN delta).
+        cpu_ns: u64,
+        /// Largest resident set of any single process, in bytes.
+        max_rss_bytes: u64,
+        /// The scratch filesystem (/tmp, /workspace, /dev/shm) had no space or inodes left.
+        disk_full: bool,
+    },
+    /// From any helper: a setup step failed.
+    Failed {
+        step: String,
+        path: Option<PathBuf>,
+        errno: Option<i32>,
+        message: String,
+    },
+}
+
+/// A decoded frame.
+pub struct Frame<T> {
+    pub message: T,
+    pub blobs: Vec<Vec<u8>>,
+}
+
+/// Write one frame. The whole frame is assembled first so that it goes out in as few writes as
+/// possible (the peer reads it with blocking reads once the first byte is there).
+pub fn send<T: Serialize>(mut w: impl Write, message: &T, blobs: &[&[u8]]) -> io::Result<()> {
+    let json = serde_json::to_vec(message).map_err(io::Error::other)?;
+    let blob_total: usize = blobs.iter().map(|b| b.len() + 8).sum();
+    let mut buf = Vec::with_capacity(8 + json.len() + blob_total);
+    buf.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&json);
+    buf.extend_from_slice(&(blobs.len() as u32).to_le_bytes());
+    for blob in blobs {
+        buf.extend_from_slice(&(blob.len() as u64).to_le_bytes());
+        buf.extend_from_slice(blob);
+    }
+    w.write_all(&buf)?;
+    w.flush()
+}
+
+/// Read one frame. `Ok(None)` on a clean end of stream before the frame starts.
+pub fn recv<T: DeserializeOwned>(mut r: impl Read) -> io::Result<Option<Frame<T>>> {
+    let mut len = [0u8; 4];
+    match r.read(&mut len[..1])? {
+        0 => return Ok(None),
+        _ => r.read_exact(&mut len[1..])?,
+    }
+    let json_len = u32::from_le_bytes(len);
+    if json_len > MAX_JSON {
+        return Err(invalid(format!("message of {json_len} bytes is too large")));
+    }
+    let mut json = vec![0u8; json_len as usize];
+    r.read_exact(&mut json)?;
+    let message = serde_json::from_slice(&json).map_err(|e| invalid(e.to_string()))?;
+    r.read_exact(&mut len)?;
+    let count = u32::from_le_bytes(len);
+    if count > MAX_BLOB_COUNT {
+        return Err(invalid(format!("{count} blobs is too many")));
+    }
+    let mut blobs = Vec::with_capacity(count as usize);
+    let mut total = 0u64;
+    for _ in 0..count {
+        let mut blen = [0u8; 8];
+        r.read_exact(&mut blen)?;
+        let blen = u64::from_le_bytes(blen);
+        total = total.saturating_add(blen);
+        if total > MAX_BLOBS_TOTAL {
+            return Err(invalid("blobs too large".to_string()));
+        }
+        let mut blob = vec![0u8; blen as usize];
+        r.read_exact(&mut blob)?;
+        blobs.push(blob);
+    }
+    Ok(Some(Frame { message, blobs }))
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_round_trip_with_blobs() {
+        let mut buf = Vec::new();
+        let msg = Report::Exited {
+            status: ExitStatus::Signal(9),
+            wall_ns: 5,
+            cpu_ns: 3,
+            max_rss_bytes: 1024,
+            disk_full: false,
+        };
+        send(&mut buf, &msg, &[b"abc", b"", &[0xff, 0x00]]).unwrap();
+        send(&mut buf, &Report::Ready, &[]).unwrap();
+        let mut r = &buf[..];
+        let f: Frame<Report> = recv(&mut r).unwrap().unwrap();
+        assert!(matches!(
+            f.message,
+            Report::Exited {
+                status: ExitStatus::Signal(9),
+                max_rss_bytes: 1024,
+                ..
+            }
+        ));
+        assert_eq!(f.blobs, vec![b"abc".to_vec(), vec![], vec![0xff, 0x00]]);
+        let f: Frame<Report> = recv(&mut r).unwrap().unwrap();
+        assert!(matches!(f.message, Report::Ready));
+        assert!(recv::<Report>(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn oversized_and_truncated_frames_are_rejected() {
+        let mut r = &(MAX_JSON + 1).to_le_bytes()[..];
+        assert!(recv::<Report>(&mut r).is_err());
+        let mut buf = Vec::new();
+        send(&mut buf, &Report::Ready, &[b"hello"]).unwrap();
+        buf.truncate(buf.len() - 2);
+        assert!(recv::<Report>(&mut &buf[..]).is_err());
+    }
+
+    #[test]
+    fn exit_status_uses_shell_convention() {
+        assert_eq!(ExitStatus::Code(3).code(), 3);
+        assert_eq!(ExitStatus::Signal(9).code(), 137);
+    }
+}

@@ -1,0 +1,323 @@
+//! Thin wrappers over the system calls that rustix does not cover (raw `clone`, `fork`,
+//! `mount_setattr`, `execve`, the capability bounding set, `kill(-1)`, the loopback ioctl).
+//!
+//! Everything here is called from the single-threaded helper processes (see `init.rs`), never
+//! from a multi-threaded supervisor: `fork`/`clone` in a threaded process may copy a locked
+//! allocator mutex into the child (conventions, "No fork in a threaded process").
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// What a raw `clone(2)` returns on each side.
+pub enum Forked {
+    /// We are the new process.
+    Child,
+    /// We are the parent; the child has this pid (in our pid namespace) and pidfd.
+    Parent { pid: i32, pidfd: OwnedFd },
+}
+
+/// `clone(2)` without a new stack (fork semantics) with the given `CLONE_NEW*` flags, returning a
+/// pidfd for the child (`CLONE_PIDFD`, Linux 5.2) so that the parent can poll for its exit.
+///
+/// Must only be called from a single-threaded process.
+pub fn clone_with_pidfd(ns_flags: libc::c_int) -> io::Result<Forked> {
+    let mut pidfd: libc::c_int = -1;
+    let flags = (ns_flags | libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: clone(2) with a NULL stack behaves like fork(2): the child gets a copy-on-write copy
+    // of our address space and continues from this point. The process is single-threaded (the
+    // helper is a freshly exec'd binary that starts no threads), so no lock can be held by
+    // another thread at the time of the copy. On x86_64 and aarch64 the argument order is
+    // (flags, stack, parent_tid, child_tid, tls); with CLONE_PIDFD the kernel stores the pidfd
+    // at `parent_tid`, which points at a live local variable.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut pidfd as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent {
+            pid: pid as i32,
+            // SAFETY: the kernel just created this descriptor for us and nothing else owns it.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        }),
+    }
+}
+
+/// Plain `fork(2)`, for the sandbox's pid 1 starting a program.
+///
+/// Must only be called from a single-threaded process.
+pub fn fork() -> io::Result<Option<i32>> {
+    // SAFETY: called only from the sandbox's pid 1, which is single-threaded (it is a clone of
+    // the single-threaded helper), so the child inherits no lock held by another thread.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        pid => Ok(Some(pid)),
+    }
+}
+
+/// Clear the supplementary groups (host root's group 0 must not follow us into the sandbox).
+pub fn clear_supplementary_groups() -> io::Result<()> {
+    // SAFETY: setgroups(0, NULL) reads no memory.
+    if unsafe { libc::setgroups(0, std::ptr::null()) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Attributes for `mount_setattr(2)` (Linux 5.12).
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `mount_setattr(2)` on the mount at `fd` (an `open_tree` result) or at `path` relative to it.
+/// With `recursive`, the whole subtree gets the attributes, which a classic
+/// `MS_REMOUNT|MS_BIND|MS_RDONLY` cannot do (it only changes the top mount).
+pub fn mount_setattr(
+    fd: BorrowedFd<'_>,
+    path: &CStr,
+    recursive: bool,
+    attr_set: u64,
+    propagation_private: bool,
+) -> io::Result<()> {
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: if propagation_private {
+            libc::MS_PRIVATE
+        } else {
+            0
+        },
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is a valid NUL-terminated string, `attr` is a properly laid out
+    // `struct mount_attr` (MOUNT_ATTR_SIZE_VER0 = 32 bytes) that lives across the call, and the
+    // kernel only reads it.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Close every descriptor from `first` upwards (`close_range(2)`, Linux 5.9), so that nothing of
+/// the supervisor leaks into the sandboxed program.
+pub fn close_fds_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors; the caller owns none above `first` that it
+    // still uses (it is about to exec).
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    if ret == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Drop every capability from the bounding set, so that no later execve can regain one.
+pub fn drop_bounding_set() -> io::Result<()> {
+    for cap in 0..=63 {
+        // SAFETY: PR_CAPBSET_DROP takes a plain integer argument and touches no memory.
+        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if ret == -1 {
+            let err = io::Error::last_os_error();
+            // EINVAL: past the last capability this kernel knows.
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Lock the securebits so that uid 0 (were it ever mapped) would get no capabilities on exec
+/// and no setuid transition could restore them.
+pub fn lock_securebits() -> io::Result<()> {
+    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+    const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
+    const SECBIT_KEEP_CAPS_LOCKED: libc::c_ulong = 1 << 5;
+    const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+    let bits = SECBIT_NOROOT
+        | SECBIT_NOROOT_LOCKED
+        | SECBIT_NO_SETUID_FIXUP
+        | SECBIT_NO_SETUID_FIXUP_LOCKED
+        | SECBIT_KEEP_CAPS_LOCKED
+        | SECBIT_NO_CAP_AMBIENT_RAISE
+        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+    // SAFETY: PR_SET_SECUREBITS takes a plain integer argument and touches no memory.
+    if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// SIGKILL every process of the caller's pid namespace except the caller (`kill(-1)`).
+///
+/// Refuses unless the caller is pid 1 of its namespace: run from the host's pid namespace this
+/// call would kill every process of the machine that the caller may signal.
+pub fn kill_rest_of_namespace() -> io::Result<()> {
+    if rustix::process::getpid().as_raw_nonzero().get() != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "refusing kill(-1): not pid 1 of a private pid namespace",
+        ));
+    }
+    // SAFETY: kill takes plain integers. As pid 1 of a fresh pid namespace, -1 reaches only
+    // the processes of that namespace (the kernel skips processes it cannot see).
+    if unsafe { libc::kill(-1, libc::SIGKILL) } == -1 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Bring the loopback interface of the current network namespace up (it starts down), so that
+/// programs can talk to themselves over 127.0.0.1; nothing else exists in the namespace.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() takes plain integers; the returned descriptor is owned right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the NUL-terminated name and writes ifr_flags inside `req`,
+    // which outlives the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the union member ifru_flags was just written by the kernel.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `execve(2)`. Only returns on failure.
+pub fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    // SAFETY: all pointers point into CStrings that outlive the call, and both arrays are
+    // NULL-terminated as execve requires.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// Exit immediately without running destructors or atexit handlers (for forked children).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and is async-signal-safe.
+    unsafe { libc::_exit(code) }
+}
+
+/// Move `fd` to exactly `target` (clearing close-on-exec on the copy).
+pub fn dup_to(fd: RawFd, target: RawFd) -> io::Result<()> {
+    if fd == target {
+        // dup2 would be a no-op and leave FD_CLOEXEC set; clear it instead.
+        // SAFETY: fcntl on an fd number with integer arguments touches no memory.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        return Ok(());
+    }
+    // SAFETY: dup2 takes plain integers.
+    if unsafe { libc::dup2(fd, target) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The Landlock ABI version the kernel offers (0 when Landlock is missing or disabled).
+pub fn landlock_abi_version() -> u32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attr, size 0 and the VERSION flag the kernel reads no memory and
+    // returns the ABI version or an error.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if ret < 0 {
+        0
+    } else {
+        ret as u32
+    }
+}
+
+/// Whether the kernel supports seccomp filters (`prctl(PR_GET_SECCOMP)` answers rather than
+/// failing with EINVAL).
+pub fn seccomp_available() -> bool {
+    // SAFETY: PR_GET_SECCOMP takes no pointers.
+    unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
+}
+
+/// CPU time and peak RSS of all reaped descendants (`getrusage(RUSAGE_CHILDREN)`).
+pub struct ChildrenUsage {
+    pub cpu_ns: u64,
+    /// Largest resident set of any single reaped descendant, in bytes.
+    pub max_rss_bytes: u64,
+}
+
+pub fn children_rusage() -> ChildrenUsage {
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into `ru`, which outlives the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } == -1 {
+        return ChildrenUsage {
+            cpu_ns: 0,
+            max_rss_bytes: 0,
+        };
+    }
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ChildrenUsage {
+        cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
+        max_rss_bytes: ru.ru_maxrss as u64 * 1024,
+    }
+}
