@@ -583,27 +583,15 @@ fn exec_program(
     if let Err(e) = rustix::process::setsid() {
         fail(&status_w, "setsid", &e);
     }
-    // X2. stdin, and the status pipe moved to fd 3 (close-on-exec); close everything else.
-    if let Err(e) = sys::dup_to(stdin.as_raw_fd(), 0) {
+    // X2. stdin on fd 0, the status pipe on fd 3 (close-on-exec); close everything else.
+    if let Err(e) = sys::move_fd(stdin, 0, false) {
         fail(&status_w, "stdin", &e);
     }
-    drop(stdin);
-    if status_w.as_raw_fd() != 3 {
-        if let Err(e) = sys::dup_to(status_w.as_raw_fd(), 3) {
-            fail(&status_w, "status pipe", &e);
-        }
-    }
-    // SAFETY: fd 3 now holds the status pipe (dup_to above, or it already was fd 3); we take
-    // ownership of that number and forget the original handle so it is not closed twice.
-    let status_w = if status_w.as_raw_fd() == 3 {
-        status_w
-    } else {
-        drop(status_w);
-        unsafe { OwnedFd::from_raw_fd(3) }
+    let status_w = match sys::move_fd(status_w, 3, true) {
+        Ok(fd) => fd,
+        // The pipe is gone with the failed move; the exit code alone tells pid 1.
+        Err(_) => sys::exit_now(127),
     };
-    if let Err(e) = rustix::io::fcntl_setfd(&status_w, rustix::io::FdFlags::CLOEXEC) {
-        fail(&status_w, "status pipe", &e);
-    }
     if let Err(e) = sys::close_fds_from(4) {
         fail(&status_w, "close_range", &e);
     }

@@ -321,3 +321,25 @@ pub fn children_rusage() -> ChildrenUsage {
         max_rss_bytes: ru.ru_maxrss as u64 * 1024,
     }
 }
+
+/// Move `fd` to the descriptor number `target` (closing whatever was there) and return it as
+/// the owner of `target`, close-on-exec or not as asked.
+pub fn move_fd(fd: OwnedFd, target: RawFd, cloexec: bool) -> io::Result<OwnedFd> {
+    let fd_flags = if cloexec { libc::FD_CLOEXEC } else { 0 };
+    if fd.as_raw_fd() == target {
+        // SAFETY: fcntl on a descriptor we own, with integer arguments.
+        if unsafe { libc::fcntl(target, libc::F_SETFD, fd_flags) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        return Ok(fd);
+    }
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: dup3 takes plain integers; `fd` is a valid open descriptor.
+    if unsafe { libc::dup3(fd.as_raw_fd(), target, flags) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    drop(fd);
+    // SAFETY: dup3 just made `target` a copy of our descriptor; nothing else owns that number
+    // (whatever it referred to before was closed by dup3).
+    Ok(unsafe { OwnedFd::from_raw_fd(target) })
+}

@@ -730,37 +730,36 @@ impl Cgroup {
         let mut signalled = BTreeSet::new();
         // While frozen nothing can fork or exit, so once a pass finds no pid it has not
         // signalled yet, every process has been hit. Unfrozen, this is one pass.
-        loop {
-            let fresh: Vec<u32> = self
-                .pids()
-                .into_iter()
-                .filter(|p| !signalled.contains(p))
-                .collect();
-            if fresh.is_empty() {
-                break;
-            }
-            for pid in fresh {
-                self.signal(pid, &mut first_error);
-                signalled.insert(pid);
-            }
-            if !frozen {
-                break;
-            }
-        }
+        while self.signal_new(&mut signalled, &mut first_error) && frozen {}
         if frozen {
             // Frozen tasks only act on the pending SIGKILL once thawed.
             self.thaw();
         }
         // Without a freezer a process may have forked between reading cgroup.procs and
-        // the kill: keep sweeping until the group is empty (bounded).
+        // the kill: keep sweeping until the group is empty (bounded). Pids already hit
+        // are not signalled again: they are dying, and a pid that has gone could by now
+        // name an unrelated process.
         wait_until(KILL_SWEEP, || {
-            let pids = self.pids();
-            for &pid in &pids {
-                self.signal(pid, &mut first_error);
-            }
-            pids.is_empty()
+            self.signal_new(&mut signalled, &mut first_error);
+            self.is_empty()
         });
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// SIGKILLs the listed pids not in `signalled` yet; false if there were none.
+    fn signal_new(
+        &self,
+        signalled: &mut BTreeSet<u32>,
+        first_error: &mut Option<CgroupError>,
+    ) -> bool {
+        let mut found = false;
+        for pid in self.pids() {
+            if signalled.insert(pid) {
+                found = true;
+                self.signal(pid, first_error);
+            }
+        }
+        found
     }
 
     fn signal(&self, pid: u32, first_error: &mut Option<CgroupError>) {
@@ -1193,6 +1192,13 @@ mod tests {
             CgroupManager::discover(&mountinfo, &cgroup, "../escape"),
             Err(CgroupError::InvalidName { .. })
         ));
+    }
+
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<CgroupManager>();
+        check::<Cgroup>();
     }
 
     #[test]

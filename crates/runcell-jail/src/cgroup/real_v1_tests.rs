@@ -191,7 +191,11 @@ fn real_v1_limits_stats_kill_and_destroy() {
     assert_eq!(stats.pids_limit_hits, 0);
 
     group.reset_peak();
-    assert!(group.stats().memory_peak_bytes.is_some());
+    let after = group.stats().memory_peak_bytes.expect("peak after reset");
+    assert!(
+        after <= stats.memory_peak_bytes.unwrap_or(0),
+        "{after} {stats:?}"
+    );
 
     group.kill_all().expect("kill_all");
     let status = child
@@ -290,4 +294,32 @@ fn real_v1_sweep_removes_groups_of_dead_supervisors() {
     let status = child.wait_timeout(Duration::from_secs(5)).expect("killed");
     assert_eq!(status.signal(), Some(libc::SIGKILL));
     assert!(live.path().exists(), "a live supervisor's group stays");
+}
+
+#[test]
+fn real_v1_kill_all_stops_a_forking_tree() {
+    let Some(fx) = fixture("forking") else { return };
+    let limits = CgroupLimits {
+        pids_max: Some(64),
+        ..CgroupLimits::default()
+    };
+    let name = format!("runcell-test-{}-fork", std::process::id());
+    let mut group = fx.manager.create(&name, &limits).expect("create");
+    // Forks as fast as it can, each child forking again: a moving target for kill.
+    let mut child = gated_shell("while :; do (sleep 30 &) ; done");
+    group.add_process(child.pid()).expect("add");
+    child.release();
+    thread::sleep(Duration::from_millis(300));
+    assert!(group.pids().len() > 2, "the tree grew: {:?}", group.pids());
+    group.kill_all().expect("kill_all");
+    assert!(
+        super::wait_until(Duration::from_secs(2), || group.is_empty()),
+        "still in the group: {:?}",
+        group.pids()
+    );
+    let status = child
+        .wait_timeout(Duration::from_secs(5))
+        .expect("shell gone");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    group.destroy().expect("destroy");
 }

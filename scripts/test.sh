@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what the tests need when it is missing, then runs
+# formatting, lints and every test (unit, privileged-in-child, and integration tests that
+# run real sandboxes). Needs root (the tests build real sandboxes and cgroups).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+[ -x /usr/bin/ruby ] || need+=(ruby)
+[ -x /usr/bin/go ] || need+=(golang-go)
+[ -x /usr/bin/python3 ] || need+=(python3)
+[ -x /usr/bin/node ] || need+=(nodejs)
+command -v setpriv >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
