@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use runcell_jail::{
-    CgroupRequest, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program,
-    Rlimits, Sandbox, SandboxSpec,
+    CgroupRequest, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program, Rlimits,
+    Sandbox, SandboxSpec,
 };
 use runcell_runtimes::{Invocation, Language, Runtime, WORKSPACE};
 
@@ -173,8 +173,9 @@ impl Engine {
     ) -> Program {
         // RLIMIT_CPU is a backstop for the wall clock: the CPU seconds the program could burn
         // at its CPU share over the whole timeout, plus one.
-        let cpu_seconds =
-            (timeout.as_secs_f64() * (limits.cpu_millis as f64 / 1000.0).max(1.0)).ceil() as u64 + 1;
+        let cpu_seconds = (timeout.as_secs_f64() * (limits.cpu_millis as f64 / 1000.0).max(1.0))
+            .ceil() as u64
+            + 1;
         let address_space_bytes = (!enforcement.cgroup_limits.memory
             && runtime.tolerates_address_space_limit())
         .then_some(limits.memory_bytes);
@@ -328,12 +329,20 @@ mod tests {
     #[test]
     fn validation_rejects_bad_requests_before_anything_runs() {
         let e = engine();
-        let v = e.execute(&ExecRequest::new("cobol", "x"), &mut runcell_jail::NoSink, None);
+        let v = e.execute(
+            &ExecRequest::new("cobol", "x"),
+            &mut runcell_jail::NoSink,
+            None,
+        );
         assert_eq!(v.category(), Some(ErrorCategory::InvalidRequest));
         assert!(v.error.unwrap().message.contains("python, node"));
 
         let big = "x".repeat((1 << 20) + 1);
-        let v = e.execute(&ExecRequest::new("python", big), &mut runcell_jail::NoSink, None);
+        let v = e.execute(
+            &ExecRequest::new("python", big),
+            &mut runcell_jail::NoSink,
+            None,
+        );
         assert_eq!(v.category(), Some(ErrorCategory::InvalidRequest));
 
         let mut r = ExecRequest::new("python", "print(1)");

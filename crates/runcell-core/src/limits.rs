@@ -143,14 +143,56 @@ impl Policy {
         let cores = |v: u64| format!("{} CPU", v as f64 / 1000.0);
         let plain = |v: u64| v.to_string();
         let checks: [(&'static str, u64, u64, u64, &dyn Fn(u64) -> String); 8] = [
-            ("timeout_ms", l.timeout_ms, min.timeout_ms, max.timeout_ms, &ms),
-            ("compile_timeout_ms", l.compile_timeout_ms, min.compile_timeout_ms, max.compile_timeout_ms, &ms),
-            ("memory_bytes", l.memory_bytes, min.memory_bytes, max.memory_bytes, &format_size),
-            ("cpu_millis", l.cpu_millis, min.cpu_millis, max.cpu_millis, &cores),
+            (
+                "timeout_ms",
+                l.timeout_ms,
+                min.timeout_ms,
+                max.timeout_ms,
+                &ms,
+            ),
+            (
+                "compile_timeout_ms",
+                l.compile_timeout_ms,
+                min.compile_timeout_ms,
+                max.compile_timeout_ms,
+                &ms,
+            ),
+            (
+                "memory_bytes",
+                l.memory_bytes,
+                min.memory_bytes,
+                max.memory_bytes,
+                &format_size,
+            ),
+            (
+                "cpu_millis",
+                l.cpu_millis,
+                min.cpu_millis,
+                max.cpu_millis,
+                &cores,
+            ),
             ("pids", l.pids, min.pids, max.pids, &plain),
-            ("disk_bytes", l.disk_bytes, min.disk_bytes, max.disk_bytes, &format_size),
-            ("output_bytes", l.output_bytes, min.output_bytes, max.output_bytes, &format_size),
-            ("open_files", l.open_files, min.open_files, max.open_files, &plain),
+            (
+                "disk_bytes",
+                l.disk_bytes,
+                min.disk_bytes,
+                max.disk_bytes,
+                &format_size,
+            ),
+            (
+                "output_bytes",
+                l.output_bytes,
+                min.output_bytes,
+                max.output_bytes,
+                &format_size,
+            ),
+            (
+                "open_files",
+                l.open_files,
+                min.open_files,
+                max.open_files,
+                &plain,
+            ),
         ];
         for (name, v, lo, hi, fmt) in checks {
             if v < lo {
@@ -188,7 +230,10 @@ mod tests {
 
     #[test]
     fn defaults_apply_when_nothing_is_asked() {
-        assert_eq!(policy().resolve(&LimitOverrides::default()).unwrap(), Limits::DEFAULT);
+        assert_eq!(
+            policy().resolve(&LimitOverrides::default()).unwrap(),
+            Limits::DEFAULT
+        );
     }
 
     #[test]
@@ -214,7 +259,11 @@ mod tests {
             })
             .unwrap_err();
         assert_eq!(e.limit, "memory_bytes");
-        assert!(e.message.contains("above the maximum of 8 GiB"), "{}", e.message);
+        assert!(
+            e.message.contains("above the maximum of 8 GiB"),
+            "{}",
+            e.message
+        );
         let e = policy()
             .resolve(&LimitOverrides {
                 cpu_millis: Some(8000),

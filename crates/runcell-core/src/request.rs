@@ -38,11 +38,15 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_rejected() {
-        let ok: ExecRequest =
-            serde_json::from_str(r#"{"language":"python","code":"print(1)","limits":{"timeout_ms":500}}"#)
-                .unwrap();
+        let ok: ExecRequest = serde_json::from_str(
+            r#"{"language":"python","code":"print(1)","limits":{"timeout_ms":500}}"#,
+        )
+        .unwrap();
         assert_eq!(ok.limits.timeout_ms, Some(500));
-        assert!(serde_json::from_str::<ExecRequest>(r#"{"language":"python","code":"","timeot":5}"#).is_err());
+        assert!(serde_json::from_str::<ExecRequest>(
+            r#"{"language":"python","code":"","timeot":5}"#
+        )
+        .is_err());
         assert!(serde_json::from_str::<ExecRequest>(
             r#"{"language":"python","code":"","limits":{"memory":5}}"#
         )

@@ -11,7 +11,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!("'{s}' is not a size (expected e.g. 256M, 1G, 65536)"));
+        return Err(format!(
+            "'{s}' is not a size (expected e.g. 256M, 1G, 65536)"
+        ));
     }
     let value: f64 = num
         .parse()
@@ -22,7 +24,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        other => return Err(format!("unknown size unit '{other}' in '{s}' (use K, M, G or T)")),
+        other => {
+            return Err(format!(
+                "unknown size unit '{other}' in '{s}' (use K, M, G or T)"
+            ))
+        }
     };
     let bytes = value * mult as f64;
     if !bytes.is_finite() || bytes > u64::MAX as f64 / 2.0 {
@@ -46,7 +52,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => value / 1000.0,
         "m" | "min" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown duration unit '{other}' in '{s}' (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "unknown duration unit '{other}' in '{s}' (use ms, s, m or h)"
+            ))
+        }
     };
     if !secs.is_finite() || secs > 1e9 {
         return Err(format!("'{s}' is too long"));
@@ -56,7 +66,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// "256 MiB", "1.5 GiB", "512 KiB", "100 bytes".
 pub fn format_size(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
     for (name, size) in UNITS {
         if bytes >= size {
             let v = bytes as f64 / size as f64;

@@ -292,48 +292,81 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
     match outcome.end {
         End::TimedOut => {
             if pids_hit {
-                return (124, Some(VerdictError::new(ProcessLimit, format!(
-                    "{} It then ran until the {} time limit and was stopped.",
-                    pids_msg(),
-                    format_duration(timeout)
-                ))));
+                return (
+                    124,
+                    Some(VerdictError::new(
+                        ProcessLimit,
+                        format!(
+                            "{} It then ran until the {} time limit and was stopped.",
+                            pids_msg(),
+                            format_duration(timeout)
+                        ),
+                    )),
+                );
             }
-            (124, Some(VerdictError::new(Timeout, timeout_message(what, timeout, phase))))
+            (
+                124,
+                Some(VerdictError::new(
+                    Timeout,
+                    timeout_message(what, timeout, phase),
+                )),
+            )
         }
         End::OutputLimit(stream) => {
             let name = match stream {
                 runcell_jail::Stream::Stdout => "stdout",
                 runcell_jail::Stream::Stderr => "stderr",
             };
-            (137, Some(VerdictError::new(OutputLimit, format!(
-                "{what} wrote more than {} to {name} and was stopped; the output shown is \
+            (
+                137,
+                Some(VerdictError::new(
+                    OutputLimit,
+                    format!(
+                        "{what} wrote more than {} to {name} and was stopped; the output shown is \
                  truncated. Print less: summaries, counts or the first rows instead of everything.",
-                format_size(limits.output_bytes)
-            ))))
+                        format_size(limits.output_bytes)
+                    ),
+                )),
+            )
         }
-        End::Cancelled => (137, Some(VerdictError::new(
-            SandboxFailure,
-            "The run was cancelled before it finished.",
-        ))),
+        End::Cancelled => (
+            137,
+            Some(VerdictError::new(
+                SandboxFailure,
+                "The run was cancelled before it finished.",
+            )),
+        ),
         End::Exited(status) => {
             let code = status.code();
             if code == 0 {
                 return (0, None);
             }
             if outcome.oom_kills > 0 {
-                return (137, Some(VerdictError::new(MemoryLimit, format!(
+                return (
+                    137,
+                    Some(VerdictError::new(
+                        MemoryLimit,
+                        format!(
                     "{what} was killed because it used more than the {} memory limit (swap \
                      included). Use less memory: process data in chunks, use smaller types, \
                      avoid holding everything in lists.",
                     format_size(limits.memory_bytes)
-                ))));
+                ),
+                    )),
+                );
             }
             if status == ExitStatus::Signal(SIGXFSZ) || outcome.disk_full {
-                return (code, Some(VerdictError::new(DiskLimit, format!(
+                return (
+                    code,
+                    Some(VerdictError::new(
+                        DiskLimit,
+                        format!(
                     "{what} ran out of disk space: /tmp, /workspace and /dev/shm share {}. \
                      Write less data or smaller files.",
                     format_size(limits.disk_bytes)
-                ))));
+                ),
+                    )),
+                );
             }
             if status == ExitStatus::Signal(SIGXCPU) {
                 return (124, Some(VerdictError::new(Timeout, format!(
@@ -349,7 +382,9 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
                     "was killed by {} (a forbidden system call)",
                     signal_name(SIGSYS)
                 ),
-                ExitStatus::Signal(s) => format!("was killed by {} (exit code {code})", signal_name(s)),
+                ExitStatus::Signal(s) => {
+                    format!("was killed by {} (exit code {code})", signal_name(s))
+                }
                 ExitStatus::Code(c) => format!("exited with code {c}"),
             };
             let hint = last_line(&outcome.stderr)
@@ -410,22 +445,37 @@ mod tests {
 
     #[test]
     fn success_has_no_error() {
-        assert_eq!(cat(&outcome(End::Exited(ExitStatus::Code(0))), Phase::Run), (0, None));
+        assert_eq!(
+            cat(&outcome(End::Exited(ExitStatus::Code(0))), Phase::Run),
+            (0, None)
+        );
     }
 
     #[test]
     fn non_zero_exit_is_a_runtime_error_with_the_last_stderr_line() {
         let mut o = outcome(End::Exited(ExitStatus::Code(1)));
-        o.stderr = b"Traceback (most recent call last):\n  File x\nNameError: name 'y' is not defined\n".to_vec();
+        o.stderr =
+            b"Traceback (most recent call last):\n  File x\nNameError: name 'y' is not defined\n"
+                .to_vec();
         let (code, e) = classify(&o, &Limits::DEFAULT, Phase::Run);
         let e = e.unwrap();
-        assert_eq!((code, e.category, e.retryable), (1, ErrorCategory::RuntimeError, true));
-        assert!(e.message.contains("NameError: name 'y' is not defined"), "{}", e.message);
+        assert_eq!(
+            (code, e.category, e.retryable),
+            (1, ErrorCategory::RuntimeError, true)
+        );
+        assert!(
+            e.message.contains("NameError: name 'y' is not defined"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
     fn limits_map_to_their_categories_and_exit_codes() {
-        assert_eq!(cat(&outcome(End::TimedOut), Phase::Run), (124, Some(ErrorCategory::Timeout)));
+        assert_eq!(
+            cat(&outcome(End::TimedOut), Phase::Run),
+            (124, Some(ErrorCategory::Timeout))
+        );
         let mut o = outcome(End::Exited(ExitStatus::Signal(9)));
         o.oom_kills = 1;
         assert_eq!(cat(&o, Phase::Run), (137, Some(ErrorCategory::MemoryLimit)));
@@ -445,9 +495,15 @@ mod tests {
         assert_eq!(cat(&o, Phase::Run), (1, Some(ErrorCategory::ProcessLimit)));
         let mut o = outcome(End::TimedOut);
         o.pids_limit_hits = 3;
-        assert_eq!(cat(&o, Phase::Run), (124, Some(ErrorCategory::ProcessLimit)));
         assert_eq!(
-            cat(&outcome(End::OutputLimit(runcell_jail::Stream::Stdout)), Phase::Run),
+            cat(&o, Phase::Run),
+            (124, Some(ErrorCategory::ProcessLimit))
+        );
+        assert_eq!(
+            cat(
+                &outcome(End::OutputLimit(runcell_jail::Stream::Stdout)),
+                Phase::Run
+            ),
             (137, Some(ErrorCategory::OutputLimit))
         );
     }
@@ -467,8 +523,15 @@ mod tests {
         let (_, e) = classify(&o, &Limits::DEFAULT, Phase::Compile);
         let e = e.unwrap();
         assert_eq!(e.category, ErrorCategory::CompileError);
-        assert!(e.message.contains("./main.go:3:2: undefined: fmt.Printn"), "{}", e.message);
-        assert_eq!(cat(&outcome(End::TimedOut), Phase::Compile).1, Some(ErrorCategory::Timeout));
+        assert!(
+            e.message.contains("./main.go:3:2: undefined: fmt.Printn"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            cat(&outcome(End::TimedOut), Phase::Compile).1,
+            Some(ErrorCategory::Timeout)
+        );
     }
 
     #[test]
@@ -484,8 +547,16 @@ mod tests {
         let v = Verdict::failed(ErrorCategory::InvalidRequest, "bad");
         let j = serde_json::to_value(&v).unwrap();
         for k in [
-            "stdout", "stderr", "exit_code", "execution_time", "stdout_truncated",
-            "stderr_truncated", "error", "usage", "files", "enforcement",
+            "stdout",
+            "stderr",
+            "exit_code",
+            "execution_time",
+            "stdout_truncated",
+            "stderr_truncated",
+            "error",
+            "usage",
+            "files",
+            "enforcement",
         ] {
             assert!(j.get(k).is_some(), "missing {k}");
         }

@@ -42,14 +42,16 @@ impl Language {
 
     /// The language of a source file, from its extension.
     pub fn from_path(path: &Path) -> Option<Language> {
-        Some(match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
-            "py" => Language::Python,
-            "js" | "mjs" | "cjs" => Language::Node,
-            "rb" => Language::Ruby,
-            "go" => Language::Go,
-            "sh" | "bash" => Language::Bash,
-            _ => return None,
-        })
+        Some(
+            match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+                "py" => Language::Python,
+                "js" | "mjs" | "cjs" => Language::Node,
+                "rb" => Language::Ruby,
+                "go" => Language::Go,
+                "sh" | "bash" => Language::Bash,
+                _ => return None,
+            },
+        )
     }
 
     /// The canonical name (used in verdicts and listings).
@@ -209,15 +211,32 @@ impl Runtime {
     /// The runtime's version, asked from the host binary (for `doctor` and listings).
     pub fn version(&self) -> Option<String> {
         let (args, pick): (&[&str], fn(&str) -> Option<String>) = match self.language {
-            Language::Go => (&["version"], |s| s.split_whitespace().nth(2).map(|v| v.trim_start_matches("go").to_string())),
-            Language::Node => (&["--version"], |s| Some(s.trim().trim_start_matches('v').to_string())),
-            Language::Bash => (&["--version"], |s| {
-                s.lines().next()?.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit())).map(|v| v.split('(').next().unwrap_or(v).to_string())
+            Language::Go => (&["version"], |s| {
+                s.split_whitespace()
+                    .nth(2)
+                    .map(|v| v.trim_start_matches("go").to_string())
             }),
-            Language::Python | Language::Ruby => (&["--version"], |s| s.split_whitespace().nth(1).map(str::to_string)),
+            Language::Node => (&["--version"], |s| {
+                Some(s.trim().trim_start_matches('v').to_string())
+            }),
+            Language::Bash => (&["--version"], |s| {
+                s.lines()
+                    .next()?
+                    .split_whitespace()
+                    .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))
+                    .map(|v| v.split('(').next().unwrap_or(v).to_string())
+            }),
+            Language::Python | Language::Ruby => (&["--version"], |s| {
+                s.split_whitespace().nth(1).map(str::to_string)
+            }),
         };
-        let out = Command::new(&self.executable).args(args).env_clear().output().ok()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let out = Command::new(&self.executable)
+            .args(args)
+            .env_clear()
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
         pick(&text)
     }
 
@@ -270,12 +289,18 @@ impl Runtime {
     /// virtual address ranges up front and fail under an address-space limit, so for them only
     /// the cgroup limits memory.
     pub fn tolerates_address_space_limit(&self) -> bool {
-        matches!(self.language, Language::Python | Language::Ruby | Language::Bash)
+        matches!(
+            self.language,
+            Language::Python | Language::Ruby | Language::Bash
+        )
     }
 }
 
 fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// The read-only host entries, found relative to `host_root` (for tests).
@@ -333,7 +358,10 @@ mod tests {
         assert_eq!(Language::parse("python3"), Some(Language::Python));
         assert_eq!(Language::parse("golang"), Some(Language::Go));
         assert_eq!(Language::parse("cobol"), None);
-        assert_eq!(Language::from_path(Path::new("x/a.mjs")), Some(Language::Node));
+        assert_eq!(
+            Language::from_path(Path::new("x/a.mjs")),
+            Some(Language::Node)
+        );
         assert_eq!(Language::from_path(Path::new("a.RB")), Some(Language::Ruby));
         assert_eq!(Language::from_path(Path::new("Makefile")), None);
         for l in Language::ALL {
@@ -346,14 +374,20 @@ mod tests {
     fn locate_reports_missing_runtime_with_install_hint() {
         let dir = tempfile::tempdir().unwrap();
         let err = locate_in(Language::Go, dir.path()).unwrap_err();
-        assert!(err.to_string().contains("apt-get install golang-go"), "{err}");
+        assert!(
+            err.to_string().contains("apt-get install golang-go"),
+            "{err}"
+        );
         fs::create_dir_all(dir.path().join("usr/bin")).unwrap();
         let go = dir.path().join("usr/bin/go");
         fs::write(&go, "#!/bin/sh\n").unwrap();
         // Not executable yet: still unavailable.
         assert!(locate_in(Language::Go, dir.path()).is_err());
         fs::set_permissions(&go, fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(locate_in(Language::Go, dir.path()).unwrap().executable, PathBuf::from("/usr/bin/go"));
+        assert_eq!(
+            locate_in(Language::Go, dir.path()).unwrap().executable,
+            PathBuf::from("/usr/bin/go")
+        );
     }
 
     #[test]
@@ -365,20 +399,41 @@ mod tests {
         fs::create_dir_all(dir.path().join("etc/alternatives")).unwrap();
         fs::write(dir.path().join("etc/ld.so.cache"), "").unwrap();
         let e = root_entries_in(dir.path());
-        assert!(e.contains(&RootEntry::Symlink { path: "/lib".into(), target: "usr/lib".into() }));
-        assert!(e.contains(&RootEntry::Bind { path: "/sbin".into(), dir: true }));
-        assert!(e.contains(&RootEntry::Bind { path: "/etc/ld.so.cache".into(), dir: false }));
-        assert!(e.contains(&RootEntry::Bind { path: "/etc/alternatives".into(), dir: true }));
-        assert!(!e.iter().any(|x| matches!(x, RootEntry::Bind { path, .. } if path == Path::new("/etc/fonts"))));
+        assert!(e.contains(&RootEntry::Symlink {
+            path: "/lib".into(),
+            target: "usr/lib".into()
+        }));
+        assert!(e.contains(&RootEntry::Bind {
+            path: "/sbin".into(),
+            dir: true
+        }));
+        assert!(e.contains(&RootEntry::Bind {
+            path: "/etc/ld.so.cache".into(),
+            dir: false
+        }));
+        assert!(e.contains(&RootEntry::Bind {
+            path: "/etc/alternatives".into(),
+            dir: true
+        }));
+        assert!(!e
+            .iter()
+            .any(|x| matches!(x, RootEntry::Bind { path, .. } if path == Path::new("/etc/fonts"))));
     }
 
     #[test]
     fn go_is_compiled_then_run_from_tmp() {
-        let rt = Runtime { language: Language::Go, executable: "/usr/bin/go".into() };
+        let rt = Runtime {
+            language: Language::Go,
+            executable: "/usr/bin/go".into(),
+        };
         let plan = rt.plan();
         let compile = plan.compile.unwrap();
         assert_eq!(compile.argv[1], "build");
         assert_eq!(plan.run.argv, vec![GO_BINARY.to_string()]);
-        assert!(plan.run.env.iter().any(|(k, v)| k == "CGO_ENABLED" && v == "0"));
+        assert!(plan
+            .run
+            .env
+            .iter()
+            .any(|(k, v)| k == "CGO_ENABLED" && v == "0"));
     }
 }

@@ -181,14 +181,18 @@ fn build_request(args: &RunArgs) -> Result<ExecRequest, Verdict> {
         .as_deref()
         .map(|s| match s.trim().parse::<f64>() {
             Ok(c) if c.is_finite() && c > 0.0 && c < 1e6 => Ok((c * 1000.0).round() as u64),
-            _ => Err(invalid(format!("--cpus: '{s}' is not a positive number of cores."))),
+            _ => Err(invalid(format!(
+                "--cpus: '{s}' is not a positive number of cores."
+            ))),
         })
         .transpose()?;
     let stdin = match &args.stdin {
         None => None,
         Some(p) if p.as_os_str() == "-" => {
             if args.file.as_deref() == Some("-".as_ref()) {
-                return Err(invalid("--stdin - and code from '-' cannot both use standard input.".into()));
+                return Err(invalid(
+                    "--stdin - and code from '-' cannot both use standard input.".into(),
+                ));
             }
             let mut buf = Vec::new();
             std::io::stdin()
@@ -289,20 +293,25 @@ fn summary(v: &Verdict) -> String {
 
 fn doctor(json: bool) -> anyhow::Result<ExitCode> {
     let layers = runcell_jail::probe::layers();
-    let runtimes: Vec<(Language, Option<runcell_runtimes::Runtime>, Option<String>)> = Language::ALL
-        .iter()
-        .map(|&l| match runcell_runtimes::locate(l) {
-            Ok(rt) => {
-                let version = rt.version();
-                (l, Some(rt), version)
-            }
-            Err(_) => (l, None, None),
-        })
-        .collect();
+    let runtimes: Vec<(Language, Option<runcell_runtimes::Runtime>, Option<String>)> =
+        Language::ALL
+            .iter()
+            .map(|&l| match runcell_runtimes::locate(l) {
+                Ok(rt) => {
+                    let version = rt.version();
+                    (l, Some(rt), version)
+                }
+                Err(_) => (l, None, None),
+            })
+            .collect();
     // An end-to-end check: build a real sandbox and run bash's `true` in it.
     let engine = Engine::new(EngineConfig::for_host());
     let started = Instant::now();
-    let probe = engine.execute(&ExecRequest::new("bash", "true"), &mut runcell_jail::NoSink, None);
+    let probe = engine.execute(
+        &ExecRequest::new("bash", "true"),
+        &mut runcell_jail::NoSink,
+        None,
+    );
     let probe_ms = started.elapsed().as_millis();
     let sandbox_ok = probe.exit_code == Some(0);
     let all_layers = layers.iter().all(|l| l.available);
@@ -326,7 +335,10 @@ fn doctor(json: bool) -> anyhow::Result<ExitCode> {
                 "error": probe.error,
             },
         });
-        println!("{}", serde_json::to_string_pretty(&report).context("serialise report")?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("serialise report")?
+        );
     } else {
         let color = std::io::stdout().is_terminal();
         let mark = |ok: bool| match (ok, color) {
@@ -352,7 +364,12 @@ fn doctor(json: bool) -> anyhow::Result<ExitCode> {
                     v.as_deref().unwrap_or("?"),
                     rt.executable.display()
                 ),
-                None => println!("  {:<20} {}  install: {}", l.name(), mark(false), l.install_hint()),
+                None => println!(
+                    "  {:<20} {}  install: {}",
+                    l.name(),
+                    mark(false),
+                    l.install_hint()
+                ),
             }
         }
         println!("Sandbox test");

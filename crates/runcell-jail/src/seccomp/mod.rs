@@ -1,6 +1,6 @@
 //! The seccomp policy: which system calls sandboxed code may make.
 //!
-//! The policy is data, not code: [`policy.json`](policy.json) is a
+//! The policy is data, not code: `policy.json` (next to this file) is a
 //! [seccompiler JSON file](https://github.com/rust-vmm/seccompiler/blob/master/docs/json_format.md)
 //! in which every entry carries a `comment` saying why it is there. Review changes to that
 //! file, not to this module. It holds two filters, which are compiled to classic BPF and
@@ -248,6 +248,7 @@ mod tests {
     use std::os::unix::ffi::OsStrExt;
     use std::panic::AssertUnwindSafe;
     use std::path::Path;
+    use std::time::{Duration, Instant};
 
     use seccompiler::sock_filter;
 
@@ -439,12 +440,12 @@ mod tests {
             match k {
                 0 => self.nr as u32,
                 4 => self.arch,
-                16..=63 if k % 4 == 0 => {
+                16..=63 => {
                     let arg = self.args[(k as usize - 16) / 8];
-                    if k % 8 == 0 {
-                        arg as u32
-                    } else {
-                        (arg >> 32) as u32
+                    match (k - 16) % 8 {
+                        0 => arg as u32,
+                        4 => (arg >> 32) as u32,
+                        _ => panic!("misaligned seccomp_data offset {k}"),
                     }
                 }
                 _ => panic!("unexpected seccomp_data offset {k}"),
@@ -671,7 +672,7 @@ mod tests {
             | libc::CLONE_PARENT_SETTID
             | libc::CLONE_CHILD_CLEARTID) as u64;
         let vfork = (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | sigchld;
-        for flags in [sigchld, thread, vfork, 0, u64::MAX & !0x7E02_0000] {
+        for flags in [sigchld, thread, vfork, 0, !0x7E02_0000] {
             assert_eq!(
                 check(&policy, libc::SYS_clone, &[flags]),
                 RET_ALLOW,
@@ -743,7 +744,6 @@ mod tests {
     fn bpf_ioctl_terminal_injection_is_refused() {
         let policy = SeccompPolicy::compile().unwrap();
         for cmd in [libc::TIOCSTI, libc::TIOCLINUX] {
-            let cmd = cmd as u64;
             assert_eq!(
                 check(&policy, libc::SYS_ioctl, &[0, cmd]),
                 EPERM,
@@ -760,7 +760,6 @@ mod tests {
             libc::FIONBIO,
             libc::FIOCLEX,
         ] {
-            let cmd = cmd as u64;
             assert_eq!(
                 check(&policy, libc::SYS_ioctl, &[0, cmd]),
                 RET_ALLOW,
@@ -783,46 +782,87 @@ mod tests {
         unsafe { *libc::__errno_location() }
     }
 
-    /// Waits for `pid`; returns its exit code, or 128 + signal number if it was killed.
-    fn wait_for(pid: libc::pid_t) -> i32 {
-        let mut status = 0;
-        loop {
-            // SAFETY: `status` is a valid out-pointer; waitpid is async-signal-safe.
-            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-            if r == pid {
-                break;
-            }
-            assert!(
-                r == -1 && errno() == libc::EINTR,
-                "waitpid({pid}) failed: {}",
-                errno()
-            );
-        }
+    /// Exit code (or 128 + signal number) from a `waitpid` status.
+    fn decode_status(status: i32) -> i32 {
         if libc::WIFEXITED(status) {
             libc::WEXITSTATUS(status)
         } else if libc::WIFSIGNALED(status) {
             128 + libc::WTERMSIG(status)
         } else {
-            panic!("unexpected wait status {status:#x}")
+            -1
+        }
+    }
+
+    /// Reaps `pid` (blocking). Async-signal-safe, for use inside a forked child too: returns
+    /// its exit code, 128 + signal number if it was killed, or -1 if waitpid failed.
+    fn reap(pid: libc::pid_t) -> i32 {
+        let mut status = 0;
+        loop {
+            // SAFETY: `status` is a valid out-pointer; waitpid is async-signal-safe.
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r == pid {
+                return decode_status(status);
+            }
+            if r == -1 && errno() != libc::EINTR {
+                return -1;
+            }
+        }
+    }
+
+    /// Waits in the parent for `pid` to end, at most `timeout`: a filter that is missing a
+    /// syscall can make a program spin instead of fail. On timeout the child and its process
+    /// group (if it made one) are killed and the test fails.
+    fn wait_with_timeout(pid: libc::pid_t, timeout: Duration) -> i32 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut status = 0;
+            // SAFETY: `status` is a valid out-pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                return decode_status(status);
+            }
+            assert!(
+                r == 0 || errno() == libc::EINTR,
+                "waitpid({pid}) failed: {}",
+                std::io::Error::last_os_error()
+            );
+            if Instant::now() > deadline {
+                // SAFETY: signals only our own child and the process group it leads (a
+                // process group id cannot be reused while the group exists, so -pid is
+                // either our child's group or no group at all).
+                unsafe {
+                    libc::kill(-pid, libc::SIGKILL);
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                reap(pid);
+                panic!("child {pid} still running after {timeout:?}; killed it");
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
     /// Forks, runs `f` in the child and returns the child's exit code (128 + signal number if
-    /// it was killed). The test binary is multithreaded, so `f` may only do async-signal-safe
-    /// things: raw syscalls, [`SeccompPolicy::apply`], no allocation, no locks.
-    fn in_child(f: impl FnOnce() -> i32) -> i32 {
+    /// it was killed); fails the test if the child runs longer than `timeout`. The test binary
+    /// is multithreaded, so `f` may only do async-signal-safe things: raw syscalls,
+    /// [`SeccompPolicy::apply`], no allocation, no locks.
+    fn in_child_with_timeout(f: impl FnOnce() -> i32, timeout: Duration) -> i32 {
         // SAFETY: fork has no memory-safety preconditions; the child only runs `f`, which is
         // restricted to async-signal-safe operations, and then `_exit`s without unwinding
         // into the test harness.
         let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed: {}", errno());
+        assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
         if pid == 0 {
             let code = std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or(PANICKED);
             // SAFETY: _exit ends the child without running the parent's atexit handlers or
             // destructors.
             unsafe { libc::_exit(code) }
         }
-        wait_for(pid)
+        wait_with_timeout(pid, timeout)
+    }
+
+    /// [`in_child_with_timeout`] for children that only make a few syscalls.
+    fn in_child(f: impl FnOnce() -> i32) -> i32 {
+        in_child_with_timeout(f, Duration::from_secs(30))
     }
 
     /// A raw syscall. Test-only: callers pass integers, NULL, or pointers to live buffers of
@@ -964,7 +1004,7 @@ mod tests {
                 if pid < 0 {
                     return pid;
                 }
-                if wait_for(pid as libc::pid_t) == 0 {
+                if reap(pid as libc::pid_t) == 0 {
                     0
                 } else {
                     -1
@@ -1128,7 +1168,7 @@ mod tests {
                     unsafe { libc::_exit(0) }
                 }
                 if r > 0 {
-                    wait_for(r as libc::pid_t);
+                    reap(r as libc::pid_t);
                 }
                 r
             }),
@@ -1140,7 +1180,7 @@ mod tests {
                     unsafe { libc::_exit(0) }
                 }
                 if r > 0 {
-                    wait_for(r as libc::pid_t);
+                    reap(r as libc::pid_t);
                 }
                 r
             }),
@@ -1279,11 +1319,13 @@ mod tests {
         env_p.push(std::ptr::null());
         let log_c = CString::new(log.as_os_str().as_bytes()).unwrap();
 
-        let code = in_child(|| {
-            // SAFETY: open, dup2 and execve are async-signal-safe; every pointer refers to a
-            // NUL-terminated string or NULL-terminated array built before the fork and alive
-            // in this copy of the address space.
+        let child = || {
+            // SAFETY: setpgid, open, dup2 and execve are async-signal-safe; every pointer
+            // refers to a NUL-terminated string or NULL-terminated array built before the
+            // fork and alive in this copy of the address space.
             unsafe {
+                // Own process group, so that a timeout kills the program's children too.
+                libc::setpgid(0, 0);
                 let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC;
                 let fd = libc::open(log_c.as_ptr(), flags, 0o600);
                 if fd < 0 || libc::dup2(fd, 1) < 0 || libc::dup2(fd, 2) < 0 {
@@ -1300,7 +1342,8 @@ mod tests {
             // SAFETY: as above.
             unsafe { libc::execve(argv_p[0], argv_p.as_ptr(), env_p.as_ptr()) };
             127
-        });
+        };
+        let code = in_child_with_timeout(child, Duration::from_secs(300));
         (code, std::fs::read_to_string(log).unwrap_or_default())
     }
 

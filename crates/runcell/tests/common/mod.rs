@@ -2,10 +2,10 @@
 //! and check from the host that nothing of the run was left behind.
 #![allow(dead_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -24,6 +24,8 @@ pub struct Run {
     pub pid: u32,
     /// What runcell printed on its own stderr (must be empty with --json).
     pub stderr: String,
+    /// Wall-clock time runcell took, measured by the test.
+    pub elapsed: Duration,
 }
 
 impl Run {
@@ -41,7 +43,9 @@ impl Run {
         self.verdict["error"]["category"].as_str().unwrap_or("ok")
     }
     pub fn message(&self) -> &str {
-        self.verdict["error"]["message"].as_str().unwrap_or_default()
+        self.verdict["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
     }
     /// Panic with the whole verdict unless the run succeeded.
     pub fn assert_ok(&self) -> &Self {
@@ -53,6 +57,44 @@ impl Run {
         assert_eq!(self.category(), cat, "verdict: {:#}", self.verdict);
         self
     }
+    pub fn execution_time(&self) -> f64 {
+        self.verdict["execution_time"]
+            .as_f64()
+            .expect("execution_time is a number")
+    }
+    /// The `label=value` lines the program printed (see `PY` and the other preludes).
+    pub fn outcomes(&self) -> BTreeMap<String, String> {
+        self.stdout()
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect()
+    }
+    /// The value the program printed for `label`; panics with the verdict if it did not.
+    pub fn out(&self, label: &str) -> String {
+        self.outcomes().remove(label).unwrap_or_else(|| {
+            panic!(
+                "the program printed no {label}=...; verdict: {:#}",
+                self.verdict
+            )
+        })
+    }
+    /// Check many `label=value` outcomes at once and report every mismatch together.
+    pub fn expect(&self, expected: &[(&str, &str)]) -> &Self {
+        let got = self.outcomes();
+        let bad: Vec<String> = expected
+            .iter()
+            .filter(|(k, v)| got.get(*k).map(String::as_str) != Some(*v))
+            .map(|(k, v)| format!("{k}: expected {v}, got {:?}", got.get(*k)))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{}\nverdict: {:#}",
+            bad.join("\n"),
+            self.verdict
+        );
+        self
+    }
 }
 
 /// Run `code` in `lang` with extra CLI arguments, wait, and check the host afterwards.
@@ -62,10 +104,101 @@ pub fn run(lang: &str, code: &str, extra: &[&str]) -> Run {
 
 /// Like `run`, with a hook to adjust the command (environment, stdin).
 pub fn run_with(lang: &str, code: &str, extra: &[&str], adjust: impl FnOnce(&mut Command)) -> Run {
-    let mounts_before = host_mounts();
+    spawn_with(lang, code, extra, adjust).finish()
+}
+
+/// `runcell run --json ARGS...` (no --lang/-c added), waited for and checked like `run`.
+pub fn run_args(args: &[&str], adjust: impl FnOnce(&mut Command)) -> Run {
+    let mut cmd = Command::new(runcell_bin());
+    cmd.args(["run", "--json"]).args(args);
+    spawn_cmd(cmd, adjust).finish()
+}
+
+/// Run an arbitrary command line that ends up exec'ing runcell with `--json` (e.g. through
+/// `setpriv`), waited for and checked like `run`. `argv[0]` is the program.
+pub fn run_argv(argv: &[String], adjust: impl FnOnce(&mut Command)) -> Run {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    spawn_cmd(cmd, adjust).finish()
+}
+
+/// A run that was started and not yet waited for (to watch the host while it runs).
+pub struct Pending {
+    child: Child,
+    pub pid: u32,
+    mounts_before: BTreeSet<String>,
+    started: Instant,
+}
+
+impl Pending {
+    /// Wait for runcell, parse its verdict and check the host is clean.
+    pub fn finish(self) -> Run {
+        let Pending {
+            child,
+            pid,
+            mounts_before,
+            started,
+        } = self;
+        let out = child.wait_with_output().expect("wait runcell");
+        let elapsed = started.elapsed();
+        let mut run = parse(out, pid);
+        run.elapsed = elapsed;
+        assert_host_clean(pid);
+        assert_eq!(
+            mounts_before,
+            host_mounts(),
+            "the host's mount table changed"
+        );
+        run
+    }
+
+    /// Kill runcell itself (the supervisor) with SIGKILL and reap it; no verdict.
+    pub fn kill_supervisor(mut self) -> std::process::ExitStatus {
+        self.child.kill().expect("SIGKILL runcell");
+        self.child.wait().expect("reap runcell")
+    }
+}
+
+/// Start `runcell run --json --lang LANG -c CODE EXTRA...` without waiting.
+pub fn spawn(lang: &str, code: &str, extra: &[&str]) -> Pending {
+    spawn_with(lang, code, extra, |_| {})
+}
+
+pub fn spawn_with(
+    lang: &str,
+    code: &str,
+    extra: &[&str],
+    adjust: impl FnOnce(&mut Command),
+) -> Pending {
     let mut cmd = Command::new(runcell_bin());
     cmd.args(["run", "--json", "--lang", lang, "-c", code])
-        .args(extra)
+        .args(extra);
+    spawn_cmd(cmd, adjust)
+}
+
+fn spawn_cmd(mut cmd: Command, adjust: impl FnOnce(&mut Command)) -> Pending {
+    let mounts_before = host_mounts();
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    adjust(&mut cmd);
+    let started = Instant::now();
+    let child = cmd.spawn().expect("spawn runcell");
+    let pid = child.id();
+    Pending {
+        child,
+        pid,
+        mounts_before,
+        started,
+    }
+}
+
+/// Run runcell with `args` (no `--json` added) and return its raw output, after checking the
+/// host is clean.
+pub fn runcell_raw(args: &[&str], adjust: impl FnOnce(&mut Command)) -> Output {
+    let mounts_before = host_mounts();
+    let mut cmd = Command::new(runcell_bin());
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -73,24 +206,46 @@ pub fn run_with(lang: &str, code: &str, extra: &[&str], adjust: impl FnOnce(&mut
     let child = cmd.spawn().expect("spawn runcell");
     let pid = child.id();
     let out = child.wait_with_output().expect("wait runcell");
-    let run = parse(out, pid);
     assert_host_clean(pid);
-    assert_eq!(mounts_before, host_mounts(), "the host's mount table changed");
-    run
+    assert_eq!(
+        mounts_before,
+        host_mounts(),
+        "the host's mount table changed"
+    );
+    out
 }
 
 fn parse(out: Output, pid: u32) -> Run {
     let stdout = String::from_utf8(out.stdout).expect("runcell's stdout is UTF-8");
     let verdict: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        panic!("--json must print exactly one JSON object ({e}); got stdout={stdout:?}")
+        panic!(
+            "--json must print exactly one JSON object ({e}); got stdout={stdout:?} stderr={:?}",
+            String::from_utf8_lossy(&out.stderr)
+        )
     });
     assert!(verdict.is_object());
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "exactly one JSON line: {stdout:?}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_no_panic(&stderr);
     Run {
         verdict,
         code: out.status.code(),
         pid,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stderr,
+        elapsed: Duration::ZERO,
     }
+}
+
+/// runcell's own stderr shows no Rust panic or backtrace hint.
+pub fn assert_no_panic(stderr: &str) {
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+        "runcell panicked: {stderr}"
+    );
 }
 
 /// The cgroup v1 controller directories and the v2 root runcell uses on this host.
@@ -141,7 +296,9 @@ fn processes_in_cgroup_prefix(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     if let Ok(rd) = fs::read_dir("/proc") {
         for e in rd.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
             if let Ok(cg) = fs::read_to_string(e.path().join("cgroup")) {
                 if cg.contains(needle) {
                     found.push(pid);
@@ -158,7 +315,9 @@ pub fn processes_with_marker(marker: &str) -> Vec<(u32, String)> {
     let me = std::process::id();
     if let Ok(rd) = fs::read_dir("/proc") {
         for e in rd.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
             if pid == me {
                 continue;
             }
@@ -182,7 +341,12 @@ pub fn host_mounts() -> BTreeSet<String> {
             let f: Vec<&str> = l.split_whitespace().collect();
             // mount point and options, plus everything after the separator
             let sep = f.iter().position(|x| *x == "-").unwrap_or(f.len());
-            format!("{} {} {}", f.get(4).unwrap_or(&""), f.get(5).unwrap_or(&""), f[sep..].join(" "))
+            format!(
+                "{} {} {}",
+                f.get(4).unwrap_or(&""),
+                f.get(5).unwrap_or(&""),
+                f[sep..].join(" ")
+            )
         })
         .collect()
 }
@@ -194,4 +358,138 @@ pub fn marker(tag: &str) -> String {
 
 pub fn have(bin: &str) -> bool {
     Path::new(bin).exists()
+}
+
+/// A string unique to this call (digits only, so it can be a `sleep` argument).
+pub fn unique_digits() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}{:04}{:09}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        nanos
+    )
+}
+
+/// Poll until a host process whose command line contains `marker` exists.
+pub fn wait_for_marker(marker: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if !processes_with_marker(marker).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Poll until no host process carries `marker`; panics with the survivors otherwise.
+pub fn assert_marker_gone(marker: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = processes_with_marker(marker);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes survived the run: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A file on the host, removed when dropped.
+pub struct HostFile {
+    pub path: PathBuf,
+}
+
+impl HostFile {
+    pub fn create(path: impl Into<PathBuf>, content: &[u8]) -> HostFile {
+        let path = path.into();
+        fs::write(&path, content).expect("create host file");
+        HostFile { path }
+    }
+    pub fn path_str(&self) -> &str {
+        self.path.to_str().expect("UTF-8 path")
+    }
+}
+
+impl Drop for HostFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// A host path the attack tried to create must not exist afterwards; removes it if it does,
+/// then fails.
+pub fn assert_not_on_host(path: &str) {
+    let p = Path::new(path);
+    if p.exists() || p.symlink_metadata().is_ok() {
+        let _ = fs::remove_file(p);
+        panic!("the sandbox created {path} on the host");
+    }
+}
+
+/// Cgroup directories named after supervisor `pid` that exist right now.
+pub fn cgroups_of(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("{pid}-");
+    let mut found = Vec::new();
+    for root in cgroup_roots() {
+        if let Ok(rd) = fs::read_dir(&root) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    found.push(e.path());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Python prelude for attack programs: each probe prints one `label=OUTCOME` line, where
+/// OUTCOME is `OK`, an errno name (`EPERM`, `ENOENT`...), or for reads `EMPTY`/`DATA`.
+pub const PY: &str = r#"
+import ctypes, errno, json, os, signal, socket, sys, time
+def _en(n):
+    return errno.errorcode.get(n, str(n))
+def attempt(label, f):
+    try:
+        r = f()
+    except OSError as e:
+        print(f"{label}={_en(e.errno)}", flush=True)
+        return None
+    print(f"{label}=OK", flush=True)
+    return r
+def read(label, path):
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        print(f"{label}={_en(e.errno)}", flush=True)
+        return None
+    print(f"{label}={'DATA' if data else 'EMPTY'}", flush=True)
+    return data
+def write(label, path, data=b"x"):
+    def w():
+        with open(path, "wb") as fh:
+            fh.write(data)
+    return attempt(label, w)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(label, nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    print(f"{label}={'OK' if r >= 0 else _en(ctypes.get_errno())}", flush=True)
+    return r
+"#;
+
+/// `PY` followed by `body`.
+pub fn py(body: &str) -> String {
+    format!("{PY}\n{body}")
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Start-up cost of one sandboxed run, per language, measured in one run against two baselines:
+# the bare runtime on the host (no isolation) and bubblewrap with a comparable namespace
+# sandbox (no cgroups, no seccomp, no Landlock: bwrap has none of them by default).
+# Prints mean wall times and the ratios. Usage: benches/startup.sh [runs]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-30}
+for tool in hyperfine bwrap; do
+  command -v "$tool" >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tool/bwrap/bubblewrap}" >/dev/null; }
+done
+cargo build --release -q
+rc=target/release/runcell
+bw="bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/sbin /sbin --ro-bind /etc/ld.so.cache /etc/ld.so.cache --ro-bind /etc/alternatives /etc/alternatives --proc /proc --dev /dev --tmpfs /tmp --tmpfs /workspace --chdir /workspace"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+bench() { # name, bare command, runcell language, code
+  local name=$1 bare=$2 lang=$3 code=$4
+  hyperfine -N -w 3 -r "$runs" --export-json "$out/$name.json" \
+    -n bare "$bare" -n bwrap "$bw $bare" -n runcell "$rc run --json --lang $lang -c '$code'" >/dev/null
+}
+bench bash "/usr/bin/bash -c true" bash "true"
+bench python "/usr/bin/python3 -c pass" python "pass"
+bench node "/usr/bin/node -e 0" node "0"
+bench ruby "/usr/bin/ruby -e 0" ruby "0"
+
+python3 - "$out" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+print(f"{'language':10} {'bare ms':>9} {'bwrap ms':>9} {'runcell ms':>11} {'runcell-bare':>13} {'runcell/bwrap':>14}")
+for name in ["bash", "python", "node", "ruby"]:
+    r = {x["command"]: x for x in json.load(open(os.path.join(d, name + ".json")))["results"]}
+    b, w, c = (r[k]["mean"] * 1000 for k in ("bare", "bwrap", "runcell"))
+    print(f"{name:10} {b:9.1f} {w:9.1f} {c:11.1f} {c - b:12.1f}ms {c / w:13.2f}x")
+PY

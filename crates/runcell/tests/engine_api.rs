@@ -1,0 +1,199 @@
+//! The library API the HTTP and MCP servers build on: a sandbox is created, handed several
+//! programs, and torn down; live output reaches a sink; a kill switch stops a run from another
+//! thread.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use runcell_core::{Engine, EngineConfig, ExecRequest};
+use runcell_jail::{
+    CgroupRequest, End, ExitStatus, InputFile, KillSwitch, NoSink, OutputSink, Program, Rlimits,
+    Sandbox, SandboxSpec, Stream,
+};
+
+fn spec() -> SandboxSpec {
+    let rt = runcell_runtimes::locate(runcell_runtimes::Language::Bash).unwrap();
+    SandboxSpec {
+        hostname: "runcell".into(),
+        root: rt.root_entries(),
+        scratch_bytes: 16 << 20,
+        scratch_inodes: 4096,
+        cgroup: CgroupRequest {
+            memory_bytes: 128 << 20,
+            pids: 32,
+            cpu_millis: 1000,
+        },
+        setup_timeout: Duration::from_secs(20),
+        helper_exe: common::runcell_bin(),
+    }
+}
+
+fn bash(script: &str, timeout: Duration) -> Program {
+    Program {
+        argv: vec!["/bin/bash".into(), "-c".into(), script.into()],
+        env: runcell_runtimes::base_env(),
+        cwd: PathBuf::from("/workspace"),
+        files: vec![],
+        stdin: None,
+        rlimits: Rlimits {
+            cpu_seconds: 60,
+            open_files: 256,
+            processes: 33,
+            file_size_bytes: 16 << 20,
+            address_space_bytes: None,
+        },
+        wall_timeout: timeout,
+        stdout_cap: 1 << 20,
+        stderr_cap: 1 << 20,
+    }
+}
+
+#[test]
+fn one_sandbox_runs_several_programs_and_keeps_its_files() {
+    let mut sb = Sandbox::create(&spec()).unwrap();
+    let mut first = bash(
+        "cat /workspace/in.txt; echo state > /tmp/kept",
+        Duration::from_secs(10),
+    );
+    first.files.push(InputFile {
+        path: "/workspace/in.txt".into(),
+        mode: 0o644,
+        content: b"hello\n".to_vec(),
+    });
+    let o = sb.run(&first, &mut NoSink, None).unwrap();
+    assert_eq!(o.end, End::Exited(ExitStatus::Code(0)));
+    assert_eq!(o.stdout, b"hello\n");
+    // A second program in the same sandbox sees what the first left on disk, but not its
+    // processes: a background sleeper of the first run is gone.
+    let o = sb
+        .run(
+            &bash(
+                "cat /tmp/kept; set -- /proc/[0-9]*; echo $#",
+                Duration::from_secs(10),
+            ),
+            &mut NoSink,
+            None,
+        )
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "state\n2\n",
+        "only pid 1 and the new program may exist"
+    );
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn background_processes_die_with_each_program() {
+    let mut sb = Sandbox::create(&spec()).unwrap();
+    let o = sb
+        .run(
+            &bash(
+                "(setsid sleep 1000 &) ; sleep 1000 & echo started",
+                Duration::from_secs(10),
+            ),
+            &mut NoSink,
+            None,
+        )
+        .unwrap();
+    assert_eq!(o.end, End::Exited(ExitStatus::Code(0)));
+    let o = sb
+        .run(
+            &bash("set -- /proc/[0-9]*; echo $#", Duration::from_secs(10)),
+            &mut NoSink,
+            None,
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "2\n");
+}
+
+#[derive(Default)]
+struct Recorder(Vec<(Stream, Vec<u8>, Instant)>);
+impl OutputSink for Recorder {
+    fn output(&mut self, stream: Stream, chunk: &[u8]) {
+        self.0.push((stream, chunk.to_vec(), Instant::now()));
+    }
+}
+
+#[test]
+fn output_is_streamed_while_the_program_runs() {
+    let mut sb = Sandbox::create(&spec()).unwrap();
+    let mut rec = Recorder::default();
+    let t0 = Instant::now();
+    let o = sb
+        .run(
+            &bash(
+                "echo one; echo err >&2; sleep 0.5; echo two",
+                Duration::from_secs(10),
+            ),
+            &mut rec,
+            None,
+        )
+        .unwrap();
+    assert_eq!(o.stdout, b"one\ntwo\n");
+    assert_eq!(o.stderr, b"err\n");
+    let first = rec
+        .0
+        .iter()
+        .find(|(s, c, _)| *s == Stream::Stdout && c.starts_with(b"one"))
+        .unwrap();
+    // "one" arrived before the program slept, i.e. well before it ended.
+    assert!(
+        first.2.duration_since(t0) < o.wall,
+        "chunk at {:?}, run took {:?}",
+        first.2.duration_since(t0),
+        o.wall
+    );
+    assert!(rec
+        .0
+        .iter()
+        .any(|(s, c, _)| *s == Stream::Stderr && c == b"err\n"));
+}
+
+#[test]
+fn a_kill_switch_stops_a_run_from_another_thread() {
+    let mut sb = Sandbox::create(&spec()).unwrap();
+    let ks = KillSwitch::new().unwrap();
+    let trigger = ks.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        trigger.trigger();
+    });
+    let started = Instant::now();
+    let o = sb
+        .run(
+            &bash("trap '' TERM; while :; do :; done", Duration::from_secs(30)),
+            &mut NoSink,
+            Some(&ks),
+        )
+        .unwrap();
+    t.join().unwrap();
+    assert_eq!(o.end, End::Cancelled);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The sandbox is dead afterwards.
+    assert!(sb
+        .run(&bash("true", Duration::from_secs(5)), &mut NoSink, None)
+        .is_err());
+}
+
+#[test]
+fn the_engine_reports_enforcement_and_limits() {
+    let mut c = EngineConfig::for_host();
+    c.helper_exe = common::runcell_bin();
+    let engine = Engine::new(c);
+    let v = engine.execute(
+        &ExecRequest::new("bash", "echo $((6*7))"),
+        &mut NoSink,
+        None,
+    );
+    assert_eq!(v.stdout, "42\n");
+    assert_eq!(v.exit_code, Some(0));
+    assert_eq!(v.limits.unwrap().pids, 64);
+    assert!(
+        v.enforcement.missing.is_empty(),
+        "{:?}",
+        v.enforcement.missing
+    );
+}

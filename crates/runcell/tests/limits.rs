@@ -1,0 +1,663 @@
+//! Resource limits: wall clock, leftover processes, memory, processes and threads, disk,
+//! output, open files, CPU bandwidth, signals, and a crashing supervisor. Each test checks the
+//! category and exit code *and* that nothing of the run is left on the host.
+
+mod common;
+use common::*;
+
+use std::time::Duration;
+
+fn assert_timed_out_after(r: &Run, secs: f64) {
+    r.assert_category("timeout");
+    assert_eq!(r.exit_code(), Some(124), "{:#}", r.verdict);
+    assert_eq!(r.code, Some(124));
+    let t = r.execution_time();
+    assert!(
+        t >= secs * 0.95 && t <= secs + 0.6,
+        "execution_time {t} for a {secs} s limit"
+    );
+    assert!(
+        r.elapsed < Duration::from_secs_f64(secs + 3.0),
+        "runcell took {:?}",
+        r.elapsed
+    );
+    assert_eq!(r.verdict["error"]["retryable"], true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wall clock
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_busy_loop_is_stopped_at_the_timeout() {
+    let r = run("python", "while True: pass", &["--timeout", "1"]);
+    assert_timed_out_after(&r, 1.0);
+    assert!(r.message().contains("1 s"), "{}", r.message());
+}
+
+#[test]
+fn a_program_ignoring_sigterm_and_sigint_is_still_stopped() {
+    let r = run(
+        "python",
+        r#"
+import signal
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR1):
+    signal.signal(s, signal.SIG_IGN)
+print("ignoring", flush=True)
+while True:
+    pass
+"#,
+        &["--timeout", "1"],
+    );
+    assert_timed_out_after(&r, 1.0);
+    assert_eq!(
+        r.stdout(),
+        "ignoring\n",
+        "output before the timeout is kept"
+    );
+}
+
+#[test]
+fn a_sleeping_program_is_stopped_at_the_timeout() {
+    let r = run(
+        "python",
+        "import time\nprint('start', flush=True)\ntime.sleep(100)",
+        &["--timeout", "1.5"],
+    );
+    assert_timed_out_after(&r, 1.5);
+    assert_eq!(r.stdout(), "start\n");
+}
+
+/// A daemon: double fork, setsid, signals ignored (inherited through exec), then `sleep` with
+/// the marker in its argv.
+fn daemon_code(tag: &str) -> String {
+    format!(
+        r#"
+import os, signal, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        os.execvp("sleep", ["sleep", "1000.{tag}"])
+    os._exit(0)
+"#
+    )
+}
+
+#[test]
+fn a_daemon_left_running_is_killed_when_the_program_exits() {
+    let tag = unique_digits();
+    let code = format!(
+        "{}\ntime.sleep(1.0)\nprint('main done')\n",
+        daemon_code(&tag)
+    );
+    let p = spawn("python", &code, &[]);
+    assert!(
+        wait_for_marker(&tag, Duration::from_secs(10)),
+        "the daemon never ran (test is void)"
+    );
+    let r = p.finish();
+    r.assert_ok();
+    assert_eq!(r.stdout(), "main done\n");
+    assert!(
+        r.execution_time() < 3.0,
+        "runcell waited for the daemon: {:#}",
+        r.verdict
+    );
+    assert_marker_gone(&tag, Duration::from_secs(2));
+}
+
+#[test]
+fn a_daemon_left_running_is_killed_on_timeout() {
+    let tag = unique_digits();
+    let code = format!("{}\nwhile True: pass\n", daemon_code(&tag));
+    let p = spawn("python", &code, &["--timeout", "1.5"]);
+    assert!(
+        wait_for_marker(&tag, Duration::from_secs(10)),
+        "the daemon never ran (test is void)"
+    );
+    let r = p.finish();
+    assert_timed_out_after(&r, 1.5);
+    assert_marker_gone(&tag, Duration::from_secs(2));
+}
+
+#[test]
+fn a_bash_background_job_is_killed_when_the_script_exits() {
+    let tag = unique_digits();
+    let code = format!("nohup sleep 1000.{tag} >/dev/null 2>&1 &\nsetsid sleep 1001.{tag} &\nsleep 0.8\necho done\n");
+    let p = spawn("bash", &code, &["--timeout", "10"]);
+    assert!(
+        wait_for_marker(&tag, Duration::from_secs(10)),
+        "the background job never ran"
+    );
+    let r = p.finish();
+    r.assert_ok();
+    assert_eq!(r.stdout(), "done\n");
+    assert_marker_gone(&tag, Duration::from_secs(2));
+}
+
+#[test]
+fn killing_the_supervisor_tears_the_sandbox_down() {
+    let tag = unique_digits();
+    let code = format!("{}\nwhile True: pass\n", daemon_code(&tag));
+    let p = spawn("python", &code, &["--timeout", "60"]);
+    let pid = p.pid;
+    assert!(
+        wait_for_marker(&tag, Duration::from_secs(10)),
+        "the daemon never ran (test is void)"
+    );
+    assert!(
+        !cgroups_of(pid).is_empty(),
+        "the run has cgroups while it runs"
+    );
+    p.kill_supervisor();
+    // Every process of the sandbox dies with the supervisor (the helper's lifeline).
+    assert_marker_gone(&tag, Duration::from_secs(5));
+    // Empty cgroups of a dead supervisor are swept by the next run.
+    run("python", "print(1)", &[]).assert_ok();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !cgroups_of(pid).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        cgroups_of(pid),
+        Vec::<std::path::PathBuf>::new(),
+        "stale cgroups of the killed supervisor"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------------
+
+fn assert_memory_limit(r: &Run, limit: u64) {
+    r.assert_category("memory_limit");
+    assert_eq!(r.exit_code(), Some(137), "{:#}", r.verdict);
+    assert_eq!(r.code, Some(137));
+    assert!(r.message().contains("64 MiB"), "{}", r.message());
+    let peak = r.verdict["usage"]["peak_memory_bytes"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        peak <= limit + (1 << 20),
+        "peak {peak} above the {limit} limit"
+    );
+}
+
+#[test]
+fn python_memory_bomb_hits_the_memory_limit() {
+    let r = run(
+        "python",
+        "b = bytearray(1 << 30)\nprint(len(b))",
+        &["--memory", "64M"],
+    );
+    assert_memory_limit(&r, 64 << 20);
+    assert_eq!(r.stdout(), "");
+}
+
+#[test]
+fn python_gradual_allocation_hits_the_memory_limit() {
+    let r = run(
+        "python",
+        "x = []\nwhile True:\n    x.append(bytearray(1 << 20))",
+        &["--memory", "64M", "--timeout", "20"],
+    );
+    assert_memory_limit(&r, 64 << 20);
+}
+
+#[test]
+fn memory_of_child_processes_counts_too() {
+    let r = run(
+        "python",
+        r#"
+import os
+for i in range(4):
+    if os.fork() == 0:
+        b = bytearray(30 << 20)
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        import time; time.sleep(5)
+        os._exit(0)
+bad = 0
+for i in range(4):
+    _, status = os.wait()
+    bad += status != 0
+raise SystemExit(1 if bad else 0)
+"#,
+        &["--memory", "64M", "--timeout", "20"],
+    );
+    // 4 x 30 MiB do not fit in 64 MiB: the cgroup OOM-kills a child, the program reports the
+    // failure with exit 1, and the verdict names the memory limit.
+    assert_memory_limit(&r, 64 << 20);
+}
+
+#[test]
+fn peak_memory_is_reported() {
+    let r = run(
+        "python",
+        "b = bytearray(100 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('ok')",
+        &["--memory", "256M"],
+    );
+    r.assert_ok();
+    let peak = r.verdict["usage"]["peak_memory_bytes"].as_u64().unwrap();
+    assert!((100 << 20..=256 << 20).contains(&peak), "peak {peak}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes and threads
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn python_fork_bomb_is_reported_as_process_limit() {
+    let r = run(
+        "python",
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+        &["--timeout", "2", "--pids", "32"],
+    );
+    r.assert_category("process_limit");
+    assert_eq!(r.exit_code(), Some(124), "{:#}", r.verdict);
+    assert!(r.message().contains("32 processes"), "{}", r.message());
+    assert!(r.elapsed < Duration::from_secs(6));
+}
+
+#[test]
+fn bash_fork_bomb_is_reported_as_process_limit() {
+    // The script keeps running (sleep) while the bomb spreads; otherwise its exit ends it all.
+    let r = run("bash", ":(){ :|:& };:\nsleep 10", &["--timeout", "3"]);
+    r.assert_category("process_limit");
+    assert!(r.message().contains("64 processes"), "{}", r.message());
+    assert!(r.elapsed < Duration::from_secs(8));
+}
+
+#[test]
+fn the_process_count_is_capped_at_pids() {
+    let r = run(
+        "python",
+        r#"
+import os, time, errno
+n = 0
+err = "none"
+while n < 200:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = errno.errorcode[e.errno]
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    n += 1
+print("forked=%d" % n)
+print("error=" + err)
+"#,
+        &["--pids", "16", "--timeout", "10"],
+    );
+    // The program handled the failure and exited 0: a success, not a limit verdict.
+    r.assert_ok();
+    let forked: u32 = r.out("forked").parse().unwrap();
+    // 16 processes and threads in all: the program itself is one of them.
+    assert!(
+        (8..=15).contains(&forked),
+        "forked {forked} children with --pids 16"
+    );
+    assert_eq!(r.out("error"), "EAGAIN");
+    // The sleeping children were killed when the program exited.
+    assert!(r.execution_time() < 5.0);
+}
+
+#[test]
+fn a_thread_bomb_cannot_exceed_pids() {
+    let r = run(
+        "python",
+        r#"
+import threading, time
+started = 0
+def idle():
+    time.sleep(3)
+try:
+    for i in range(500):
+        t = threading.Thread(target=idle, daemon=True)
+        t.start()
+        started += 1
+finally:
+    print("started=%d" % started, flush=True)
+"#,
+        &["--pids", "32", "--timeout", "10"],
+    );
+    let started: u32 = r.out("started").parse().unwrap();
+    assert!(started < 32, "{started} threads with --pids 32");
+    assert_eq!(r.exit_code(), Some(1), "{:#}", r.verdict);
+    assert!(
+        r.stderr_out().contains("can't start new thread"),
+        "{:#}",
+        r.verdict
+    );
+    // The program died of the failed thread creation: the verdict must name the limit (as the
+    // engine's classifier does when it sees the pids cgroup hit), or at least the error.
+    match r.category() {
+        "process_limit" => assert!(r.message().contains("32 processes"), "{}", r.message()),
+        "runtime_error" => assert!(
+            r.message().contains("can't start new thread"),
+            "{}",
+            r.message()
+        ),
+        other => panic!("unexpected category {other}: {:#}", r.verdict),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Disk
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn filling_the_workspace_hits_the_disk_limit() {
+    let r = run(
+        "python",
+        "f = open('/workspace/big', 'wb')\nfor i in range(200):\n    f.write(b'x' * (1 << 20))\n    f.flush()",
+        &["--disk", "16M", "--timeout", "20"],
+    );
+    r.assert_category("disk_limit");
+    assert_eq!(
+        r.exit_code(),
+        Some(1),
+        "Python dies of the ENOSPC: {:#}",
+        r.verdict
+    );
+    assert!(
+        r.stderr_out().contains("No space left on device"),
+        "{:#}",
+        r.verdict
+    );
+    assert!(r.message().contains("16 MiB"), "{}", r.message());
+}
+
+#[test]
+fn tmp_workspace_and_dev_shm_share_one_disk_cap() {
+    let r = run(
+        "python",
+        &py(r#"
+for d in ["/tmp", "/workspace", "/dev/shm"]:
+    print(f"blocks{d}=%d" % os.statvfs(d).f_blocks)
+write("tmp_6m", "/tmp/a", b"x" * (6 << 20))
+write("workspace_6m", "/workspace/b", b"x" * (6 << 20))
+free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+print("shm_free_mb=%d" % (free >> 20))
+write("shm_6m", "/dev/shm/c", b"x" * (6 << 20))
+"#),
+        &["--disk", "16M"],
+    );
+    r.assert_ok();
+    let blocks = r.out("blocks/tmp");
+    assert_eq!(r.out("blocks/workspace"), blocks);
+    assert_eq!(r.out("blocks/dev/shm"), blocks);
+    let free: u64 = r.out("shm_free_mb").parse().unwrap();
+    assert!(
+        free <= 4,
+        "/dev/shm still had {free} MiB after 12 MiB went to /tmp and /workspace"
+    );
+    r.expect(&[
+        ("tmp_6m", "OK"),
+        ("workspace_6m", "OK"),
+        ("shm_6m", "ENOSPC"),
+    ]);
+}
+
+#[test]
+fn filling_dev_shm_hits_the_disk_limit() {
+    let r = run(
+        "python",
+        "f = open('/dev/shm/big', 'wb')\nfor i in range(100):\n    f.write(b'x' * (1 << 20))\n    f.flush()",
+        &["--disk", "8M"],
+    );
+    r.assert_category("disk_limit");
+    assert_eq!(r.exit_code(), Some(1), "{:#}", r.verdict);
+}
+
+#[test]
+fn exhausting_inodes_hits_the_disk_limit() {
+    let r = run(
+        "python",
+        "for i in range(100000):\n    open('/workspace/f%d' % i, 'w').close()",
+        &["--disk", "1M", "--timeout", "20"],
+    );
+    r.assert_category("disk_limit");
+    assert!(
+        r.stderr_out().contains("No space left on device"),
+        "{:#}",
+        r.verdict
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_stdout_flood_is_cut_at_1_mib_and_stopped() {
+    let r = run(
+        "python",
+        "while True:\n    print('x' * 1000)",
+        &["--timeout", "30"],
+    );
+    r.assert_category("output_limit");
+    assert_eq!(r.stdout().len(), 1 << 20);
+    assert!(r.stdout().starts_with(&"x".repeat(1000)));
+    assert_eq!(r.verdict["stdout_truncated"], true);
+    assert_eq!(r.verdict["stderr_truncated"], false);
+    assert_eq!(r.exit_code(), Some(137));
+    assert!(r.message().contains("stdout"), "{}", r.message());
+    assert!(
+        r.execution_time() < 5.0,
+        "the run went on after the cap: {}",
+        r.execution_time()
+    );
+}
+
+#[test]
+fn a_stderr_flood_is_cut_at_1_mib_and_stopped() {
+    let r = run(
+        "python",
+        "import sys\nwhile True:\n    sys.stderr.write('e' * 1000)",
+        &["--timeout", "30"],
+    );
+    r.assert_category("output_limit");
+    assert_eq!(r.stderr_out().len(), 1 << 20);
+    assert_eq!(r.stdout(), "");
+    assert_eq!(r.verdict["stderr_truncated"], true);
+    assert_eq!(r.verdict["stdout_truncated"], false);
+    assert!(r.message().contains("stderr"), "{}", r.message());
+    assert!(r.execution_time() < 5.0);
+}
+
+#[test]
+fn output_cap_keeps_exactly_the_cap() {
+    let r = run("python", "print('y' * 5000)", &["--output", "100"]);
+    r.assert_category("output_limit");
+    assert_eq!(r.stdout(), "y".repeat(100));
+    assert_eq!(r.verdict["stdout_truncated"], true);
+    assert_eq!(r.verdict["limits"]["output_bytes"], 100);
+}
+
+#[test]
+fn output_exactly_at_the_cap_is_not_truncated() {
+    let r = run("python", "print('y' * 99)", &["--output", "100"]);
+    r.assert_ok();
+    assert_eq!(r.stdout().len(), 100);
+    assert_eq!(r.verdict["stdout_truncated"], false);
+    let r = run("python", "print('y' * 100)", &["--output", "100"]);
+    r.assert_category("output_limit");
+    assert_eq!(r.stdout().len(), 100);
+}
+
+#[test]
+fn a_flood_from_a_background_child_is_capped_too() {
+    let r = run(
+        "python",
+        "import os, time\nif os.fork() == 0:\n    while True:\n        os.write(1, b'z' * 4096)\ntime.sleep(20)",
+        &["--output", "64K", "--timeout", "30"],
+    );
+    r.assert_category("output_limit");
+    assert_eq!(r.stdout().len(), 64 << 10);
+    assert!(r.execution_time() < 5.0, "{}", r.execution_time());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files, CPU, stdin, signals
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn open_files_are_capped() {
+    let r = run(
+        "python",
+        r#"
+import errno, resource
+fs = []
+err = "none"
+try:
+    for i in range(100):
+        fs.append(open("/dev/null"))
+except OSError as e:
+    err = errno.errorcode[e.errno]
+print("opened=%d" % len(fs))
+print("error=" + err)
+import os
+total = 0
+for fd in range(4096):
+    try:
+        os.fstat(fd)
+        total += 1
+    except OSError:
+        pass
+print("total_open=%d" % total)
+print("nofile=%s" % (resource.getrlimit(resource.RLIMIT_NOFILE),))
+"#,
+        &["--open-files", "32"],
+    );
+    r.assert_ok();
+    // The cap was reached exactly: 32 descriptors open in all when open() failed.
+    r.expect(&[
+        ("error", "EMFILE"),
+        ("nofile", "(32, 32)"),
+        ("total_open", "32"),
+    ]);
+    let opened: u32 = r.out("opened").parse().unwrap();
+    assert!((20..=30).contains(&opened), "opened {opened}");
+}
+
+#[test]
+fn rlimits_are_set_for_the_program() {
+    let r = run(
+        "python",
+        r#"
+import resource as r
+for name in ["RLIMIT_CORE", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU"]:
+    print(f"{name}=%s" % (r.getrlimit(getattr(r, name)),))
+"#,
+        &[
+            "--disk",
+            "16M",
+            "--pids",
+            "20",
+            "--open-files",
+            "100",
+            "--timeout",
+            "5",
+        ],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("RLIMIT_CORE", "(0, 0)"),
+        ("RLIMIT_FSIZE", "(16777216, 16777216)"),
+        ("RLIMIT_NOFILE", "(100, 100)"),
+    ]);
+    // The sandbox's pid 1 shares the uid, hence pids + 1; CPU seconds are a backstop.
+    let nproc = r.out("RLIMIT_NPROC");
+    assert!(nproc == "(20, 20)" || nproc == "(21, 21)", "{nproc}");
+    let cpu = r.out("RLIMIT_CPU");
+    assert!(cpu != "(-1, -1)", "RLIMIT_CPU is unlimited");
+}
+
+#[test]
+fn cpu_bandwidth_is_capped_by_cpus() {
+    // Five processes spin for 2 s of wall time. With --cpus 0.5 they share half a core, so the
+    // CPU time stays near 1 s whatever the host has. Loose bounds: this is about enforcement,
+    // not speed.
+    let r = run(
+        "python",
+        r#"
+import os, time
+def burn():
+    t = time.time()
+    while time.time() - t < 2:
+        pass
+kids = []
+for i in range(4):
+    p = os.fork()
+    if p == 0:
+        burn()
+        os._exit(0)
+    kids.append(p)
+burn()
+for p in kids:
+    os.waitpid(p, 0)
+"#,
+        &["--cpus", "0.5", "--timeout", "20"],
+    );
+    r.assert_ok();
+    let cpu = r.verdict["usage"]["cpu_time"].as_f64().unwrap();
+    let wall = r.execution_time();
+    let ratio = cpu / wall;
+    assert!(
+        ratio <= 0.65,
+        "cpu {cpu} s over {wall} s = {ratio:.2} cores with --cpus 0.5"
+    );
+    assert!(
+        cpu >= 0.5,
+        "the CPU time is counted for all processes: {cpu}"
+    );
+}
+
+#[test]
+fn stdin_file_is_fed_to_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.txt");
+    std::fs::write(&input, "line one\nline two\n").unwrap();
+    let r = run(
+        "python",
+        "import sys\ndata = sys.stdin.read()\nprint(repr(data))\nprint(len(data.splitlines()))",
+        &["--stdin", input.to_str().unwrap()],
+    );
+    r.assert_ok();
+    assert_eq!(r.stdout(), "'line one\\nline two\\n'\n2\n");
+}
+
+#[test]
+fn without_stdin_the_program_reads_eof() {
+    let r = run(
+        "python",
+        "import sys\nprint(repr(sys.stdin.read()))",
+        &["--timeout", "5"],
+    );
+    r.assert_ok();
+    assert_eq!(r.stdout(), "''\n");
+}
+
+#[test]
+fn signals_give_128_plus_n() {
+    for (code, sig, name) in [
+        (
+            "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)",
+            15,
+            "SIGTERM",
+        ),
+        ("import ctypes\nctypes.string_at(0)", 11, "SIGSEGV"),
+        ("import os\nos.abort()", 6, "SIGABRT"),
+    ] {
+        let r = run("python", code, &[]);
+        r.assert_category("runtime_error");
+        assert_eq!(r.exit_code(), Some(128 + sig), "{name}: {:#}", r.verdict);
+        assert_eq!(r.code, Some(128 + sig as i32));
+        assert!(r.message().contains(name), "{}", r.message());
+    }
+}

@@ -1,0 +1,309 @@
+//! The seccomp policy seen from a real program: privileged and dangerous system calls are
+//! refused with EPERM, clone3 and x32 get ENOSYS, the i386 ABI kills the process, only four
+//! socket families exist, and the privileged tools of util-linux fail.
+//! (x86_64 syscall numbers; Python's ctypes calls `syscall(2)` directly.)
+
+mod common;
+use common::*;
+
+use std::fs;
+
+/// (label, x86_64 number, arguments). All must fail with EPERM.
+const EPERM_SYSCALLS: &[(&str, i64, &[i64])] = &[
+    ("mount", 165, &[0, 0, 0, 0, 0]),
+    ("umount2", 166, &[0, 0]),
+    ("pivot_root", 155, &[0, 0]),
+    ("unshare_newuser", 272, &[0x1000_0000]),
+    ("unshare_newns", 272, &[0x0002_0000]),
+    ("unshare_newnet", 272, &[0x4000_0000]),
+    ("setns", 308, &[0, 0]),
+    ("ptrace_traceme", 101, &[0, 0, 0, 0]),
+    ("ptrace_attach_pid1", 101, &[16, 1, 0, 0]),
+    ("keyctl", 250, &[0, 0, 0, 0]),
+    ("add_key", 248, &[0, 0, 0, 0, 0]),
+    ("request_key", 249, &[0, 0, 0, 0]),
+    ("bpf", 321, &[0, 0, 0]),
+    ("perf_event_open", 298, &[0, 0, -1, -1, 0]),
+    ("userfaultfd", 323, &[0]),
+    ("io_uring_setup", 425, &[1, 0]),
+    ("io_uring_enter", 426, &[0, 0, 0, 0, 0, 0]),
+    ("io_uring_register", 427, &[0, 0, 0, 0]),
+    ("init_module", 175, &[0, 0, 0]),
+    ("finit_module", 313, &[0, 0, 0]),
+    ("delete_module", 176, &[0, 0]),
+    ("kexec_load", 246, &[0, 0, 0, 0]),
+    ("kexec_file_load", 320, &[0, 0, 0, 0, 0]),
+    ("reboot", 169, &[0xfee1dead, 672274793, 0x4321fedc, 0]),
+    ("swapon", 167, &[0, 0]),
+    ("swapoff", 168, &[0]),
+    ("acct", 163, &[0]),
+    ("settimeofday", 164, &[0, 0]),
+    ("clock_settime", 227, &[0, 0]),
+    ("adjtimex", 159, &[0]),
+    ("open_by_handle_at", 304, &[0, 0, 0]),
+    ("name_to_handle_at", 303, &[0, 0, 0, 0, 0]),
+    ("personality_addr_no_randomize", 135, &[0x0040000]),
+    ("personality_read_implies_exec", 135, &[0x0400000]),
+    ("clone_newuser", 56, &[0x1000_0000 | 17, 0, 0, 0, 0]),
+    ("clone_newpid", 56, &[0x2000_0000 | 17, 0, 0, 0, 0]),
+    ("fsopen", 430, &[0, 0]),
+    ("open_tree", 428, &[0, 0, 0]),
+    ("move_mount", 429, &[0, 0, 0, 0, 0]),
+    ("syslog", 103, &[3, 0, 0]),
+    ("chroot", 161, &[0]),
+    ("iopl", 172, &[3]),
+    ("ioperm", 173, &[0, 1, 1]),
+    ("modify_ldt", 154, &[0, 0, 0]),
+    ("quotactl", 179, &[0, 0, 0, 0]),
+    ("process_vm_readv", 310, &[1, 0, 0, 0, 0, 0]),
+    ("kcmp", 312, &[1, 2, 0, 0, 0]),
+];
+
+fn syscall_program(calls: &[(&str, i64, &[i64])]) -> String {
+    let mut body = String::new();
+    for (label, nr, args) in calls {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        body.push_str(&format!(
+            "sc({label:?}, {nr}{}{})\n",
+            if args.is_empty() { "" } else { ", " },
+            args.join(", ")
+        ));
+    }
+    body.push_str("print('survived=yes')\n");
+    py(&body)
+}
+
+#[test]
+fn dangerous_syscalls_fail_with_eperm() {
+    let r = run("python", &syscall_program(EPERM_SYSCALLS), &[]);
+    r.assert_ok();
+    let mut want: Vec<(&str, &str)> = EPERM_SYSCALLS
+        .iter()
+        .map(|(l, _, _)| (*l, "EPERM"))
+        .collect();
+    want.push(("survived", "yes"));
+    r.expect(&want);
+}
+
+#[test]
+fn clone3_and_x32_syscalls_get_enosys_and_ordinary_ones_work() {
+    let calls: &[(&str, i64, &[i64])] = &[
+        ("clone3", 435, &[0, 0]),
+        ("x32_getpid", 0x4000_0000 | 39, &[]),
+        ("x32_mount", 0x4000_0000 | 165, &[0, 0, 0, 0, 0]),
+        ("x32_ptrace", 0x4000_0000 | 101, &[0, 0, 0, 0]),
+        ("unknown_1000", 1000, &[]),
+        ("getpid", 39, &[]),
+        ("personality_query", 135, &[0xffff_ffff]),
+        ("personality_linux", 135, &[0]),
+    ];
+    let r = run("python", &syscall_program(calls), &[]);
+    r.assert_ok();
+    r.expect(&[
+        ("clone3", "ENOSYS"),
+        ("x32_getpid", "ENOSYS"),
+        ("x32_mount", "ENOSYS"),
+        ("x32_ptrace", "ENOSYS"),
+        ("unknown_1000", "ENOSYS"),
+        ("getpid", "OK"),
+        ("personality_query", "OK"),
+        ("personality_linux", "OK"),
+        ("survived", "yes"),
+    ]);
+}
+
+#[test]
+fn the_i386_syscall_abi_kills_the_process_with_sigsys() {
+    // mov eax, 20 (i386 getpid); int 0x80; ret -- run from an RWX page.
+    let r = run(
+        "python",
+        r#"
+import ctypes, mmap
+code = bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])
+try:
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+except OSError as e:
+    print("rwx_mmap=" + str(e), flush=True)
+    raise SystemExit(42)
+print("rwx_mmap=OK", flush=True)
+m.write(code)
+f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+print("calling=yes", flush=True)
+print("returned=%d" % f(), flush=True)
+"#,
+        &[],
+    );
+    r.assert_category("runtime_error");
+    assert_eq!(
+        r.exit_code(),
+        Some(128 + 31),
+        "killed by SIGSYS: {:#}",
+        r.verdict
+    );
+    assert_eq!(r.code, Some(159));
+    assert!(r.message().contains("SIGSYS"), "{}", r.message());
+    assert!(
+        r.outcomes().get("returned").is_none(),
+        "int 0x80 returned: {:#}",
+        r.verdict
+    );
+    r.expect(&[("rwx_mmap", "OK"), ("calling", "yes")]);
+}
+
+#[test]
+fn only_unix_inet_inet6_and_netlink_route_sockets_can_be_created() {
+    let r = run(
+        "python",
+        &py(r#"
+def sock(label, fam, typ, proto=0):
+    attempt(label, lambda: socket.socket(fam, typ, proto).close())
+sock("unix", socket.AF_UNIX, socket.SOCK_STREAM)
+sock("inet", socket.AF_INET, socket.SOCK_STREAM)
+sock("inet6", socket.AF_INET6, socket.SOCK_DGRAM)
+sock("netlink_route", 16, socket.SOCK_RAW, 0)
+sock("netlink_audit", 16, socket.SOCK_RAW, 9)
+sock("netlink_uevent", 16, socket.SOCK_RAW, 15)
+sock("netlink_generic", 16, socket.SOCK_RAW, 16)
+sock("alg", 38, socket.SOCK_SEQPACKET)
+sock("vsock", 40, socket.SOCK_STREAM)
+sock("packet", 17, socket.SOCK_RAW)
+sock("key", 15, socket.SOCK_RAW, 2)
+sock("bluetooth", 31, socket.SOCK_STREAM)
+sock("can", 29, socket.SOCK_RAW)
+sock("tipc", 30, socket.SOCK_RDM)
+sock("xdp", 44, socket.SOCK_RAW)
+sock("raw_inet", socket.AF_INET, socket.SOCK_RAW, 1)
+"#),
+        &[],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("unix", "OK"),
+        ("inet", "OK"),
+        ("inet6", "OK"),
+        ("netlink_route", "OK"),
+        ("netlink_audit", "EPERM"),
+        ("netlink_uevent", "EPERM"),
+        ("netlink_generic", "EPERM"),
+        ("alg", "EPERM"),
+        ("vsock", "EPERM"),
+        ("packet", "EPERM"),
+        ("key", "EPERM"),
+        ("bluetooth", "EPERM"),
+        ("can", "EPERM"),
+        ("tipc", "EPERM"),
+        ("xdp", "EPERM"),
+        // AF_INET raw sockets need CAP_NET_RAW, which no one has in the sandbox.
+        ("raw_inet", "EPERM"),
+    ]);
+}
+
+#[test]
+fn libc_unshare_and_tiocsti_are_refused() {
+    let r = run(
+        "python",
+        &py(r#"
+for name, flag in [("user", 0x10000000), ("mnt", 0x20000), ("net", 0x40000000), ("pid", 0x20000000), ("uts", 0x4000000), ("ipc", 0x8000000), ("cgroup", 0x2000000)]:
+    ctypes.set_errno(0)
+    rc = libc.unshare(flag)
+    print(f"unshare_{name}=" + ("OK" if rc == 0 else _en(ctypes.get_errno())))
+c = ctypes.c_char(b"x")
+for fd in [0, 1, 2]:
+    ctypes.set_errno(0)
+    rc = libc.ioctl(fd, 0x5412, ctypes.byref(c))
+    print(f"tiocsti{fd}=" + ("OK" if rc == 0 else _en(ctypes.get_errno())))
+ctypes.set_errno(0)
+rc = libc.ioctl(1, 0x541C, ctypes.byref(c))
+print("tioclinux=" + ("OK" if rc == 0 else _en(ctypes.get_errno())))
+"#),
+        &[],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("unshare_user", "EPERM"),
+        ("unshare_mnt", "EPERM"),
+        ("unshare_net", "EPERM"),
+        ("unshare_pid", "EPERM"),
+        ("unshare_uts", "EPERM"),
+        ("unshare_ipc", "EPERM"),
+        ("unshare_cgroup", "EPERM"),
+        ("tiocsti0", "EPERM"),
+        ("tiocsti1", "EPERM"),
+        ("tiocsti2", "EPERM"),
+        ("tioclinux", "EPERM"),
+    ]);
+}
+
+#[test]
+fn util_linux_unshare_and_mount_fail() {
+    let r = run(
+        "python",
+        r#"
+import subprocess
+def sh(label, argv):
+    p = subprocess.run(argv, capture_output=True, text=True)
+    print(f"{label}_rc={p.returncode}")
+    print(f"{label}_err={p.stderr.strip().splitlines()[0] if p.stderr.strip() else ''}")
+sh("unshare_r", ["unshare", "-r", "id", "-u"])
+sh("unshare_m", ["unshare", "-m", "true"])
+sh("mount_tmpfs", ["mount", "-t", "tmpfs", "none", "/tmp"])
+sh("umount_proc", ["umount", "/proc"])
+print("tmp_is_still_scratch=" + str(any(l.split()[4] == "/tmp" for l in open("/proc/self/mountinfo"))))
+print("tmp_mounts=%d" % sum(1 for l in open("/proc/self/mountinfo") if l.split()[4] == "/tmp"))
+"#,
+        &["--timeout", "20"],
+    );
+    r.assert_ok();
+    for tool in ["unshare_r", "unshare_m", "mount_tmpfs", "umount_proc"] {
+        let rc: i32 = r.out(&format!("{tool}_rc")).parse().unwrap();
+        assert_ne!(rc, 0, "{tool} succeeded: {:#}", r.verdict);
+    }
+    let err = r.out("unshare_r_err");
+    assert!(err.contains("Operation not permitted"), "unshare -r: {err}");
+    let err = r.out("mount_tmpfs_err");
+    assert!(
+        err.contains("must be superuser")
+            || err.contains("permission denied")
+            || err.contains("not permitted"),
+        "mount: {err}"
+    );
+    r.expect(&[("tmp_mounts", "1")]);
+}
+
+#[test]
+fn the_host_is_unaffected_by_clock_and_hostname_attacks() {
+    let time_before = std::time::SystemTime::now();
+    let hostname = fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let r = run(
+        "python",
+        &py(r#"
+class timespec(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_long), ("ns", ctypes.c_long)]
+ts = timespec(0, 0)
+ctypes.set_errno(0)
+print("clock_settime=" + ("OK" if libc.clock_settime(0, ctypes.byref(ts)) == 0 else _en(ctypes.get_errno())))
+class timeval(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_long), ("us", ctypes.c_long)]
+tv = timeval(0, 0)
+ctypes.set_errno(0)
+print("settimeofday=" + ("OK" if libc.settimeofday(ctypes.byref(tv), None) == 0 else _en(ctypes.get_errno())))
+ctypes.set_errno(0)
+print("sethostname=" + ("OK" if libc.sethostname(b"pwned", 5) == 0 else _en(ctypes.get_errno())))
+"#),
+        &[],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("clock_settime", "EPERM"),
+        ("settimeofday", "EPERM"),
+        ("sethostname", "EPERM"),
+    ]);
+    let drift = std::time::SystemTime::now()
+        .duration_since(time_before)
+        .expect("the host clock did not go back");
+    assert!(drift.as_secs() < 60);
+    assert_eq!(
+        fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        hostname
+    );
+}
