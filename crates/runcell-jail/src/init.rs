@@ -15,10 +15,10 @@
 //! socket, 4 = lifeline (read end of a pipe whose write end only the supervisor holds).
 
 use std::ffi::CString;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -667,28 +667,45 @@ fn set_rlimits(r: &Rlimits) -> rustix::io::Result<()> {
     Ok(())
 }
 
-/// Write a requested file into the sandbox, refusing anything outside /workspace and /tmp and
-/// never following a symlink (a previous step may have planted one).
+/// Write a requested file into the sandbox, refusing anything outside /workspace and /tmp.
+/// Every component is resolved beneath its base directory without following any symlink
+/// (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`): a program that ran earlier in the
+/// same sandbox may have planted symlinks, and pid 1 must never write through them.
 fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepError> {
-    let allowed = rootfs::is_plain_absolute(path)
-        && (path.starts_with("/workspace/") || path.starts_with("/tmp/"))
-        && path.components().count() >= 3;
-    if !allowed {
+    use rustix::fs::{mkdirat, openat2, ResolveFlags};
+    let base = ["/workspace", "/tmp"]
+        .into_iter()
+        .find(|b| path.starts_with(b))
+        .filter(|_| rootfs::is_plain_absolute(path));
+    let Some(base) = base else {
         return Err(invalid("write file", "path outside /workspace and /tmp"));
+    };
+    let rel = path.strip_prefix(base).unwrap_or(path);
+    let Some(name) = rel.file_name() else {
+        return Err(invalid("write file", "path names a directory"));
+    };
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::open(base, dir_flags | OFlags::NOFOLLOW, Mode::empty())
+        .step_at("open", Path::new(base))?;
+    for comp in rel.parent().into_iter().flat_map(Path::components) {
+        match mkdirat(&dir, comp.as_os_str(), Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e).step_at("mkdir", path),
+        }
+        dir = openat2(&dir, comp.as_os_str(), dir_flags, Mode::empty(), resolve)
+            .step_at("open directory", path)?;
     }
-    if let Some(parent) = path.parent() {
-        rootfs::mkdir_p(parent, 0o755)?;
-    }
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode & 0o777)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .step_at("create file", path)?;
-    f.write_all(data).step_at("write file", path)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o777)).step_at("chmod", path)
+    let fd = openat2(
+        &dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode & 0o777),
+        resolve,
+    )
+    .step_at("create file", path)?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777)).step_at("chmod", path)?;
+    File::from(fd).write_all(data).step_at("write file", path)
 }
 
 fn blob(blobs: &[Vec<u8>], i: usize) -> Result<&[u8], StepError> {

@@ -237,6 +237,9 @@ impl KillSwitch {
 /// A running sandbox.
 pub struct Sandbox {
     helper: Child,
+    /// A pidfd for the helper, to wait for its exit without polling. Opening it by pid is
+    /// race-free: the helper is our child and is not reaped until we wait for it.
+    helper_pidfd: Option<OwnedFd>,
     ctrl: UnixStream,
     stdout: OwnedFd,
     stderr: OwnedFd,
@@ -363,8 +366,12 @@ impl Sandbox {
             host_uid,
             rootless: !privileged,
         };
+        let helper_pidfd = rustix::process::Pid::from_raw(helper.id() as i32).and_then(|pid| {
+            rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+        });
         let mut sandbox = Sandbox {
             helper,
+            helper_pidfd,
             ctrl: sup_sock,
             stdout: out_r,
             stderr: err_r,
@@ -446,24 +453,25 @@ impl Sandbox {
         }
     }
 
+    /// Wait up to `grace` for the helper to exit (event-driven through its pidfd), then kill it.
     fn reap_helper(&mut self, grace: Duration) -> String {
-        let deadline = Instant::now() + grace;
-        loop {
-            match self.helper.try_wait() {
-                Ok(Some(st)) => return st.to_string(),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(2))
-                }
-                Ok(None) => {
-                    let _ = self.helper.kill();
-                    return self
-                        .helper
-                        .wait()
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|e| e.to_string());
-                }
-                Err(e) => return e.to_string(),
+        if let Ok(Some(st)) = self.helper.try_wait() {
+            return st.to_string();
+        }
+        if let Some(pidfd) = &self.helper_pidfd {
+            let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+            let _ = poll(&mut fds, Some(&timespec(grace)));
+        }
+        match self.helper.try_wait() {
+            Ok(Some(st)) => st.to_string(),
+            Ok(None) => {
+                let _ = self.helper.kill();
+                self.helper
+                    .wait()
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|e| e.to_string())
             }
+            Err(e) => e.to_string(),
         }
     }
 

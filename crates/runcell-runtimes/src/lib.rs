@@ -210,34 +210,19 @@ impl Runtime {
 
     /// The runtime's version, asked from the host binary (for `doctor` and listings).
     pub fn version(&self) -> Option<String> {
-        let (args, pick): (&[&str], fn(&str) -> Option<String>) = match self.language {
-            Language::Go => (&["version"], |s| {
-                s.split_whitespace()
-                    .nth(2)
-                    .map(|v| v.trim_start_matches("go").to_string())
-            }),
-            Language::Node => (&["--version"], |s| {
-                Some(s.trim().trim_start_matches('v').to_string())
-            }),
-            Language::Bash => (&["--version"], |s| {
-                s.lines()
-                    .next()?
-                    .split_whitespace()
-                    .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))
-                    .map(|v| v.split('(').next().unwrap_or(v).to_string())
-            }),
-            Language::Python | Language::Ruby => (&["--version"], |s| {
-                s.split_whitespace().nth(1).map(str::to_string)
-            }),
+        let arg = if self.language == Language::Go {
+            "version"
+        } else {
+            "--version"
         };
         let out = Command::new(&self.executable)
-            .args(args)
+            .arg(arg)
             .env_clear()
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
-        pick(&text)
+        parse_version(self.language, &text)
     }
 
     /// The plan for running `source` (the file content is written by the caller).
@@ -294,6 +279,26 @@ impl Runtime {
             Language::Python | Language::Ruby | Language::Bash
         )
     }
+}
+
+/// The version number in a runtime's `--version` (or `go version`) output.
+pub fn parse_version(language: Language, text: &str) -> Option<String> {
+    let first = text.lines().next()?;
+    let word = match language {
+        // "go version go1.19.8 linux/amd64"
+        Language::Go => first.split_whitespace().nth(2)?.trim_start_matches("go"),
+        // "v20.20.2"
+        Language::Node => first.trim().trim_start_matches('v'),
+        // "GNU bash, version 5.2.15(1)-release (x86_64-pc-linux-gnu)"
+        Language::Bash => first
+            .split_whitespace()
+            .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?
+            .split('(')
+            .next()?,
+        // "Python 3.11.2", "ruby 3.1.2p20 (2022-04-12 ...)"
+        Language::Python | Language::Ruby => first.split_whitespace().nth(1)?,
+    };
+    (!word.is_empty()).then(|| word.to_string())
 }
 
 fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -418,6 +423,29 @@ mod tests {
         assert!(!e
             .iter()
             .any(|x| matches!(x, RootEntry::Bind { path, .. } if path == Path::new("/etc/fonts"))));
+    }
+
+    #[test]
+    fn versions_are_parsed_from_each_runtimes_output() {
+        let cases = [
+            (Language::Go, "go version go1.19.8 linux/amd64\n", "1.19.8"),
+            (Language::Node, "v20.20.2\n", "20.20.2"),
+            (
+                Language::Bash,
+                "GNU bash, version 5.2.15(1)-release (x86_64-pc-linux-gnu)\n",
+                "5.2.15",
+            ),
+            (Language::Python, "Python 3.11.2\n", "3.11.2"),
+            (
+                Language::Ruby,
+                "ruby 3.1.2p20 (2022-04-12 revision 4491bb740a) [x86_64-linux-gnu]\n",
+                "3.1.2p20",
+            ),
+        ];
+        for (l, text, want) in cases {
+            assert_eq!(parse_version(l, text).as_deref(), Some(want), "{l:?}");
+        }
+        assert_eq!(parse_version(Language::Python, ""), None);
     }
 
     #[test]

@@ -197,3 +197,37 @@ fn the_engine_reports_enforcement_and_limits() {
         v.enforcement.missing
     );
 }
+
+#[test]
+fn files_are_never_written_through_symlinks_a_previous_program_planted() {
+    let mut sb = Sandbox::create(&spec()).unwrap();
+    let plant = bash(
+        "ln -s /etc /workspace/dir && ln -s /tmp/target /workspace/file && echo ok",
+        Duration::from_secs(10),
+    );
+    assert_eq!(sb.run(&plant, &mut NoSink, None).unwrap().stdout, b"ok\n");
+    for path in ["/workspace/dir/passwd2", "/workspace/file"] {
+        let mut p = bash("true", Duration::from_secs(10));
+        p.files.push(InputFile {
+            path: path.into(),
+            mode: 0o644,
+            content: b"x".to_vec(),
+        });
+        let err = sb.run(&p, &mut NoSink, None).unwrap_err().to_string();
+        assert!(
+            err.contains("symbolic links") || err.contains("Too many levels"),
+            "{path}: {err}"
+        );
+        // The failed write killed this sandbox; start a fresh one for the next path.
+        sb = Sandbox::create(&spec()).unwrap();
+        assert_eq!(sb.run(&plant, &mut NoSink, None).unwrap().stdout, b"ok\n");
+    }
+    let check = bash(
+        "test ! -e /tmp/target && test ! -e /etc/passwd2 && echo clean",
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        sb.run(&check, &mut NoSink, None).unwrap().stdout,
+        b"clean\n"
+    );
+}
