@@ -65,9 +65,10 @@ impl Engine {
         &self.config
     }
 
-    /// Check a request against the policy without running anything.
-    fn validate(&self, req: &ExecRequest) -> Result<Validated, Verdict> {
-        let invalid = |m: String| Verdict::failed(ErrorCategory::InvalidRequest, m);
+    /// Check a request against the policy without running anything. The error is the
+    /// message of an `invalid_request` verdict.
+    fn validate(&self, req: &ExecRequest) -> Result<Validated, String> {
+        let invalid = |m: String| m;
         let language = Language::parse(&req.language).ok_or_else(|| {
             invalid(format!(
                 "Unknown language '{}'. Use one of: {}.",
@@ -111,7 +112,7 @@ impl Engine {
     ) -> Verdict {
         let v = match self.validate(req) {
             Ok(v) => v,
-            Err(verdict) => return verdict,
+            Err(message) => return Verdict::failed(ErrorCategory::InvalidRequest, message),
         };
         let runtime = match runcell_runtimes::locate(v.language) {
             Ok(r) => r,

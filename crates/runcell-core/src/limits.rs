@@ -92,6 +92,9 @@ pub struct LimitError {
     pub message: String,
 }
 
+/// One range check: field name, value, minimum, maximum, how to print a value.
+type Check<'a> = (&'static str, u64, u64, u64, &'a dyn Fn(u64) -> String);
+
 /// The operator's policy: defaults and the most a request may ask for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
@@ -142,7 +145,7 @@ impl Policy {
         let ms = |v: u64| format_duration(Duration::from_millis(v));
         let cores = |v: u64| format!("{} CPU", v as f64 / 1000.0);
         let plain = |v: u64| v.to_string();
-        let checks: [(&'static str, u64, u64, u64, &dyn Fn(u64) -> String); 8] = [
+        let checks: [Check<'_>; 8] = [
             (
                 "timeout_ms",
                 l.timeout_ms,

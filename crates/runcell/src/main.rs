@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a program in a fresh sandbox.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Check which isolation layers and runtimes this host provides.
     Doctor {
         /// Print the report as JSON.
@@ -89,7 +89,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => Ok(run(args)),
+        Command::Run(args) => Ok(run(*args)),
         Command::Doctor { json } => doctor(json),
     };
     match result {
@@ -119,9 +119,9 @@ impl OutputSink for Passthrough {
     }
 }
 
-/// Turn the CLI's arguments into a request, or an invalid_request verdict.
-fn build_request(args: &RunArgs) -> Result<ExecRequest, Verdict> {
-    let invalid = |m: String| Verdict::failed(ErrorCategory::InvalidRequest, m);
+/// Turn the CLI's arguments into a request, or the message of an invalid_request verdict.
+fn build_request(args: &RunArgs) -> Result<ExecRequest, String> {
+    let invalid = |m: String| m;
     let (code, path) = match (&args.code, &args.file) {
         (Some(c), _) => (c.clone(), None),
         (None, Some(p)) if p.as_os_str() == "-" => {
@@ -153,12 +153,12 @@ fn build_request(args: &RunArgs) -> Result<ExecRequest, Verdict> {
             .unwrap_or_else(|| "python".into()),
         (None, None) => "python".into(),
     };
-    let size = |flag: &str, v: &Option<String>| -> Result<Option<u64>, Verdict> {
+    let size = |flag: &str, v: &Option<String>| -> Result<Option<u64>, String> {
         v.as_deref()
             .map(|s| parse_size(s).map_err(|e| invalid(format!("--{flag}: {e}."))))
             .transpose()
     };
-    let duration_ms = |flag: &str, v: &Option<String>| -> Result<Option<u64>, Verdict> {
+    let duration_ms = |flag: &str, v: &Option<String>| -> Result<Option<u64>, String> {
         v.as_deref()
             .map(|s| {
                 parse_duration(s)
@@ -167,7 +167,7 @@ fn build_request(args: &RunArgs) -> Result<ExecRequest, Verdict> {
             })
             .transpose()
     };
-    let count = |flag: &str, v: &Option<String>| -> Result<Option<u64>, Verdict> {
+    let count = |flag: &str, v: &Option<String>| -> Result<Option<u64>, String> {
         v.as_deref()
             .map(|s| {
                 s.trim()
@@ -235,7 +235,7 @@ fn run(args: RunArgs) -> ExitCode {
                 engine.execute(&req, &mut Passthrough, None)
             }
         }
-        Err(v) => v,
+        Err(message) => Verdict::failed(ErrorCategory::InvalidRequest, message),
     };
     if args.json {
         let mut out = std::io::stdout().lock();
