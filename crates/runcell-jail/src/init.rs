@@ -406,6 +406,7 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
         false,
     )
     .step("make root read-only")?;
+
     Ok(())
 }
 

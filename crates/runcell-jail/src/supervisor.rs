@@ -574,7 +574,26 @@ impl Sandbox {
                 break;
             }
             if !revents[0].is_empty() {
-                match self.read_report()? {
+                let report = match self.read_report() {
+                    Ok(r) => r,
+                    // pid 1 died in an OOM of the run's cgroup (the kernel's choice of victim,
+                    // or a cgroup v2 host where an operator set memory.oom.group): that is
+                    // the program hitting its memory limit, not a broken sandbox.
+                    Err(SandboxError::HelperDied(_))
+                        if self.cgroup_stats().oom_kills > before.oom_kills =>
+                    {
+                        exited = Some((
+                            ExitStatus::Signal(libc::SIGKILL),
+                            program_started.map(|s| s.elapsed()).unwrap_or_default(),
+                            Duration::ZERO,
+                            0,
+                            false,
+                        ));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                };
+                match report {
                     Report::Started { landlock: l, .. } => {
                         landlock = Some(l);
                         self.enforcement.landlock = Some(l);

@@ -32,8 +32,8 @@
 //! * memory, swap *included*: v1 `memory.limit_in_bytes`, then
 //!   `memory.memsw.limit_in_bytes` (memory+swap; exists only with swap accounting, and
 //!   must never be below the memory limit, hence the order). v2 `memory.max` plus
-//!   `memory.swap.max = 0`, and `memory.oom.group = 1` so an OOM kills the sandbox as a
-//!   whole instead of leaving a half-dead process tree.
+//!   `memory.swap.max = 0`. `memory.oom.group` stays 0 so both versions behave alike: the OOM
+//!   killer takes the largest process, as on any Linux machine.
 //! * pids: `pids.max` (both versions) bounds fork bombs.
 //! * cpu: bandwidth quota per period (v1 `cpu.cfs_period_us`/`cpu.cfs_quota_us`, v2
 //!   `cpu.max`). cpuset is never used: a new v1 cpuset group starts with no CPUs and would

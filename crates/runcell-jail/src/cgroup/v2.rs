@@ -194,10 +194,8 @@ pub(super) fn create(
                 enforced.memory_swap = true;
             }
         }
-        let oom_group = path.join("memory.oom.group");
-        if fs.exists(&oom_group) {
-            set_limit(fs, oom_group, "1".to_owned())?;
-        }
+        // memory.oom.group stays 0: as on v1 and on any Linux machine, the OOM killer takes
+        // the largest process, and a program may survive the loss of a child.
     }
     if has("pids") {
         if let Some(max) = limits.pids_max {
@@ -360,7 +358,7 @@ mod tests {
         assert_eq!(group.version(), CgroupVersion::V2);
         assert_eq!(read(&dir.join("memory.max")), (64u64 << 20).to_string());
         assert_eq!(read(&dir.join("memory.swap.max")), "0");
-        assert_eq!(read(&dir.join("memory.oom.group")), "1");
+        assert_eq!(read(&dir.join("memory.oom.group")), "0", "oom.group left at the default");
         assert_eq!(read(&dir.join("pids.max")), "32");
         assert_eq!(read(&dir.join("cpu.max")), "50000 100000");
         for level in [s.mount.clone(), s.mount.join("runcell")] {
@@ -468,7 +466,7 @@ mod tests {
         assert_eq!(read(&group.path().join("memory.max")), "max");
         assert_eq!(read(&group.path().join("pids.max")), "max");
         // oom.group is set whenever the memory controller is there.
-        assert_eq!(read(&group.path().join("memory.oom.group")), "1");
+        assert_eq!(read(&group.path().join("memory.oom.group")), "0");
     }
 
     #[test]
