@@ -189,8 +189,15 @@ impl Engine {
             rlimits: Rlimits {
                 cpu_seconds,
                 open_files: limits.open_files,
-                // The sandbox's pid 1 runs as the same uid and counts too.
-                processes: limits.pids + 1,
+                // The sandbox's pid 1 runs as the same uid and counts too. With a pids cgroup
+                // the rlimit sits one above it: the kernel checks the rlimit first, and only a
+                // refusal by the cgroup is counted (pids.events), which is how a fork bomb is
+                // told apart from a program that failed for another reason.
+                processes: if enforcement.cgroup_limits.pids {
+                    limits.pids + 2
+                } else {
+                    limits.pids + 1
+                },
                 file_size_bytes: limits.disk_bytes,
                 address_space_bytes,
             },

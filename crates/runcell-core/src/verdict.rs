@@ -211,11 +211,47 @@ pub fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The last meaningful line of an error output (a Python exception, a Go compiler message).
-pub fn last_line(stderr: &[u8]) -> Option<String> {
+/// The line of an error output that best says what went wrong: a Go `panic:` line, the last
+/// `SomethingError: ...` / `...Exception: ...` line (Python, Node), a Ruby `... (NameError)`
+/// line, otherwise the last line that is not a stack frame or a version banner.
+pub fn error_hint(stderr: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(stderr);
-    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
-    Some(truncate_chars(line, 300))
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    let is_error_line = |l: &&str| {
+        let head = l.split(':').next().unwrap_or("");
+        !l.starts_with(char::is_whitespace)
+            && head
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+            && (head.ends_with("Error")
+                || head.ends_with("Exception")
+                || head.ends_with("Interrupt"))
+            && l.contains(':')
+    };
+    let ruby_error = |l: &&str| {
+        l.ends_with(')')
+            && l.contains(": ")
+            && l.rsplit('(')
+                .next()
+                .is_some_and(|e| e.contains("Error") || e.contains("Exception"))
+    };
+    let pick = lines
+        .iter()
+        .find(|l| l.starts_with("panic: ") || l.starts_with("fatal error: "))
+        .or_else(|| lines.iter().rev().find(|l| is_error_line(l)))
+        .or_else(|| lines.iter().find(|l| ruby_error(l)))
+        .or_else(|| {
+            lines.iter().rev().find(|l| {
+                !l.starts_with(char::is_whitespace)
+                    && !l.starts_with("Node.js v")
+                    && !l.starts_with("goroutine ")
+            })
+        })?;
+    Some(truncate_chars(pick.trim(), 300))
 }
 
 /// The first meaningful line (a compiler's first error).
@@ -387,7 +423,7 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
                 }
                 ExitStatus::Code(c) => format!("exited with code {c}"),
             };
-            let hint = last_line(&outcome.stderr)
+            let hint = error_hint(&outcome.stderr)
                 .map(|l| format!(": {l}"))
                 .unwrap_or_default();
             (code, Some(match phase {
@@ -562,6 +598,21 @@ mod tests {
         }
         assert_eq!(j["error"]["category"], "invalid_request");
         assert_eq!(j["usage"]["cpu_time"], 0.0);
+    }
+
+    #[test]
+    fn error_hints_pick_the_telling_line_in_each_language() {
+        let cases: [(&str, &str); 5] = [
+            ("Traceback (most recent call last):\n  File \"/workspace/main.py\", line 1, in <module>\nZeroDivisionError: division by zero\n", "ZeroDivisionError: division by zero"),
+            ("/workspace/main.js:1\nfoo()\n^\n\nReferenceError: foo is not defined\n    at Object.<anonymous> (/workspace/main.js:1:1)\n\nNode.js v20.20.2\n", "ReferenceError: foo is not defined"),
+            ("/workspace/main.rb:1:in `<main>': undefined local variable or method `x' for main:Object (NameError)\n\tfrom x\n", "/workspace/main.rb:1:in `<main>': undefined local variable or method `x' for main:Object (NameError)"),
+            ("panic: boom\n\ngoroutine 1 [running]:\nmain.main()\n\t/workspace/main.go:2 +0x27\nexit status 2\n", "panic: boom"),
+            ("cat: nope: No such file or directory\n", "cat: nope: No such file or directory"),
+        ];
+        for (stderr, want) in cases {
+            assert_eq!(error_hint(stderr.as_bytes()).as_deref(), Some(want));
+        }
+        assert_eq!(error_hint(b""), None);
     }
 
     #[test]

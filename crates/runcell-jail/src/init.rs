@@ -585,8 +585,10 @@ fn exec_program(
         fail(&status_w, "setsid", &e);
     }
     // X2. stdin on fd 0, the status pipe on fd 3 (close-on-exec); close everything else.
-    if let Err(e) = sys::move_fd(stdin, 0, false) {
-        fail(&status_w, "stdin", &e);
+    match sys::move_fd(stdin, 0, false) {
+        // fd 0 must stay open across execve: give up ownership instead of dropping it.
+        Ok(fd) => drop(std::os::fd::IntoRawFd::into_raw_fd(fd)),
+        Err(e) => fail(&status_w, "stdin", &e),
     }
     let status_w = match sys::move_fd(status_w, 3, true) {
         Ok(fd) => fd,

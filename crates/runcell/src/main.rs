@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use runcell_core::limits::LimitOverrides;
+use runcell_core::limits::{LimitOverrides, Policy};
 use runcell_core::units::{format_size, parse_duration, parse_size};
 use runcell_core::verdict::ErrorCategory;
 use runcell_core::{Engine, EngineConfig, ExecRequest, Verdict};
@@ -87,7 +87,10 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(runcell_jail::init::HELPER_ARG.as_ref()) {
         runcell_jail::init::helper_main();
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return argument_error(e),
+    };
     let result = match cli.command {
         Command::Run(args) => Ok(run(*args)),
         Command::Doctor { json } => doctor(json),
@@ -99,6 +102,50 @@ fn main() -> ExitCode {
             ExitCode::from(125)
         }
     }
+}
+
+/// A command line clap rejects. With `run --json` the caller expects exactly one JSON verdict,
+/// so the error becomes an invalid_request verdict; otherwise clap prints its usual message.
+fn argument_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let args: Vec<String> = std::env::args().collect();
+    let json_run =
+        args.get(1).map(String::as_str) == Some("run") && args.iter().any(|a| a == "--json");
+    let informational = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+    if !json_run || informational {
+        e.exit();
+    }
+    let message = e.render().to_string();
+    let first = message
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .to_string();
+    let verdict = Verdict::failed(
+        ErrorCategory::InvalidRequest,
+        format!("Invalid command line: {first}. See `runcell run --help`."),
+    );
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer(&mut out, &verdict);
+    let _ = out.write_all(b"\n");
+    ExitCode::from(2)
+}
+
+/// Read at most `max` bytes; more is an error naming the limit (an endless file such as
+/// /dev/zero must not exhaust memory before the size check).
+fn read_bounded(mut r: impl Read, what: &str, max: u64) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    r.by_ref()
+        .take(max + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("Cannot read {what}: {e}."))?;
+    if buf.len() as u64 > max {
+        return Err(format!(
+            "{what} is larger than the limit of {max} bytes. Send a shorter program or input."
+        ));
+    }
+    Ok(buf)
 }
 
 /// Writes the program's output through as it arrives.
@@ -120,22 +167,24 @@ impl OutputSink for Passthrough {
 }
 
 /// Turn the CLI's arguments into a request, or the message of an invalid_request verdict.
-fn build_request(args: &RunArgs) -> Result<ExecRequest, String> {
+fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String> {
     let invalid = |m: String| m;
     let (code, path) = match (&args.code, &args.file) {
         (Some(c), _) => (c.clone(), None),
         (None, Some(p)) if p.as_os_str() == "-" => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| invalid(format!("Cannot read the code from standard input: {e}.")))?;
+            let buf = read_bounded(
+                std::io::stdin(),
+                "The code on standard input",
+                policy.max_code_bytes,
+            )?;
             let code = String::from_utf8(buf)
                 .map_err(|_| invalid("The code on standard input is not valid UTF-8.".into()))?;
             (code, None)
         }
         (None, Some(p)) => {
-            let bytes = std::fs::read(p)
+            let file = std::fs::File::open(p)
                 .map_err(|e| invalid(format!("Cannot read {}: {e}.", p.display())))?;
+            let bytes = read_bounded(file, &p.display().to_string(), policy.max_code_bytes)?;
             let code = String::from_utf8(bytes)
                 .map_err(|_| invalid(format!("{} is not valid UTF-8 text.", p.display())))?;
             (code, Some(p.clone()))
@@ -194,17 +243,15 @@ fn build_request(args: &RunArgs) -> Result<ExecRequest, String> {
                     "--stdin - and code from '-' cannot both use standard input.".into(),
                 ));
             }
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| invalid(format!("Cannot read standard input: {e}.")))?;
+            let buf = read_bounded(std::io::stdin(), "Standard input", policy.max_stdin_bytes)?;
             Some(String::from_utf8_lossy(&buf).into_owned())
         }
-        Some(p) => Some(
-            std::fs::read(p)
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .map_err(|e| invalid(format!("Cannot read {}: {e}.", p.display())))?,
-        ),
+        Some(p) => {
+            let file = std::fs::File::open(p)
+                .map_err(|e| invalid(format!("Cannot read {}: {e}.", p.display())))?;
+            let buf = read_bounded(file, &p.display().to_string(), policy.max_stdin_bytes)?;
+            Some(String::from_utf8_lossy(&buf).into_owned())
+        }
     };
     Ok(ExecRequest {
         language,
@@ -227,7 +274,7 @@ fn run(args: RunArgs) -> ExitCode {
     let mut config = EngineConfig::for_host();
     config.strict = args.strict;
     let engine = Engine::new(config);
-    let verdict = match build_request(&args) {
+    let verdict = match build_request(&args, &engine.config().policy) {
         Ok(req) => {
             if args.json {
                 engine.execute(&req, &mut runcell_jail::NoSink, None)

@@ -421,3 +421,86 @@ fn doctor_json_parses_and_reports_everything_available() {
     assert_eq!(v["sandbox_test"]["enforcement"]["seccomp"], true);
     assert_eq!(v["sandbox_test"]["enforcement"]["cgroup"], "v1");
 }
+
+/// runcell under an address-space cap (so a bug cannot eat the host's memory), `--json`.
+fn run_capped(args: &[&str]) -> Run {
+    let mut argv: Vec<String> = ["prlimit", "--as=1073741824", "--"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.push(runcell_bin().display().to_string());
+    argv.extend(["run", "--json"].iter().map(|s| s.to_string()));
+    argv.extend(args.iter().map(|s| s.to_string()));
+    run_argv(&argv, |_| {})
+}
+
+#[test]
+fn an_endless_code_file_is_refused_at_the_size_limit() {
+    if !have("/usr/bin/prlimit") {
+        eprintln!("skipped: prlimit not installed");
+        return;
+    }
+    // /dev/zero never ends: runcell must stop reading past the 1 MiB code limit instead of
+    // reading until it runs out of memory.
+    let r = run_capped(&["--lang", "python", "/dev/zero"]);
+    assert_invalid(&r, "1048576");
+    assert!(
+        r.elapsed < std::time::Duration::from_secs(5),
+        "{:?}",
+        r.elapsed
+    );
+}
+
+#[test]
+fn an_endless_stdin_file_is_refused_at_the_size_limit() {
+    if !have("/usr/bin/prlimit") {
+        eprintln!("skipped: prlimit not installed");
+        return;
+    }
+    let r = run_capped(&["--stdin", "/dev/zero", "-c", "print(1)"]);
+    assert_invalid(&r, "16777216");
+    assert!(
+        r.elapsed < std::time::Duration::from_secs(5),
+        "{:?}",
+        r.elapsed
+    );
+}
+
+#[test]
+fn a_missing_runtime_is_runtime_unavailable_with_an_install_hint() {
+    // Runtimes cannot be uninstalled for a test; instead runcell runs in a private mount
+    // namespace (of its own process only) where /usr/bin/ruby is hidden under /dev/null.
+    // The host's mount table is checked unchanged afterwards by the harness.
+    if !have("/usr/bin/unshare") || have("/usr/local/bin/ruby") {
+        eprintln!("skipped: needs util-linux unshare and ruby only in /usr/bin");
+        return;
+    }
+    let script = format!(
+        "mount --bind /dev/null /usr/bin/ruby && exec {} run --json --lang ruby -c 'puts 1'",
+        runcell_bin().display()
+    );
+    let argv: Vec<String> = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let r = run_argv(&argv, |_| {});
+    r.assert_category("runtime_unavailable");
+    assert_eq!(r.code, Some(127), "{:#}", r.verdict);
+    assert_eq!(r.exit_code(), None);
+    assert_eq!(r.verdict["error"]["retryable"], false);
+    assert!(
+        r.message().contains("apt-get install ruby"),
+        "{}",
+        r.message()
+    );
+    // Still there for everyone else.
+    assert!(std::fs::metadata("/usr/bin/ruby").unwrap().is_file());
+}

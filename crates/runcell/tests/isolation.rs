@@ -1052,3 +1052,89 @@ print("survived=yes")
         "a host process was killed by the sandbox's kill(-1)"
     );
 }
+
+#[test]
+fn the_runcell_binary_cannot_be_overwritten_through_proc() {
+    // CVE-2019-5736 class: pid 1 is runcell; its /proc/1/exe must not open for writing.
+    let bin = runcell_bin();
+    let before = fs::read(&bin).unwrap();
+    let r = run(
+        "python",
+        &py(r#"
+attempt("open_exe_w", lambda: os.close(os.open("/proc/1/exe", os.O_WRONLY)))
+attempt("open_exe_r", lambda: os.close(os.open("/proc/1/exe", os.O_RDONLY)))
+attempt("open_self_exe_w", lambda: os.close(os.open("/proc/self/exe", os.O_WRONLY)))
+attempt("open_1_fd_3", lambda: os.close(os.open("/proc/1/fd/3", os.O_RDWR)))
+"#),
+        &[],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("open_exe_w", "EACCES"),
+        ("open_exe_r", "EACCES"),
+        ("open_1_fd_3", "EACCES"),
+    ]);
+    assert!(
+        fs::read(&bin).unwrap() == before,
+        "the runcell binary changed"
+    );
+}
+
+#[test]
+fn concurrent_sandboxes_cannot_see_each_other() {
+    let tag = unique_digits();
+    let sock = format!("runcell-peer-{tag}");
+    // Sandbox A: leaves traces in /tmp, /dev/shm and an abstract socket, then waits.
+    let a = spawn(
+        "python",
+        &format!(
+            r#"
+import os, socket
+open("/tmp/peer-{tag}", "w").write("a")
+open("/dev/shm/peer-{tag}", "w").write("a")
+s = socket.socket(socket.AF_UNIX)
+s.bind("\0{sock}")
+s.listen()
+print("uid_map=" + " ".join(open("/proc/self/uid_map").read().split()), flush=True)
+os.execvp("sleep", ["sleep", "2.{tag}"])
+"#
+        ),
+        &[],
+    );
+    assert!(
+        wait_for_marker(&tag, Duration::from_secs(10)),
+        "sandbox A never started"
+    );
+    // Sandbox B, while A runs.
+    let b = run(
+        "python",
+        &py(&format!(
+            r#"
+print("uid_map=" + " ".join(open("/proc/self/uid_map").read().split()))
+read("peer_tmp", "/tmp/peer-{tag}")
+read("peer_shm", "/dev/shm/peer-{tag}")
+u = socket.socket(socket.AF_UNIX)
+attempt("peer_socket", lambda: u.connect("\0{sock}"))
+print("pids=" + json.dumps(sorted(int(p) for p in os.listdir("/proc") if p.isdigit())))
+print("sleepers=%d" % sum(1 for p in os.listdir("/proc") if p.isdigit() and b"{tag}" in open(f"/proc/{{p}}/cmdline", "rb").read()))
+"#
+        )),
+        &[],
+    );
+    let a = a.finish();
+    a.assert_ok();
+    b.assert_ok();
+    b.expect(&[
+        ("peer_tmp", "ENOENT"),
+        ("peer_shm", "ENOENT"),
+        ("peer_socket", "ECONNREFUSED"),
+        ("pids", "[1, 2]"),
+        ("sleepers", "0"),
+    ]);
+    // Every run gets its own host uid, so the two could not signal each other either.
+    assert_ne!(
+        a.out("uid_map"),
+        b.out("uid_map"),
+        "two concurrent runs share a host uid"
+    );
+}

@@ -346,6 +346,39 @@ finally:
     }
 }
 
+#[test]
+fn orphans_are_reaped_so_they_do_not_use_up_pids() {
+    // 200 double forks: each grandchild is orphaned, reparented to the sandbox's pid 1 and
+    // exits. If pid 1 did not reap them, the zombies would exhaust --pids 16 quickly.
+    let r = run(
+        "python",
+        r#"
+import os, errno
+done = 0
+err = "none"
+for i in range(200):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = errno.errorcode[e.errno]
+        break
+    if pid == 0:
+        try:
+            if os.fork() == 0:
+                os._exit(0)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    done += 1
+print("done=%d" % done)
+print("error=" + err)
+"#,
+        &["--pids", "16", "--timeout", "20"],
+    );
+    r.assert_ok();
+    r.expect(&[("done", "200"), ("error", "none")]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Disk
 // ---------------------------------------------------------------------------------------------
@@ -571,9 +604,10 @@ for name in ["RLIMIT_CORE", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RL
         ("RLIMIT_FSIZE", "(16777216, 16777216)"),
         ("RLIMIT_NOFILE", "(100, 100)"),
     ]);
-    // The sandbox's pid 1 shares the uid, hence pids + 1; CPU seconds are a backstop.
-    let nproc = r.out("RLIMIT_NPROC");
-    assert!(nproc == "(20, 20)" || nproc == "(21, 21)", "{nproc}");
+    // The sandbox's pid 1 shares the uid (+1), and with a pids cgroup the rlimit sits one
+    // above the cgroup's limit (+1) so that the cgroup is the one that refuses, and counts the
+    // refusal; CPU seconds are a backstop.
+    assert_eq!(r.out("RLIMIT_NPROC"), "(22, 22)");
     let cpu = r.out("RLIMIT_CPU");
     assert!(cpu != "(-1, -1)", "RLIMIT_CPU is unlimited");
 }

@@ -235,6 +235,42 @@ print("tioclinux=" + ("OK" if rc == 0 else _en(ctypes.get_errno())))
 }
 
 #[test]
+fn setuid_root_binaries_do_not_grant_privilege() {
+    // mount and su are setuid root on the host; no_new_privs and nosuid make them plain.
+    use std::os::unix::fs::PermissionsExt;
+    for bin in ["/usr/bin/mount", "/usr/bin/su"] {
+        let mode = fs::metadata(bin)
+            .map(|m| m.permissions().mode())
+            .unwrap_or(0);
+        assert!(
+            mode & 0o4000 != 0,
+            "{bin} is expected to be setuid on the test host"
+        );
+    }
+    let r = run(
+        "python",
+        r#"
+import subprocess, os
+p = subprocess.run(["python3", "-c", "import os; print(os.geteuid())"], capture_output=True, text=True)
+print("child_euid=" + p.stdout.strip())
+st = os.stat("/usr/bin/mount")
+print("setuid_bit_visible=" + str(bool(st.st_mode & 0o4000)))
+p = subprocess.run(["su", "-c", "id -u"], capture_output=True, text=True, input="")
+print("su_rc=%d" % p.returncode)
+print("su_out=" + p.stdout.strip())
+"#,
+        &["--timeout", "20"],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("child_euid", "1000"),
+        ("setuid_bit_visible", "True"),
+        ("su_out", ""),
+    ]);
+    assert_ne!(r.out("su_rc"), "0", "{:#}", r.verdict);
+}
+
+#[test]
 fn util_linux_unshare_and_mount_fail() {
     let r = run(
         "python",

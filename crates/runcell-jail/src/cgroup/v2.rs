@@ -358,7 +358,11 @@ mod tests {
         assert_eq!(group.version(), CgroupVersion::V2);
         assert_eq!(read(&dir.join("memory.max")), (64u64 << 20).to_string());
         assert_eq!(read(&dir.join("memory.swap.max")), "0");
-        assert_eq!(read(&dir.join("memory.oom.group")), "0", "oom.group left at the default");
+        assert_eq!(
+            read(&dir.join("memory.oom.group")),
+            "0",
+            "oom.group left at the default"
+        );
         assert_eq!(read(&dir.join("pids.max")), "32");
         assert_eq!(read(&dir.join("cpu.max")), "50000 100000");
         for level in [s.mount.clone(), s.mount.join("runcell")] {
