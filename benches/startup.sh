@@ -15,10 +15,15 @@ bw="bwrap --unshare-all --die-with-parent --new-session --ro-bind /usr /usr --sy
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
+# All three get the same small, clean environment (runcell gives the sandbox one anyway): the
+# host's variables can change a runtime's start-up a lot (NODE_EXTRA_CA_CERTS makes Node load
+# a CA bundle, for one).
+clean="env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8"
 bench() { # name, bare command, runcell language, code
   local name=$1 bare=$2 lang=$3 code=$4
   hyperfine -N -w 3 -r "$runs" --export-json "$out/$name.json" \
-    -n bare "$bare" -n bwrap "$bw $bare" -n runcell "$rc run --json --lang $lang -c '$code'" >/dev/null
+    -n bare "$clean $bare" -n bwrap "$clean $bw $bare" \
+    -n runcell "$clean $rc run --json --lang $lang -c '$code'" >/dev/null
 }
 bench bash "/usr/bin/bash -c true" bash "true"
 bench python "/usr/bin/python3 -c pass" python "pass"
