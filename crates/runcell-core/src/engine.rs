@@ -4,11 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use runcell_jail::protocol::CollectLimits;
 use runcell_jail::{
     CgroupRequest, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program, Rlimits,
     Sandbox, SandboxSpec,
 };
-use runcell_runtimes::{Invocation, Language, Runtime, WORKSPACE};
+use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
 use crate::limits::{Limits, Policy};
 use crate::request::ExecRequest;
@@ -25,6 +26,8 @@ pub struct EngineConfig {
     pub hostname: String,
     /// How long building a sandbox may take.
     pub setup_timeout: Duration,
+    /// Where `runcell setup` put prepared runtimes (Python stack, Go cache).
+    pub host: Host,
 }
 
 impl EngineConfig {
@@ -40,6 +43,7 @@ impl EngineConfig {
             helper_exe: PathBuf::from("/proc/self/exe"),
             hostname: "runcell".into(),
             setup_timeout: Duration::from_secs(20),
+            host: Host::default(),
         }
     }
 }
@@ -54,6 +58,8 @@ pub struct Engine {
 struct Validated {
     language: Language,
     limits: Limits,
+    /// The input files, decoded, at their sandbox paths.
+    files: Vec<InputFile>,
 }
 
 impl Engine {
@@ -99,7 +105,86 @@ impl Engine {
         let limits = p
             .resolve(&req.limits)
             .map_err(|e| invalid(format!("Invalid limit: {}.", e.message)))?;
-        Ok(Validated { language, limits })
+        let files = self.validate_files(req, language, &limits)?;
+        Ok(Validated {
+            language,
+            limits,
+            files,
+        })
+    }
+
+    /// Decode and check the input files: safe relative paths, one content each, within the
+    /// per-file, total and count caps, and within the run's disk limit where they are stored.
+    fn validate_files(
+        &self,
+        req: &ExecRequest,
+        language: Language,
+        limits: &Limits,
+    ) -> Result<Vec<InputFile>, String> {
+        use base64::Engine as _;
+        let p = &self.config.policy;
+        if req.files.len() as u64 > p.max_input_files {
+            return Err(format!(
+                "{} input files is more than the limit of {}.",
+                req.files.len(),
+                p.max_input_files
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut total = 0u64;
+        let mut out = Vec::with_capacity(req.files.len());
+        for f in &req.files {
+            let rel = crate::request::workspace_path(&f.path)
+                .map_err(|e| format!("Invalid file: {e}."))?;
+            if rel == language.source_file() {
+                return Err(format!(
+                    "Invalid file: {rel} is where the code itself is written; give the file another name."
+                ));
+            }
+            if !seen.insert(rel.clone()) {
+                return Err(format!("Invalid file: {rel} is given twice."));
+            }
+            let content = match (&f.content, &f.content_base64) {
+                (Some(text), None) => text.clone().into_bytes(),
+                (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| {
+                        format!("Invalid file: {rel}: content_base64 is not valid base64 ({e}).")
+                    })?,
+                _ => {
+                    return Err(format!(
+                        "Invalid file: {rel} needs exactly one of content and content_base64."
+                    ))
+                }
+            };
+            if content.len() as u64 > p.max_input_file_bytes {
+                return Err(format!(
+                    "Invalid file: {rel} is {}, more than the limit of {} per file.",
+                    crate::units::format_size(content.len() as u64),
+                    crate::units::format_size(p.max_input_file_bytes)
+                ));
+            }
+            total += content.len() as u64;
+            out.push(InputFile {
+                path: PathBuf::from(WORKSPACE).join(&rel),
+                mode: 0o644,
+                content,
+            });
+        }
+        let cap = p.max_input_total_bytes.min(limits.disk_bytes);
+        if total > cap {
+            return Err(format!(
+                "The input files total {}, more than {} (the {}).",
+                crate::units::format_size(total),
+                crate::units::format_size(cap),
+                if cap == limits.disk_bytes {
+                    "disk limit of the run"
+                } else {
+                    "limit for input files"
+                }
+            ));
+        }
+        Ok(out)
     }
 
     /// Run a request and return its verdict. Never panics on bad input: every failure is a
@@ -114,7 +199,7 @@ impl Engine {
             Ok(v) => v,
             Err(message) => return Verdict::failed(ErrorCategory::InvalidRequest, message),
         };
-        let runtime = match runcell_runtimes::locate(v.language) {
+        let runtime = match runcell_runtimes::locate(v.language, &self.config.host) {
             Ok(r) => r,
             Err(e) => {
                 let mut verdict = Verdict::failed(ErrorCategory::RuntimeUnavailable, e.to_string());
@@ -160,6 +245,7 @@ impl Engine {
             },
             setup_timeout: self.config.setup_timeout,
             helper_exe: self.config.helper_exe.clone(),
+            overlays: runtime.overlays.clone(),
         }
     }
 
@@ -236,6 +322,17 @@ impl Engine {
 
         let mut compile_time = None;
         let mut files = vec![source];
+        files.extend(v.files.iter().cloned());
+        files.extend(
+            runtime
+                .sandbox_files
+                .iter()
+                .map(|(path, content)| InputFile {
+                    path: path.clone(),
+                    mode: 0o644,
+                    content: content.clone(),
+                }),
+        );
         if let Some(compile) = &plan.compile {
             let program = Self::program(
                 compile,
@@ -276,12 +373,28 @@ impl Engine {
         let (code, error) = classify(&outcome, limits, Phase::Run);
         let mut verdict = verdict_from(&outcome, code, error, &sandbox);
         verdict.compile_time = compile_time;
+        // Every process of the run is dead now (pid 1 killed and reaped them before it
+        // reported); what they left in /workspace is the output. A sandbox killed outright
+        // (cancelled, or pid 1 lost) has no files to give.
+        if let Ok(collected) = sandbox.collect(&self.collect_limits()) {
+            (verdict.files, verdict.files_omitted) = crate::files::to_verdict(collected);
+        }
         if let Err(e) = sandbox.destroy() {
             // The run itself is complete; a teardown problem is the host's to fix, but it must
             // not pass unnoticed.
             verdict.enforcement.missing.push(format!("teardown: {e}"));
         }
         verdict
+    }
+
+    fn collect_limits(&self) -> CollectLimits {
+        let p = &self.config.policy;
+        CollectLimits {
+            max_files: p.max_output_files,
+            max_file_bytes: p.max_output_file_bytes,
+            max_total_bytes: p.max_output_total_bytes,
+            max_entries: 100_000,
+        }
     }
 
     fn sandbox_failed(&self, sandbox: &Sandbox, e: runcell_jail::SandboxError) -> Verdict {
@@ -313,6 +426,7 @@ fn verdict_from(
             peak_memory_bytes: outcome.peak_memory_bytes,
         },
         files: Vec::new(),
+        files_omitted: 0,
         enforcement: EnforcementReport::from(sandbox.enforcement()),
         language: None,
         compile_time: None,

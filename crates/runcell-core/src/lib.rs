@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod files;
 pub mod limits;
 pub mod request;
 pub mod units;
@@ -10,5 +11,5 @@ pub mod verdict;
 
 pub use engine::{Engine, EngineConfig};
 pub use limits::{LimitOverrides, Limits, Policy};
-pub use request::ExecRequest;
+pub use request::{ExecRequest, InputFile};
 pub use verdict::{ErrorCategory, Verdict, VerdictError};

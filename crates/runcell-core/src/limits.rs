@@ -104,6 +104,16 @@ pub struct Policy {
     pub max_code_bytes: u64,
     /// Largest accepted stdin.
     pub max_stdin_bytes: u64,
+    /// Input files: largest single file, and all of them together (also never more than the
+    /// run's disk limit, where they are stored).
+    pub max_input_file_bytes: u64,
+    pub max_input_total_bytes: u64,
+    pub max_input_files: u64,
+    /// Output files: how many are returned, and up to which size (each, and all together)
+    /// their content is included; beyond that only path, size, type and sha256 come back.
+    pub max_output_files: u64,
+    pub max_output_file_bytes: u64,
+    pub max_output_total_bytes: u64,
 }
 
 impl Policy {
@@ -124,6 +134,12 @@ impl Policy {
             },
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 16 << 20,
+            max_input_file_bytes: 32 << 20,
+            max_input_total_bytes: 64 << 20,
+            max_input_files: 1000,
+            max_output_files: 100,
+            max_output_file_bytes: 10 << 20,
+            max_output_total_bytes: 32 << 20,
         }
     }
 

@@ -94,14 +94,16 @@ pub struct Usage {
     pub peak_memory_bytes: Option<u64>,
 }
 
-/// A file the program produced (filled in once files-out exists; the shape is the contract).
+/// A file the program created or changed under /workspace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputFile {
     pub path: String,
     pub size: u64,
     pub mime_type: String,
     pub sha256: String,
+    /// The content, unless the file was over the per-file or total cap.
     pub content_base64: Option<String>,
+    /// True when the content was left out because of a cap.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
 }
@@ -169,6 +171,9 @@ pub struct Verdict {
     pub error: Option<VerdictError>,
     pub usage: Usage,
     pub files: Vec<OutputFile>,
+    /// Output files left out of `files` because of the file-count cap.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub files_omitted: u64,
     pub enforcement: EnforcementReport,
     /// The language that ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,6 +199,7 @@ impl Verdict {
             error: Some(VerdictError::new(category, message)),
             usage: Usage::default(),
             files: Vec::new(),
+            files_omitted: 0,
             enforcement: EnforcementReport::none(),
             language: None,
             compile_time: None,
@@ -204,6 +210,10 @@ impl Verdict {
     pub fn category(&self) -> Option<ErrorCategory> {
         self.error.as_ref().map(|e| e.category)
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Output bytes as a JSON-safe string: invalid UTF-8 becomes U+FFFD.

@@ -39,6 +39,21 @@ pub struct JailConfig {
     pub scratch_inodes: u64,
     /// Files (`cgroup.procs`) the sandbox's pid 1 must be written to before it continues.
     pub cgroup_procs: Vec<PathBuf>,
+    /// Host directories shown writable inside through an overlay whose upper layer lives in
+    /// the scratch filesystem (prepared caches, e.g. Go's build cache).
+    #[serde(default)]
+    pub overlays: Vec<Overlay>,
+}
+
+/// A read-only host directory made writable in the sandbox by an overlay: reads come from the
+/// host, writes go to the scratch filesystem (and count against the disk limit).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Overlay {
+    /// Host directory (the lower layer; never written).
+    pub lower: PathBuf,
+    /// Absolute sandbox path; must be under /tmp.
+    pub target: PathBuf,
 }
 
 /// Per-process resource limits (the second layer behind cgroups).

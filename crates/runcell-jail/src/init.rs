@@ -23,7 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use rustix::event::{poll, PollFd, PollFlags};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::{Mode, OFlags};
 use rustix::mount::{unmount, MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::pipe::{pipe_with, PipeFlags};
@@ -35,6 +35,7 @@ use rustix::thread::{
     set_thread_res_uid, CapabilitySet, CapabilitySets, Gid, Uid,
 };
 
+use crate::collect::{self, Baseline};
 use crate::config::{ExecStep, JailConfig, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 use crate::protocol::{self, ExitStatus, LandlockStatus, Report, Request};
 use crate::rootfs::{self, under, Step, StepError};
@@ -328,6 +329,19 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
         rootfs::mkdir_p(&target, 0o755)?;
         rootfs::bind_plain(&src, &target)?;
     }
+    // P10a. Prepared read-only caches (Go's build cache) made writable by an overlay whose
+    //       upper layer is on the scratch filesystem, outside the parts bound into the
+    //       sandbox: writes count against the disk limit, and the host directory is never
+    //       written. Must happen while the staging mount still gives a path to the scratch.
+    for (i, ov) in cfg.overlays.iter().enumerate() {
+        let layer = staging.join(format!(".overlay-{i}"));
+        let (upper, work) = (layer.join("upper"), layer.join("work"));
+        rootfs::mkdir_p(&upper, 0o755)?;
+        rootfs::mkdir_p(&work, 0o755)?;
+        let target = under(root, &ov.target);
+        rootfs::mkdir_p(&target, 0o755)?;
+        rootfs::mount_overlay(&ov.lower, &upper, &work, &target)?;
+    }
     unmount(&staging, UnmountFlags::DETACH).step_at("unmount staging", &staging)?;
     fs::remove_dir(&staging).step_at("rmdir staging", &staging)?;
 
@@ -410,41 +424,54 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
     Ok(())
 }
 
-/// Pid 1's service loop: run each requested program, then report. Ends on EOF.
+/// Where programs work and where their output files are collected from.
+const WORKSPACE: &str = "/workspace";
+/// Entries visited at most when taking the baseline of /workspace.
+const BASELINE_MAX_ENTRIES: u64 = 200_000;
+
+/// Pid 1's service loop: run each requested program, collect files, report. Ends on EOF.
 fn serve(ctrl: &UnixStream) -> ! {
-    // Compile the seccomp policy once, here, so that the forked program only installs it.
-    let seccomp = match SeccompPolicy::compile() {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = protocol::send(
-                ctrl,
-                &Report::Failed {
-                    step: "compile seccomp policy".into(),
-                    path: None,
-                    errno: None,
-                    message: e.to_string(),
-                },
-                &[],
-            );
-            sys::exit_now(125);
-        }
+    let fatal = |step: &str, message: String| -> ! {
+        let _ = protocol::send(
+            ctrl,
+            &Report::Failed {
+                step: step.into(),
+                path: None,
+                errno: None,
+                message,
+            },
+            &[],
+        );
+        sys::exit_now(125)
     };
+    // Compile the seccomp policy once, here, so that the forked program only installs it.
+    let seccomp =
+        SeccompPolicy::compile().unwrap_or_else(|e| fatal("compile seccomp policy", e.to_string()));
+    // Child exits arrive on a signalfd, so one poll covers them and the supervisor's messages
+    // (a Stop while a program runs).
+    let sigchld = sys::sigchld_fd().unwrap_or_else(|e| fatal("signalfd", e.to_string()));
+    let mut baseline = Baseline::default();
     loop {
         let frame = match protocol::recv::<Request>(ctrl) {
             Ok(Some(f)) => f,
             _ => sys::exit_now(0),
         };
-        let Request::Exec(step) = frame.message else {
-            sys::exit_now(125);
-        };
-        let report = match run_step(ctrl, &step, &frame.blobs, &seccomp) {
-            Ok(r) => r,
-            Err(e) => Report::Failed {
-                step: e.step.to_string(),
-                path: e.path,
-                errno: e.source.raw_os_error(),
-                message: e.source.to_string(),
-            },
+        let report = match frame.message {
+            Request::Exec(step) => {
+                run_step(ctrl, &sigchld, &step, &frame.blobs, &seccomp, &mut baseline)
+                    .unwrap_or_else(failed_report)
+            }
+            Request::Collect(limits) => {
+                let (files, blobs, omitted) = collect::collect(WORKSPACE, &baseline, &limits);
+                let blobs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+                if protocol::send(ctrl, &Report::Files { files, omitted }, &blobs).is_err() {
+                    sys::exit_now(125);
+                }
+                continue;
+            }
+            // A Stop that crossed the program's exit on the wire: nothing is running.
+            Request::Stop => continue,
+            Request::Setup(_) => sys::exit_now(125),
         };
         if protocol::send(ctrl, &report, &[]).is_err() {
             sys::exit_now(125);
@@ -452,16 +479,62 @@ fn serve(ctrl: &UnixStream) -> ! {
     }
 }
 
+fn failed_report(e: StepError) -> Report {
+    Report::Failed {
+        step: e.step.to_string(),
+        path: e.path,
+        errno: e.source.raw_os_error(),
+        message: e.source.to_string(),
+    }
+}
+
+/// Reap every exited child without blocking; returns the status of `pid` if it was among them.
+fn reap_exited(pid: i32) -> Option<rustix::process::WaitStatus> {
+    let mut mine = None;
+    loop {
+        match rustix::process::wait(WaitOptions::NOHANG) {
+            Ok(Some((p, st))) => {
+                if p.as_raw_nonzero().get() == pid {
+                    mine = Some(st);
+                }
+            }
+            Err(rustix::io::Errno::INTR) => continue,
+            // Ok(None): children remain but none has exited; ECHILD: no children left.
+            _ => return mine,
+        }
+    }
+}
+
+/// Whether any child (live or zombie) is left.
+fn has_children() -> bool {
+    !matches!(
+        rustix::process::waitid(
+            rustix::process::WaitId::All,
+            rustix::process::WaitIdOptions::EXITED
+                | rustix::process::WaitIdOptions::NOHANG
+                | rustix::process::WaitIdOptions::NOWAIT,
+        ),
+        Err(rustix::io::Errno::CHILD)
+    )
+}
+
 /// Run one program and report how it ended. Every process it leaves behind is killed before
 /// the report, so a step never leaks into the next one.
 fn run_step(
     ctrl: &UnixStream,
+    sigchld: &OwnedFd,
     step: &ExecStep,
     blobs: &[Vec<u8>],
     seccomp: &SeccompPolicy,
+    baseline: &mut Baseline,
 ) -> Result<Report, StepError> {
     for f in &step.files {
         write_sandbox_file(&f.path, f.mode, blob(blobs, f.blob)?)?;
+    }
+    if !step.files.is_empty() {
+        // What the program finds in /workspace is input; what it leaves there that is new or
+        // changed is output.
+        *baseline = Baseline::snapshot(WORKSPACE, BASELINE_MAX_ENTRIES);
     }
     let stdin: OwnedFd = match step.stdin_blob {
         Some(i) => {
@@ -517,25 +590,54 @@ fn run_step(
         protocol::send(ctrl, &Report::Started { pid, landlock }, &[]).step("report started")?;
     }
 
-    // Reap until the program itself is reaped (orphans re-parented to us are reaped on the way).
+    // Wait for the program, reaping orphans re-parented to us on the way, and obey a Stop.
     let status = loop {
-        match rustix::process::wait(WaitOptions::empty()) {
-            Ok(Some((p, st))) if p.as_raw_nonzero().get() == pid => break st,
-            Ok(_) => continue,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e).step("wait"),
+        if let Some(st) = reap_exited(pid) {
+            break st;
+        }
+        let mut fds = [
+            PollFd::new(sigchld, PollFlags::IN),
+            PollFd::new(ctrl, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e).step("poll"),
+        }
+        if !fds[0].revents().is_empty() {
+            drain_signalfd(sigchld);
+        }
+        if !fds[1].revents().is_empty() {
+            match protocol::recv::<Request>(ctrl) {
+                // Timeout or output flood: end the program and everything it started.
+                Ok(Some(protocol::Frame {
+                    message: Request::Stop,
+                    ..
+                })) => sys::kill_rest_of_namespace().step("stop")?,
+                Ok(Some(_)) => return Err(invalid("control", "unexpected request while running")),
+                // The supervisor is gone: so is the run.
+                _ => {
+                    let _ = sys::kill_rest_of_namespace();
+                    sys::exit_now(0);
+                }
+            }
         }
     };
     let wall = started.elapsed();
     // The run ends with its main program: kill what it left behind (daemons, setsid children,
-    // SIGTERM-ignoring loops) and reap them, so the next step starts clean.
-    sys::kill_rest_of_namespace().step("kill leftovers")?;
-    loop {
-        match rustix::process::wait(WaitOptions::empty()) {
-            Ok(Some(_)) => continue,
-            Err(rustix::io::Errno::INTR) => continue,
-            _ => break,
-        }
+    // SIGTERM-ignoring loops) and reap them, so the next step starts clean. A process forked
+    // while the first kill swept the namespace is caught by the next sweep.
+    while has_children() {
+        sys::kill_rest_of_namespace().step("kill leftovers")?;
+        reap_exited(0);
+        let mut fds = [PollFd::new(sigchld, PollFlags::IN)];
+        let _ = poll(
+            &mut fds,
+            Some(&Timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000_000,
+            }),
+        );
+        drain_signalfd(sigchld);
     }
     let after = sys::children_rusage();
     if let Some(msg) = exec_error {
@@ -550,7 +652,7 @@ fn run_step(
     } else {
         ExitStatus::Code(status.exit_status().unwrap_or(0))
     };
-    let disk_full = match rustix::fs::statvfs("/workspace") {
+    let disk_full = match rustix::fs::statvfs(WORKSPACE) {
         Ok(s) => s.f_bavail == 0 || s.f_favail == 0,
         Err(_) => false,
     };
@@ -561,6 +663,11 @@ fn run_step(
         max_rss_bytes: after.max_rss_bytes,
         disk_full,
     })
+}
+
+fn drain_signalfd(fd: &OwnedFd) {
+    let mut buf = [0u8; 128 * 8];
+    while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {}
 }
 
 /// The program's last steps before execve, in the forked child of pid 1. Never returns.
@@ -583,6 +690,10 @@ fn exec_program(
     //     (TIOCSTI, bubblewrap CVE-2017-5226), and the run's processes form one group.
     if let Err(e) = rustix::process::setsid() {
         fail(&status_w, "setsid", &e);
+    }
+    // pid 1 blocks SIGCHLD (for its signalfd); a blocked mask would survive execve.
+    if let Err(e) = sys::unblock_all_signals() {
+        fail(&status_w, "sigprocmask", &e);
     }
     // X2. stdin on fd 0, the status pipe on fd 3 (close-on-exec); close everything else.
     match sys::move_fd(stdin, 0, false) {

@@ -9,6 +9,7 @@
 //! The setup sequence is in [`init`]; the supervisor's API is [`supervisor::Sandbox`].
 
 pub mod cgroup;
+pub mod collect;
 pub mod config;
 pub mod init;
 pub mod landlock;

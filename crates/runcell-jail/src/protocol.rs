@@ -32,6 +32,39 @@ pub enum Request {
     Setup(JailConfig),
     /// Read by the sandbox's pid 1: run a program (blobs carry files and stdin).
     Exec(ExecStep),
+    /// While a program runs: kill it and everything it started (timeout, output flood). The
+    /// sandbox and its files stay; pid 1 answers with `Exited`.
+    Stop,
+    /// Between programs: return the files under /workspace that were created or changed since
+    /// the last `Exec` that carried files (blobs carry the contents).
+    Collect(CollectLimits),
+}
+
+/// Caps for collecting output files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectLimits {
+    /// At most this many files are returned; the rest are counted in `omitted`.
+    pub max_files: u64,
+    /// Content is included for files up to this size...
+    pub max_file_bytes: u64,
+    /// ...as long as the contents returned so far stay under this total.
+    pub max_total_bytes: u64,
+    /// Directory entries visited at most (a hundred thousand tiny files must not stall us).
+    pub max_entries: u64,
+}
+
+/// One collected file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectedFile {
+    /// Relative to /workspace ('/'-separated; invalid UTF-8 replaced by U+FFFD).
+    pub path: String,
+    pub size: u64,
+    /// Hex sha256 of the whole content.
+    pub sha256: String,
+    /// Blob index of the content, when it is included.
+    pub blob: Option<usize>,
 }
 
 /// How a program ended.
@@ -91,6 +124,12 @@ pub enum Report {
         max_rss_bytes: u64,
         /// The scratch filesystem (/tmp, /workspace, /dev/shm) had no space or inodes left.
         disk_full: bool,
+    },
+    /// From pid 1: the files of a `Collect`, sorted by path.
+    Files {
+        files: Vec<CollectedFile>,
+        /// Files left out because of `max_files` or `max_entries`.
+        omitted: u64,
     },
     /// From any helper: a setup step failed.
     Failed {

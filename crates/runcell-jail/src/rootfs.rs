@@ -163,6 +163,43 @@ pub fn make_readonly_in_place(path: &Path) -> Result<(), StepError> {
     )
 }
 
+/// Mount an overlay of the read-only `lower` with `upper`/`work` (on the scratch tmpfs) at
+/// `target`. `userxattr` is what lets an overlay be mounted inside a user namespace (5.11+).
+pub fn mount_overlay(
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), StepError> {
+    let escape_ok = |p: &Path| {
+        let s = p.as_os_str().as_encoded_bytes();
+        !s.iter().any(|b| matches!(b, b',' | b':' | b'\\' | b'\n'))
+    };
+    if ![lower, upper, work].iter().all(|p| escape_ok(p)) {
+        return Err(StepError {
+            step: "overlay options",
+            path: Some(lower.to_path_buf()),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "path has ',', ':' or '\\'"),
+        });
+    }
+    let data = CString::new(format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lower.display(),
+        upper.display(),
+        work.display()
+    ))
+    .map_err(io::Error::other)
+    .step("overlay options")?;
+    mount(
+        "overlay",
+        target,
+        "overlay",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(data.as_c_str()),
+    )
+    .step_at("mount overlay", target)
+}
+
 /// Plain bind (same flags as the source), used to expose parts of the scratch tmpfs.
 pub fn bind_plain(src: &Path, dst: &Path) -> Result<(), StepError> {
     rustix::mount::mount_bind(src, dst).step_at("bind", dst)

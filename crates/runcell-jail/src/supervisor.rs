@@ -25,9 +25,11 @@ use crate::cgroup::{
     Cgroup, CgroupError, CgroupLimits, CgroupManager, CgroupStats, CgroupVersion, CpuQuota,
     Enforced,
 };
-use crate::config::{ExecStep, FileSpec, JailConfig, Rlimits, RootEntry};
+use crate::config::{ExecStep, FileSpec, JailConfig, Overlay, Rlimits, RootEntry};
 use crate::init::HELPER_ARG;
-use crate::protocol::{self, ExitStatus, LandlockStatus, Report, Request};
+use crate::protocol::{
+    self, CollectLimits, CollectedFile, ExitStatus, LandlockStatus, Report, Request,
+};
 
 /// First host uid used for sandboxes when runcell runs as root. Each sandbox gets its own uid
 /// in [`HOST_ID_BASE`, `HOST_ID_BASE + HOST_ID_RANGE`): unprivileged, in no /etc/passwd, and
@@ -90,6 +92,8 @@ pub struct SandboxSpec {
     pub setup_timeout: Duration,
     /// The runcell binary to run as the helper (normally /proc/self/exe).
     pub helper_exe: PathBuf,
+    /// Read-only host directories shown writable through an overlay (prepared caches).
+    pub overlays: Vec<Overlay>,
 }
 
 /// Which isolation layers a sandbox really has, for the verdict and `runcell doctor`.
@@ -212,6 +216,19 @@ pub struct Outcome {
     pub stderr_truncated: bool,
     pub landlock: Option<LandlockStatus>,
 }
+
+/// Files returned by [`Sandbox::collect`].
+#[derive(Debug, Clone, Default)]
+pub struct CollectedFiles {
+    /// Sorted by path; `blob` indexes into `blobs`.
+    pub files: Vec<CollectedFile>,
+    pub blobs: Vec<Vec<u8>>,
+    /// Files left out because of the count or entry caps.
+    pub omitted: u64,
+}
+
+/// What pid 1 reports when a program ended: status, wall time, CPU time, largest RSS, disk full.
+type ExitedReport = (ExitStatus, Duration, Duration, u64, bool);
 
 /// Kills a running sandbox from another thread (client went away, server shutting down).
 #[derive(Clone, Debug)]
@@ -393,6 +410,7 @@ impl Sandbox {
                 .as_ref()
                 .map(Cgroup::procs_files)
                 .unwrap_or_default(),
+            overlays: spec.overlays.clone(),
         };
         protocol::send(&sandbox.ctrl, &Request::Setup(config), &[])
             .map_err(io_err("send setup"))?;
@@ -536,7 +554,7 @@ impl Sandbox {
         let mut out = Capture::new(program.stdout_cap);
         let mut err = Capture::new(program.stderr_cap);
         let mut end: Option<End> = None;
-        let mut exited: Option<(ExitStatus, Duration, Duration, u64, bool)> = None;
+        let mut exited: Option<ExitedReport> = None;
         let mut landlock = None;
         let mut program_started: Option<Instant> = None;
 
@@ -635,9 +653,15 @@ impl Sandbox {
             }
         }
 
-        if end.is_some() {
-            // Timeout, output flood or cancellation: kill everything, then drain what the pipes
-            // still hold (all writers are dead, so EOF comes quickly).
+        if matches!(end, Some(End::TimedOut | End::OutputLimit(_))) && exited.is_none() {
+            // Ask pid 1 to kill the program and everything it started: the sandbox and its
+            // files survive (outputs written before a timeout are still collected). If pid 1
+            // does not answer in time, fall through to the hard kill below.
+            exited = self.stop_program(Duration::from_secs(3));
+        }
+        if end.is_some() && exited.is_none() {
+            // Cancellation, or a Stop that got no answer: kill the whole sandbox, then drain
+            // what the pipes still hold (all writers are dead, so EOF comes quickly).
             self.kill();
             let _ = self.reap_helper(Duration::from_secs(5));
             let drain_until = Instant::now() + Duration::from_secs(2);
@@ -692,6 +716,60 @@ impl Sandbox {
             stderr: err.data,
             landlock,
         })
+    }
+
+    /// Send `Stop` and wait up to `grace` for pid 1's `Exited`.
+    fn stop_program(&mut self, grace: Duration) -> Option<ExitedReport> {
+        protocol::send(&self.ctrl, &Request::Stop, &[]).ok()?;
+        let deadline = Instant::now() + grace;
+        loop {
+            match self.wait_report(deadline) {
+                Ok(Some(Report::Exited {
+                    status,
+                    wall_ns,
+                    cpu_ns,
+                    max_rss_bytes,
+                    disk_full,
+                })) => {
+                    return Some((
+                        status,
+                        Duration::from_nanos(wall_ns),
+                        Duration::from_nanos(cpu_ns),
+                        max_rss_bytes,
+                        disk_full,
+                    ))
+                }
+                // The program had only just started when the deadline hit.
+                Ok(Some(Report::Started { .. })) => continue,
+                _ => return None,
+            }
+        }
+    }
+
+    /// The files the last program(s) created or changed under /workspace, with contents within
+    /// the caps. Call between programs (after `run` returned with the sandbox alive).
+    pub fn collect(&mut self, limits: &CollectLimits) -> Result<CollectedFiles, SandboxError> {
+        if !self.alive {
+            return Err(SandboxError::Dead);
+        }
+        protocol::send(&self.ctrl, &Request::Collect(*limits), &[])
+            .map_err(io_err("send collect"))?;
+        let mut fds = [PollFd::new(&self.ctrl, PollFlags::IN)];
+        match poll(&mut fds, Some(&timespec(Duration::from_secs(60)))) {
+            Ok(n) if n > 0 => {}
+            _ => return Err(SandboxError::Protocol("no answer to collect".into())),
+        }
+        let frame = protocol::recv::<Report>(&self.ctrl)
+            .map_err(io_err("read files"))?
+            .ok_or_else(|| SandboxError::HelperDied("during collect".into()))?;
+        match frame.message {
+            Report::Files { files, omitted } => Ok(CollectedFiles {
+                files,
+                blobs: frame.blobs,
+                omitted,
+            }),
+            other => Err(SandboxError::Protocol(format!("{other:?}"))),
+        }
     }
 
     fn cgroup_stats(&self) -> CgroupStats {

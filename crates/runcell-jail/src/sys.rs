@@ -343,3 +343,40 @@ pub fn move_fd(fd: OwnedFd, target: RawFd, cloexec: bool) -> io::Result<OwnedFd>
     // (whatever it referred to before was closed by dup3).
     Ok(unsafe { OwnedFd::from_raw_fd(target) })
 }
+
+/// Block SIGCHLD and return a non-blocking signalfd for it, so that pid 1 can wait for child
+/// exits and for supervisor messages in one `poll` (no signal handler runs, nothing is async).
+pub fn sigchld_fd() -> io::Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it in place.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+    }
+    // SAFETY: sigprocmask reads `set`, which outlives the call; no old mask is requested.
+    if unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: signalfd(-1, ...) creates a new descriptor from the mask in `set`.
+    let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
+    if fd == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just created this descriptor for us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Unblock every signal (a forked child inherits pid 1's blocked SIGCHLD, and the mask survives
+/// execve: the program must start with a clean mask).
+pub fn unblock_all_signals() -> io::Result<()> {
+    // SAFETY: as in `sigchld_fd`; an empty set passed to SIG_SETMASK unblocks everything.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame.
+    unsafe { libc::sigemptyset(&mut set) };
+    // SAFETY: sigprocmask reads `set`, which outlives the call.
+    if unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

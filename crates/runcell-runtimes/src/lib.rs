@@ -7,7 +7,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use runcell_jail::config::Overlay;
 use runcell_jail::RootEntry;
+
+pub mod go_cache;
+pub mod setup;
+
+pub use setup::{default_data_dir, SetupError, SetupEvent};
 
 /// A supported language.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -131,6 +137,28 @@ pub struct Runtime {
     /// The executable, as a path that is valid inside the sandbox (the host path: the host
     /// directories it lives in are bound at the same place).
     pub executable: PathBuf,
+    /// Prepared host directories bound read-only at the same path (a Python stack's venv).
+    pub extra_binds: Vec<PathBuf>,
+    /// Prepared caches shown writable through an overlay (Go's build cache).
+    pub overlays: Vec<Overlay>,
+    /// Environment added by what was prepared.
+    pub extra_env: Vec<(String, String)>,
+    /// Files placed in the sandbox before each program (absolute sandbox path, content).
+    pub sandbox_files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+/// Where runcell keeps what `runcell setup` prepares.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub data_dir: PathBuf,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host {
+            data_dir: default_data_dir(),
+        }
+    }
 }
 
 /// A command to run in the sandbox.
@@ -154,9 +182,18 @@ pub const WORKSPACE: &str = "/workspace";
 /// Where a compiled binary goes (outside /workspace, so it is not mistaken for an output).
 const GO_BINARY: &str = "/tmp/.runcell/main";
 
-/// Find a language's runtime on the host.
-pub fn locate(language: Language) -> Result<Runtime, Unavailable> {
-    locate_in(language, Path::new("/"))
+/// Find a language's runtime on the host, with what `runcell setup` prepared for it.
+pub fn locate(language: Language, host: &Host) -> Result<Runtime, Unavailable> {
+    let mut rt = locate_in(language, Path::new("/"))?;
+    if language == Language::Go {
+        if let Some(cache) = go_cache::find(&host.data_dir, &rt) {
+            rt.overlays.push(Overlay {
+                lower: cache.dir,
+                target: PathBuf::from(go_cache::SANDBOX_GOCACHE),
+            });
+        }
+    }
+    Ok(rt)
 }
 
 /// `locate` against another root directory (for tests).
@@ -164,10 +201,7 @@ pub fn locate_in(language: Language, root: &Path) -> Result<Runtime, Unavailable
     for c in language.candidates() {
         let host = root.join(c.trim_start_matches('/'));
         if is_executable(&host) {
-            return Ok(Runtime {
-                language,
-                executable: PathBuf::from(c),
-            });
+            return Ok(Runtime::bare(language, PathBuf::from(c)));
         }
     }
     Err(Unavailable {
@@ -201,11 +235,28 @@ pub fn base_env() -> Vec<(String, String)> {
 }
 
 impl Runtime {
+    /// The runtime as installed, with nothing prepared.
+    pub fn bare(language: Language, executable: PathBuf) -> Runtime {
+        Runtime {
+            language,
+            executable,
+            extra_binds: Vec::new(),
+            overlays: Vec::new(),
+            extra_env: Vec::new(),
+            sandbox_files: Vec::new(),
+        }
+    }
+
     /// The host parts this runtime needs, read-only. Everything lives under /usr on current
     /// distributions; the top-level /bin, /lib, ... are symlinks into it on merged-/usr systems
     /// (recreated as symlinks) and real directories elsewhere (bound).
     pub fn root_entries(&self) -> Vec<RootEntry> {
-        root_entries_in(Path::new("/"))
+        let mut entries = root_entries_in(Path::new("/"));
+        entries.extend(self.extra_binds.iter().map(|p| RootEntry::Bind {
+            path: p.clone(),
+            dir: true,
+        }));
+        entries
     }
 
     /// The runtime's version, asked from the host binary (for `doctor` and listings).
@@ -245,17 +296,7 @@ impl Runtime {
             }
             Language::Node | Language::Ruby | Language::Bash => (None, vec![exe, src]),
             Language::Go => {
-                env.extend(kv(&[
-                    ("GOCACHE", "/tmp/.cache/go-build"),
-                    ("GOPATH", "/tmp/go"),
-                    ("GOENV", "off"),
-                    ("GOFLAGS", "-buildvcs=false"),
-                    ("GOPROXY", "off"),
-                    ("GOTOOLCHAIN", "local"),
-                    ("GOTELEMETRY", "off"),
-                    // No C toolchain in the sandbox: pure-Go builds of os/user and net.
-                    ("CGO_ENABLED", "0"),
-                ]));
+                env.extend(go_cache::go_env(go_cache::SANDBOX_GOCACHE, "/tmp/go"));
                 let compile = Invocation {
                     argv: vec![exe, "build".into(), "-o".into(), GO_BINARY.into(), src],
                     env: env.clone(),
@@ -263,6 +304,11 @@ impl Runtime {
                 (Some(compile), vec![GO_BINARY.to_string()])
             }
         };
+        env.extend(self.extra_env.iter().cloned());
+        let compile = compile.map(|mut c| {
+            c.env.extend(self.extra_env.iter().cloned());
+            c
+        });
         Plan {
             source_path,
             compile,
@@ -450,10 +496,7 @@ mod tests {
 
     #[test]
     fn go_is_compiled_then_run_from_tmp() {
-        let rt = Runtime {
-            language: Language::Go,
-            executable: "/usr/bin/go".into(),
-        };
+        let rt = Runtime::bare(Language::Go, "/usr/bin/go".into());
         let plan = rt.plan();
         let compile = plan.compile.unwrap();
         assert_eq!(compile.argv[1], "build");

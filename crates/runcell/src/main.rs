@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use runcell_core::limits::{LimitOverrides, Policy};
 use runcell_core::units::{format_size, parse_duration, parse_size};
 use runcell_core::verdict::ErrorCategory;
-use runcell_core::{Engine, EngineConfig, ExecRequest, Verdict};
+use runcell_core::{Engine, EngineConfig, ExecRequest, InputFile, Verdict};
 use runcell_jail::{OutputSink, Stream};
 use runcell_runtimes::Language;
 
@@ -19,6 +19,10 @@ use runcell_runtimes::Language;
 #[derive(Parser)]
 #[command(name = "runcell", version, about, long_about = None)]
 struct Cli {
+    /// Where prepared runtimes live (default: /var/lib/runcell as root, else
+    /// ~/.local/share/runcell).
+    #[arg(long, global = true, env = "RUNCELL_DATA_DIR")]
+    data_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -27,6 +31,9 @@ struct Cli {
 enum Command {
     /// Run a program in a fresh sandbox.
     Run(Box<RunArgs>),
+    /// Prepare runtimes ahead of time: the Python data stack and Go's standard-library build
+    /// cache. Idempotent.
+    Setup,
     /// Check which isolation layers and runtimes this host provides.
     Doctor {
         /// Print the report as JSON.
@@ -73,6 +80,13 @@ struct RunArgs {
     /// A file to feed to the program's standard input ('-' for runcell's own stdin).
     #[arg(long)]
     stdin: Option<PathBuf>,
+    /// Copy a host file into /workspace (DEST is relative to /workspace; default: the file's
+    /// name). Repeatable. The program works on a copy: the original is never changed.
+    #[arg(long = "file", value_name = "SRC[:DEST]")]
+    files: Vec<String>,
+    /// Write the files the program created or changed under /workspace into DIR.
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
     /// Print exactly one JSON verdict on stdout and nothing else.
     #[arg(long)]
     json: bool,
@@ -91,9 +105,16 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return argument_error(e),
     };
+    let host = runcell_runtimes::Host {
+        data_dir: cli
+            .data_dir
+            .clone()
+            .unwrap_or_else(runcell_runtimes::default_data_dir),
+    };
     let result = match cli.command {
-        Command::Run(args) => Ok(run(*args)),
-        Command::Doctor { json } => doctor(json),
+        Command::Run(args) => Ok(run(*args, host)),
+        Command::Setup => setup(&host),
+        Command::Doctor { json } => doctor(json, host),
     };
     match result {
         Ok(code) => code,
@@ -253,7 +274,31 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
             Some(String::from_utf8_lossy(&buf).into_owned())
         }
     };
+    let mut files = Vec::new();
+    for spec in &args.files {
+        let (src, dest) = match spec.split_once(':') {
+            Some((src, dest)) if !dest.is_empty() => (src, dest.to_string()),
+            _ => {
+                let src = spec.trim_end_matches(':');
+                let name = std::path::Path::new(src)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .ok_or_else(|| {
+                        invalid(format!("--file {spec}: no file name to use in /workspace."))
+                    })?;
+                (src, name)
+            }
+        };
+        let file = std::fs::File::open(src)
+            .map_err(|e| invalid(format!("--file: cannot read {src}: {e}.")))?;
+        let bytes = read_bounded(file, src, policy.max_input_file_bytes)?;
+        files.push(match String::from_utf8(bytes) {
+            Ok(text) => InputFile::text(dest, text),
+            Err(e) => InputFile::bytes(dest, e.as_bytes()),
+        });
+    }
     Ok(ExecRequest {
+        files,
         language,
         code,
         stdin,
@@ -270,9 +315,10 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
     })
 }
 
-fn run(args: RunArgs) -> ExitCode {
+fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
     let mut config = EngineConfig::for_host();
     config.strict = args.strict;
+    config.host = host;
     let engine = Engine::new(config);
     let verdict = match build_request(&args, &engine.config().policy) {
         Ok(req) => {
@@ -284,12 +330,38 @@ fn run(args: RunArgs) -> ExitCode {
         }
         Err(message) => Verdict::failed(ErrorCategory::InvalidRequest, message),
     };
+    let written = match &args.output_dir {
+        Some(dir) => runcell_core::files::write_all(dir, &verdict.files),
+        None => Ok(Vec::new()),
+    };
     if args.json {
         let mut out = std::io::stdout().lock();
         let _ = serde_json::to_writer(&mut out, &verdict);
         let _ = out.write_all(b"\n");
     } else {
         eprintln!("{}", summary(&verdict));
+        for f in &verdict.files {
+            let note = if f.truncated {
+                " (content over the cap, not returned)"
+            } else {
+                ""
+            };
+            eprintln!(
+                "runcell: file {} ({}, {}){note}",
+                f.path,
+                format_size(f.size),
+                f.mime_type
+            );
+        }
+        if let Ok(paths) = &written {
+            for p in paths {
+                eprintln!("runcell: wrote {}", p.display());
+            }
+        }
+    }
+    if let Err(e) = written {
+        eprintln!("runcell: error: cannot write output files: {e}");
+        return ExitCode::from(125);
     }
     exit_code(&verdict)
 }
@@ -338,12 +410,48 @@ fn summary(v: &Verdict) -> String {
     s
 }
 
-fn doctor(json: bool) -> anyhow::Result<ExitCode> {
+/// `runcell setup`: prepare what makes runs fast and useful, reporting progress on stderr.
+fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
+    use runcell_runtimes::{Language, SetupEvent};
+    eprintln!("runcell setup: data directory {}", host.data_dir.display());
+    let mut failed = Vec::new();
+    fn report(what: &'static str) -> impl FnMut(runcell_runtimes::SetupEvent) {
+        move |e| match e {
+            SetupEvent::Step(s) => eprintln!("  {s}"),
+            SetupEvent::Output(line) => eprintln!("    {line}"),
+            SetupEvent::Done { reused: true } => eprintln!("  {what}: already prepared"),
+            SetupEvent::Done { reused: false } => eprintln!("  {what}: ready"),
+        }
+    }
+    match runcell_runtimes::locate(Language::Go, host) {
+        Ok(go) => {
+            eprintln!("Go build cache:");
+            if let Err(e) = runcell_runtimes::go_cache::prepare(
+                &host.data_dir,
+                &go,
+                &mut report("Go build cache"),
+            ) {
+                eprintln!("  FAILED: {e}");
+                failed.push("Go build cache");
+            }
+        }
+        Err(e) => eprintln!("Go build cache: skipped ({e})"),
+    }
+    if failed.is_empty() {
+        eprintln!("runcell setup: done");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("runcell setup: failed: {}", failed.join(", "));
+        Ok(ExitCode::from(1))
+    }
+}
+
+fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
     let layers = runcell_jail::probe::layers();
     let runtimes: Vec<(Language, Option<runcell_runtimes::Runtime>, Option<String>)> =
         Language::ALL
             .iter()
-            .map(|&l| match runcell_runtimes::locate(l) {
+            .map(|&l| match runcell_runtimes::locate(l, &host) {
                 Ok(rt) => {
                     let version = rt.version();
                     (l, Some(rt), version)
@@ -352,7 +460,9 @@ fn doctor(json: bool) -> anyhow::Result<ExitCode> {
             })
             .collect();
     // An end-to-end check: build a real sandbox and run bash's `true` in it.
-    let engine = Engine::new(EngineConfig::for_host());
+    let mut config = EngineConfig::for_host();
+    config.host = host.clone();
+    let engine = Engine::new(config);
     let started = Instant::now();
     let probe = engine.execute(
         &ExecRequest::new("bash", "true"),

@@ -14,7 +14,8 @@ use runcell_jail::{
 };
 
 fn spec() -> SandboxSpec {
-    let rt = runcell_runtimes::locate(runcell_runtimes::Language::Bash).unwrap();
+    let rt =
+        runcell_runtimes::locate(runcell_runtimes::Language::Bash, &Default::default()).unwrap();
     SandboxSpec {
         hostname: "runcell".into(),
         root: rt.root_entries(),
@@ -27,6 +28,7 @@ fn spec() -> SandboxSpec {
         },
         setup_timeout: Duration::from_secs(20),
         helper_exe: common::runcell_bin(),
+        overlays: Vec::new(),
     }
 }
 

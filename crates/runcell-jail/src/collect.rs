@@ -1,0 +1,333 @@
+//! Collecting the files a run produced under /workspace, safely.
+//!
+//! Runs in the sandbox's pid 1 after every other process of the sandbox is dead, so nothing can
+//! change the tree while it is read. Even so it trusts nothing in it:
+//! * every directory is opened relative to its parent's descriptor with `O_NOFOLLOW |
+//!   O_DIRECTORY`, and every file with `O_NOFOLLOW | O_NONBLOCK`, then checked with `fstat` to
+//!   be a regular file: a symlink is never followed and a fifo, socket or device never read;
+//! * only what lies under /workspace's own descriptor can be reached, so no name (`..`, odd
+//!   bytes, newlines) can lead elsewhere, and /workspace holds nothing but sandbox data (a hard
+//!   link cannot cross into the read-only host binds: different mounts);
+//! * the walk is bounded in entries visited, depth, files returned and bytes read.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::fs::{fstat, openat, statat, AtFlags, Dir, FileType, Mode, OFlags};
+use sha2::{Digest, Sha256};
+
+use crate::protocol::{CollectLimits, CollectedFile};
+
+/// Deepest directory nesting walked.
+const MAX_DEPTH: usize = 64;
+
+/// What identifies a version of a file: a rewrite, append, truncate, chmod or rename changes
+/// the inode's ctime (which a program cannot set), a new file has a new inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    ino: u64,
+    ctime_sec: i64,
+    ctime_nsec: i64,
+    size: u64,
+}
+
+/// The files present before a program ran.
+#[derive(Debug, Default, Clone)]
+pub struct Baseline(HashMap<Vec<u8>, Stamp>);
+
+/// A regular file found by the walk.
+struct Found {
+    rel: Vec<u8>,
+    stamp: Stamp,
+}
+
+/// Walk `root`, calling `found` for every regular file; returns the number of entries skipped
+/// because a bound was reached.
+fn walk(root: &str, max_entries: u64, mut found: impl FnMut(Found)) -> rustix::io::Result<u64> {
+    let top = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut stack: Vec<(OwnedFd, Vec<u8>, usize)> = vec![(top, Vec::new(), 0)];
+    let mut visited = 0u64;
+    let mut skipped = 0u64;
+    while let Some((dirfd, prefix, depth)) = stack.pop() {
+        let mut dir = match Dir::read_from(&dirfd) {
+            Ok(d) => d,
+            Err(_) => continue,
+        };
+        for entry in dir.by_ref() {
+            let Ok(entry) = entry else { break };
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            visited += 1;
+            if visited > max_entries {
+                skipped += 1;
+                continue;
+            }
+            let Ok(st) = statat(&dirfd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            let mut rel = prefix.clone();
+            if !rel.is_empty() {
+                rel.push(b'/');
+            }
+            rel.extend_from_slice(name);
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory if depth + 1 < MAX_DEPTH => {
+                    if let Ok(fd) = openat(
+                        &dirfd,
+                        entry.file_name(),
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    ) {
+                        stack.push((fd, rel, depth + 1));
+                    }
+                }
+                FileType::RegularFile => found(Found {
+                    rel,
+                    stamp: Stamp {
+                        ino: st.st_ino,
+                        ctime_sec: st.st_ctime,
+                        ctime_nsec: st.st_ctime_nsec as i64,
+                        size: st.st_size as u64,
+                    },
+                }),
+                // Symlinks, fifos, sockets, devices, too-deep directories: never read.
+                _ => {}
+            }
+        }
+    }
+    Ok(skipped)
+}
+
+impl Baseline {
+    /// Record the regular files under `root` as they are now.
+    pub fn snapshot(root: &str, max_entries: u64) -> Baseline {
+        let mut map = HashMap::new();
+        let _ = walk(root, max_entries, |f| {
+            map.insert(f.rel, f.stamp);
+        });
+        Baseline(map)
+    }
+}
+
+/// Files created or changed under `root` since `baseline`, with their contents within the caps.
+/// Returns the files (sorted by path), their contents as blobs, and how many were left out.
+pub fn collect(
+    root: &str,
+    baseline: &Baseline,
+    limits: &CollectLimits,
+) -> (Vec<CollectedFile>, Vec<Vec<u8>>, u64) {
+    let mut changed = Vec::new();
+    let skipped = walk(root, limits.max_entries, |f| {
+        if baseline.0.get(&f.rel) != Some(&f.stamp) {
+            changed.push(f);
+        }
+    })
+    .unwrap_or(0);
+    changed.sort_by(|a, b| a.rel.cmp(&b.rel));
+    let mut omitted = skipped;
+    if changed.len() as u64 > limits.max_files {
+        omitted += changed.len() as u64 - limits.max_files;
+        changed.truncate(limits.max_files as usize);
+    }
+    let Ok(top) = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return (Vec::new(), Vec::new(), omitted);
+    };
+    let mut files = Vec::new();
+    let mut blobs = Vec::new();
+    let mut total = 0u64;
+    for f in changed {
+        let Some((size, sha256, content)) = read_file(&top, &f.rel, limits, total) else {
+            continue;
+        };
+        let blob = content.map(|c| {
+            total += c.len() as u64;
+            blobs.push(c);
+            blobs.len() - 1
+        });
+        files.push(CollectedFile {
+            path: String::from_utf8_lossy(&f.rel).into_owned(),
+            size,
+            sha256,
+            blob,
+        });
+    }
+    (files, blobs, omitted)
+}
+
+/// Open `rel` beneath `top` one component at a time without following symlinks, check it is a
+/// regular file, hash all of it and keep the content if it fits.
+fn read_file(
+    top: &OwnedFd,
+    rel: &[u8],
+    limits: &CollectLimits,
+    total_so_far: u64,
+) -> Option<(u64, String, Option<Vec<u8>>)> {
+    let parts: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
+    let (name, dirs) = parts.split_last()?;
+    let mut dir: Option<OwnedFd> = None;
+    for d in dirs {
+        let base = dir.as_ref().unwrap_or(top);
+        let next = openat(
+            base,
+            OsStr::from_bytes(d),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        dir = Some(next);
+    }
+    let fd = openat(
+        dir.as_ref().unwrap_or(top),
+        OsStr::from_bytes(name),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = fstat(&fd).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return None;
+    }
+    let size = st.st_size as u64;
+    let keep = size <= limits.max_file_bytes && total_so_far + size <= limits.max_total_bytes;
+    let mut content = keep.then(|| Vec::with_capacity(size as usize));
+    let mut hasher = Sha256::new();
+    let mut file = std::fs::File::from(fd);
+    let mut buf = vec![0u8; 1 << 16];
+    let mut read = 0u64;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        };
+        read += n as u64;
+        hasher.update(&buf[..n]);
+        if let Some(c) = content.as_mut() {
+            // Never keep more than was promised, whatever the file does.
+            if c.len() as u64 + n as u64 > limits.max_file_bytes {
+                content = None;
+            } else {
+                c.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+    let sha256 = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Some((read, sha256, content))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    fn limits() -> CollectLimits {
+        CollectLimits {
+            max_files: 100,
+            max_file_bytes: 1000,
+            max_total_bytes: 1500,
+            max_entries: 10_000,
+        }
+    }
+
+    #[test]
+    fn new_and_changed_files_are_collected_and_unchanged_ones_are_not() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        fs::write(d.path().join("input.csv"), "a,b\n").unwrap();
+        fs::write(d.path().join("touched.txt"), "old").unwrap();
+        let base = Baseline::snapshot(root, 1000);
+        fs::write(d.path().join("touched.txt"), "new").unwrap();
+        fs::create_dir_all(d.path().join("out/deep")).unwrap();
+        fs::write(d.path().join("out/deep/r.csv"), "x,y\n1,2\n").unwrap();
+        let (files, blobs, omitted) = collect(root, &base, &limits());
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["out/deep/r.csv", "touched.txt"]);
+        assert_eq!(omitted, 0);
+        assert_eq!(blobs[files[0].blob.unwrap()], b"x,y\n1,2\n");
+        assert_eq!(
+            files[1].sha256,
+            "11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437"
+        );
+    }
+
+    #[test]
+    fn symlinks_fifos_and_oversized_files_are_handled() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        let base = Baseline::default();
+        symlink("/etc/passwd", d.path().join("link")).unwrap();
+        symlink("/etc", d.path().join("dirlink")).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            d.path().join("fifo"),
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        fs::write(d.path().join("big.bin"), vec![7u8; 1200]).unwrap();
+        fs::write(d.path().join("small.txt"), "hi").unwrap();
+        let (files, blobs, _) = collect(root, &base, &limits());
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["big.bin", "small.txt"], "no symlink, no fifo");
+        assert_eq!(files[0].size, 1200);
+        assert_eq!(
+            files[0].blob, None,
+            "over the per-file cap: hashed, not returned"
+        );
+        assert_eq!(blobs.len(), 1);
+    }
+
+    #[test]
+    fn the_total_cap_and_the_file_count_cap_hold() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        for i in 0..5 {
+            fs::write(d.path().join(format!("f{i}")), vec![b'x'; 600]).unwrap();
+        }
+        let mut l = limits();
+        let (files, blobs, omitted) = collect(root, &Baseline::default(), &l);
+        assert_eq!(files.len(), 5);
+        assert_eq!(
+            blobs.len(),
+            2,
+            "1500 byte total cap: two 600 byte files fit"
+        );
+        assert_eq!(omitted, 0);
+        l.max_files = 3;
+        let (files, _, omitted) = collect(root, &Baseline::default(), &l);
+        assert_eq!((files.len(), omitted), (3, 2));
+        l.max_entries = 2;
+        let (files, _, omitted) = collect(root, &Baseline::default(), &l);
+        assert_eq!((files.len(), omitted), (2, 3));
+    }
+
+    #[test]
+    fn odd_names_stay_inside_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        fs::write(d.path().join("new\nline"), "1").unwrap();
+        fs::write(d.path().join(OsStr::from_bytes(b"bad\xffutf8")), "2").unwrap();
+        fs::write(d.path().join("..."), "3").unwrap();
+        let (files, _, _) = collect(root, &Baseline::default(), &limits());
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["...", "bad\u{fffd}utf8", "new\nline"]);
+    }
+}
