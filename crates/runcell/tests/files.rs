@@ -1,0 +1,276 @@
+//! Files in and out: copies in, outputs back, and no trick that makes runcell return host
+//! content, follow a link, read a device or fall over.
+
+mod common;
+
+use std::fs;
+
+use common::*;
+use serde_json::Value;
+
+fn files(r: &Run) -> Vec<Value> {
+    r.verdict["files"].as_array().cloned().unwrap_or_default()
+}
+
+fn paths(r: &Run) -> Vec<String> {
+    files(r)
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn content(f: &Value) -> Option<Vec<u8>> {
+    use std::process::Command;
+    let b64 = f["content_base64"].as_str()?;
+    // Decode with the host's base64 tool rather than a test dependency.
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b64.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    Some(out.stdout)
+}
+
+fn sha256(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut c = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(data).unwrap();
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn input_files_are_copies_and_only_new_or_changed_files_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.csv");
+    fs::write(&src, "name,value\na,1\nb,2\n").unwrap();
+    let untouched = dir.path().join("keep.txt");
+    fs::write(&untouched, "same").unwrap();
+    let spec = format!("{}:data/in.csv", src.display());
+    let keep = format!("{}:keep.txt", untouched.display());
+    let r = run(
+        "python",
+        r#"
+import os
+rows = open("data/in.csv").read().splitlines()
+os.makedirs("out", exist_ok=True)
+open("out/double.csv", "w").write("\n".join(rows[1:]) * 2)
+open("data/in.csv", "a").write("c,3\n")   # changes the copy, never the original
+print(len(rows), open("keep.txt").read())
+"#,
+        &["--file", &spec, "--file", &keep],
+    );
+    r.assert_ok();
+    assert_eq!(r.stdout(), "3 same\n");
+    assert_eq!(
+        paths(&r),
+        ["data/in.csv", "out/double.csv"],
+        "keep.txt and main.py unchanged"
+    );
+    assert_eq!(
+        fs::read_to_string(&src).unwrap(),
+        "name,value\na,1\nb,2\n",
+        "original untouched"
+    );
+    let f = &files(&r)[1];
+    assert_eq!(f["mime_type"], "text/csv");
+    let body = content(f).unwrap();
+    assert_eq!(body, b"a,1\nb,2a,1\nb,2");
+    assert_eq!(f["size"], body.len());
+    assert_eq!(f["sha256"], sha256(&body));
+}
+
+#[test]
+fn input_paths_that_escape_are_invalid_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("x.txt");
+    fs::write(&src, "x").unwrap();
+    for dest in ["../x.txt", "/etc/x.txt", "a/../../x", "main.py", "."] {
+        let spec = format!("{}:{dest}", src.display());
+        let r = run("python", "print(1)", &["--file", &spec]);
+        r.assert_category("invalid_request");
+        assert_eq!(r.code, Some(2), "{dest}");
+    }
+    let r = run("python", "print(1)", &["--file", "/nonexistent/file.csv"]);
+    r.assert_category("invalid_request");
+}
+
+#[test]
+fn symlinks_fifos_and_hard_links_never_leak_host_content() {
+    let r = run(
+        "python",
+        r#"
+import os, errno
+os.symlink("/etc/passwd", "passwd_link")
+os.symlink("/proc/1/environ", "environ_link")
+os.symlink("/", "root_link")
+os.makedirs("d", exist_ok=True)
+os.symlink("/etc", "d/etc_link")
+os.mkfifo("pipe")
+try:
+    os.link("/etc/passwd", "hard")       # a host file on another mount: impossible
+except OSError as e:
+    print("link", errno.errorcode[e.errno])
+try:
+    os.link("/tmp/t0", "x") if open("/tmp/t0", "w").write("t") else None   # /tmp is another mount
+except OSError as e:
+    print("tmp link", errno.errorcode[e.errno])
+open("orig", "w").write("sandbox data")
+os.link("orig", "hard_ok")                # within /workspace: just sandbox data, twice
+"#,
+        &[],
+    );
+    r.assert_ok();
+    assert_eq!(r.stdout(), "link EXDEV\ntmp link EXDEV\n");
+    assert_eq!(
+        paths(&r),
+        ["hard_ok", "orig"],
+        "no symlink, no fifo, only regular files"
+    );
+    for f in files(&r) {
+        assert_eq!(content(&f).unwrap(), b"sandbox data");
+    }
+}
+
+#[test]
+fn a_symlink_swapping_process_is_dead_before_collection() {
+    // A daemon keeps swapping a regular file for a symlink to host files. It is killed with the
+    // run, before collection, so collection sees a still tree and never follows the link.
+    let r = run(
+        "python",
+        r#"
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        try:
+            open("swap.tmp", "w").write("regular")
+            os.replace("swap.tmp", "swap")
+            os.symlink("/etc/shadow", "swap.lnk")
+            os.replace("swap.lnk", "swap")
+        except OSError:
+            pass
+time.sleep(0.3)
+"#,
+        &[],
+    );
+    r.assert_ok();
+    for f in files(&r) {
+        let body = content(&f).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&body).contains("root:"), "{f}");
+        if f["path"] == "swap" {
+            assert_eq!(body, b"regular");
+        }
+    }
+}
+
+#[test]
+fn odd_names_come_back_as_valid_strings_inside_the_workspace() {
+    let r = run(
+        "python",
+        r#"
+import os
+for name in [b"new\nline.txt", b"bad\xffbyte.txt", b"-rf", b"...", b" spaced "]:
+    with open(name, "wb") as f: f.write(b"x")
+"#,
+        &[],
+    );
+    r.assert_ok();
+    let mut p = paths(&r);
+    p.sort();
+    assert_eq!(
+        p,
+        [
+            " spaced ",
+            "-rf",
+            "...",
+            "bad\u{fffd}byte.txt",
+            "new\nline.txt"
+        ]
+    );
+}
+
+#[test]
+fn size_caps_are_flagged_and_the_hash_still_covers_the_whole_file() {
+    let r = run(
+        "python",
+        r#"
+open("big.bin", "wb").write(b"\x01" * (11 << 20))   # over the 10 MiB per-file cap
+open("small.txt", "w").write("ok")
+"#,
+        &["--disk", "64M", "--memory", "256M"],
+    );
+    r.assert_ok();
+    let f = files(&r);
+    assert_eq!(f[0]["path"], "big.bin");
+    assert_eq!(f[0]["size"], 11 << 20);
+    assert_eq!(f[0]["truncated"], true);
+    assert!(f[0]["content_base64"].is_null());
+    assert_eq!(f[0]["sha256"], sha256(&vec![1u8; 11 << 20]));
+    assert_eq!(f[1]["path"], "small.txt");
+    assert_eq!(content(&f[1]).unwrap(), b"ok");
+    assert!(f[1].get("truncated").is_none());
+}
+
+#[test]
+fn the_file_count_cap_holds_and_many_tiny_files_do_not_stall_collection() {
+    let r = run(
+        "python",
+        r#"
+import os
+os.makedirs("many", exist_ok=True)
+for i in range(20000):
+    open(f"many/f{i:05}", "w").close()
+"#,
+        &["--disk", "256M", "--timeout", "60"],
+    );
+    r.assert_ok();
+    assert_eq!(files(&r).len(), 100, "at most 100 files are returned");
+    assert_eq!(r.verdict["files_omitted"], 19_900);
+    assert_eq!(paths(&r)[0], "many/f00000", "sorted by path");
+}
+
+#[test]
+fn outputs_written_before_a_timeout_or_a_flood_still_come_back() {
+    let r = run(
+        "python",
+        "open('partial.txt', 'w').write('done so far')\nwhile True: pass",
+        &["--timeout", "1"],
+    );
+    r.assert_category("timeout");
+    assert_eq!(paths(&r), ["partial.txt"]);
+    let r = run(
+        "bash",
+        "echo result > out.txt; yes flood",
+        &["--output", "64K"],
+    );
+    r.assert_category("output_limit");
+    assert_eq!(paths(&r), ["out.txt"]);
+}
+
+#[test]
+fn output_dir_receives_the_files_and_refuses_to_follow_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let r = run(
+        "python",
+        "import os\nos.makedirs('r', exist_ok=True)\nopen('r/a.txt','w').write('A')",
+        &["--output-dir", out.to_str().unwrap()],
+    );
+    r.assert_ok();
+    assert_eq!(fs::read_to_string(out.join("r/a.txt")).unwrap(), "A");
+}
