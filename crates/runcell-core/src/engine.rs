@@ -312,6 +312,23 @@ impl Engine {
                 )
             }
         };
+        // Strict mode checks what this sandbox really got, not only what the host offers:
+        // a cgroup hierarchy without the pids controller, swap without accounting, ...
+        if self.config.strict {
+            let missing = sandbox.enforcement().missing();
+            if !missing.is_empty() {
+                let mut v = Verdict::failed(
+                    ErrorCategory::SandboxFailure,
+                    format!(
+                        "Strict mode: refusing to run because these isolation layers are \
+                         missing: {}. Run `runcell doctor` for how to fix them.",
+                        missing.join("; ")
+                    ),
+                );
+                v.enforcement = EnforcementReport::from(sandbox.enforcement());
+                return v;
+            }
+        }
         let plan = runtime.plan();
         let source = InputFile {
             path: plan.source_path.clone(),
@@ -373,6 +390,10 @@ impl Engine {
         let (code, error) = classify(&outcome, limits, Phase::Run);
         let mut verdict = verdict_from(&outcome, code, error, &sandbox);
         verdict.compile_time = compile_time;
+        verdict
+            .enforcement
+            .missing
+            .extend(memory_fallback_note(&sandbox, runtime));
         // Every process of the run is dead now (pid 1 killed and reaped them before it
         // reported); what they left in /workspace is the output. A sandbox killed outright
         // (cancelled, or pid 1 lost) has no files to give.
@@ -398,6 +419,15 @@ impl Engine {
     }
 
     fn sandbox_failed(&self, sandbox: &Sandbox, e: runcell_jail::SandboxError) -> Verdict {
+        if let runcell_jail::SandboxError::InputExceedsMemory = e {
+            let mut v = Verdict::failed(
+                ErrorCategory::MemoryLimit,
+                "The input files, stdin and code do not fit in the memory limit (files in \
+                 /workspace are held in memory). Send less data or ask for more memory.",
+            );
+            v.enforcement = EnforcementReport::from(sandbox.enforcement());
+            return v;
+        }
         let mut v = Verdict::failed(
             ErrorCategory::SandboxFailure,
             format!("The sandbox failed while running the program ({e}). This is a problem with the host, not with the program."),
@@ -405,6 +435,22 @@ impl Engine {
         v.enforcement = EnforcementReport::from(sandbox.enforcement());
         v
     }
+}
+
+/// What limits memory when the cgroup cannot: RLIMIT_AS per process for runtimes that
+/// tolerate it, nothing for Node and Go (they reserve huge address ranges up front).
+fn memory_fallback_note(sandbox: &Sandbox, runtime: &Runtime) -> Option<String> {
+    if sandbox.enforcement().cgroup_limits.memory {
+        return None;
+    }
+    Some(if runtime.tolerates_address_space_limit() {
+        "memory: limited per process only (RLIMIT_AS), not for the run as a whole".to_string()
+    } else {
+        format!(
+            "memory: not limited ({} cannot run under an address-space limit)",
+            runtime.language.name()
+        )
+    })
 }
 
 fn verdict_from(

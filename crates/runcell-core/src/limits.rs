@@ -81,6 +81,12 @@ impl Limits {
     pub fn compile_timeout(&self) -> Duration {
         Duration::from_millis(self.compile_timeout_ms)
     }
+
+    /// RLIMIT_CPU (soft) for a phase with this timeout: a backstop behind the wall clock, the
+    /// CPU seconds the program could burn at its CPU share over the whole timeout, plus one.
+    pub fn cpu_rlimit_seconds(&self, timeout: Duration) -> u64 {
+        (timeout.as_secs_f64() * (self.cpu_millis as f64 / 1000.0).max(1.0)).ceil() as u64 + 1
+    }
 }
 
 /// A limit that a request got wrong.

@@ -304,6 +304,7 @@ fn signal_name(sig: i32) -> String {
     name.to_string()
 }
 
+const SIGKILL: i32 = 9;
 const SIGXCPU: i32 = 24;
 const SIGXFSZ: i32 = 25;
 const SIGSYS: i32 = 31;
@@ -414,7 +415,12 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
                     )),
                 );
             }
-            if status == ExitStatus::Signal(SIGXCPU) {
+            // SIGXCPU at the soft CPU rlimit, or SIGKILL at the hard one (a second later) for a
+            // program that catches SIGXCPU.
+            let cpu_limit = Duration::from_secs(limits.cpu_rlimit_seconds(timeout));
+            if status == ExitStatus::Signal(SIGXCPU)
+                || (status == ExitStatus::Signal(SIGKILL) && outcome.cpu >= cpu_limit)
+            {
                 return (124, Some(VerdictError::new(Timeout, format!(
                     "{what} used up its CPU time ({} of CPU) and was stopped. Make it do less work.",
                     format_duration(timeout)
@@ -535,6 +541,15 @@ mod tests {
         assert_eq!(
             cat(&outcome(End::Exited(ExitStatus::Signal(24))), Phase::Run),
             (124, Some(ErrorCategory::Timeout))
+        );
+        // SIGKILL after using up the CPU rlimit (31 s for 30 s at one core) is the hard limit.
+        let mut o = outcome(End::Exited(ExitStatus::Signal(9)));
+        o.cpu = Duration::from_secs(32);
+        assert_eq!(cat(&o, Phase::Run), (124, Some(ErrorCategory::Timeout)));
+        o.cpu = Duration::from_secs(2);
+        assert_eq!(
+            cat(&o, Phase::Run),
+            (137, Some(ErrorCategory::RuntimeError))
         );
         let mut o = outcome(End::Exited(ExitStatus::Code(1)));
         o.pids_limit_hits = 3;

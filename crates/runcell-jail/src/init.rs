@@ -48,16 +48,36 @@ pub const HELPER_ARG: &str = "__jail";
 const CTRL_FD: RawFd = 3;
 const LIFELINE_FD: RawFd = 4;
 /// Where pid 1 assembles the new root before pivoting into it. It is a mount point in pid 1's
-/// private mount namespace only (after step 5 nothing propagates back to the host).
+/// private mount namespace only (after P6 nothing propagates back to the host).
 const NEW_ROOT: &str = "/tmp";
 const HOSTNAME_FILE_MODE: u32 = 0o644;
 
 /// Entry point of `runcell __jail`. Never returns.
 pub fn helper_main() -> ! {
-    // SAFETY: fd 3 was set up by the supervisor as our end of the control socket and nothing
-    // else in this fresh process owns it.
+    // H0. Check that fds 3 and 4 are what the supervisor hands over (run by hand, `runcell
+    //     __jail` would otherwise take ownership of arbitrary descriptors), and close every
+    //     descriptor above them: whatever runcell's own parent leaked to it (a shell's
+    //     `exec 7>file`, socket activation) must not reach the sandbox's pid 1.
+    let expect = |fd: RawFd, kind: rustix::fs::FileType| {
+        // SAFETY: the descriptor is only borrowed for the duration of the fstat call.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        rustix::fs::fstat(borrowed)
+            .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == kind)
+            .unwrap_or(false)
+    };
+    if !expect(CTRL_FD, rustix::fs::FileType::Socket)
+        || !expect(LIFELINE_FD, rustix::fs::FileType::Fifo)
+    {
+        eprintln!("runcell __jail is started by runcell itself, not by hand");
+        sys::exit_now(125);
+    }
+    if sys::close_fds_from(LIFELINE_FD as u32 + 1).is_err() {
+        sys::exit_now(125);
+    }
+    // SAFETY: fd 3 was just checked to be a socket; the supervisor set it up as our end of the
+    // control socket and nothing else in this fresh process owns it.
     let ctrl = unsafe { UnixStream::from_raw_fd(CTRL_FD) };
-    // SAFETY: fd 4 is the lifeline pipe's read end, handed to us the same way.
+    // SAFETY: fd 4 was just checked to be a pipe: the lifeline's read end, handed over the same way.
     let lifeline = unsafe { OwnedFd::from_raw_fd(LIFELINE_FD) };
     let code = match helper(&ctrl, lifeline) {
         Ok(code) => code,
@@ -70,16 +90,7 @@ pub fn helper_main() -> ! {
 }
 
 fn report_failure(ctrl: &UnixStream, e: &StepError) {
-    let _ = protocol::send(
-        ctrl,
-        &Report::Failed {
-            step: e.step.to_string(),
-            path: e.path.clone(),
-            errno: e.source.raw_os_error(),
-            message: e.source.to_string(),
-        },
-        &[],
-    );
+    let _ = protocol::send(ctrl, &Report::from(e), &[]);
 }
 
 /// The helper: runs on the host side, single-threaded, as the supervisor's user.
@@ -161,9 +172,9 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
 
     protocol::send(ctrl, &Report::Spawned { pid }, &[]).step("report spawned")?;
 
-    // H7. Release pid 1.
+    // H7. Release pid 1. The write end stays open until the helper exits: pid 1 checks it
+    //     after P3 to learn whether the helper is still there (see P3a).
     rustix::io::write(&go_w, b"g").step("release pid 1")?;
-    drop(go_w);
 
     // H8. Hold no descriptor the program could need to see closed: the pipes' write ends and
     //     the control socket belong to pid 1 and the supervisor from now on.
@@ -199,6 +210,14 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     })
 }
 
+fn helper_gone() -> StepError {
+    StepError {
+        step: "wait for helper",
+        path: None,
+        source: io::Error::new(io::ErrorKind::UnexpectedEof, "helper went away"),
+    }
+}
+
 fn write_proc(pid: i32, file: &str, content: &str) -> Result<(), StepError> {
     let path = PathBuf::from(format!("/proc/{pid}/{file}"));
     fs::write(&path, content).step_at("write id map", &path)
@@ -206,18 +225,30 @@ fn write_proc(pid: i32, file: &str, content: &str) -> Result<(), StepError> {
 
 /// Pid 1 of the sandbox. Never returns.
 fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd) -> ! {
-    let result = build_sandbox(cfg, go_r);
-    match result {
-        Ok(()) => {}
+    let service = build_sandbox(cfg, go_r).and_then(|()| prepare_service());
+    let (seccomp, sigchld) = match service {
+        Ok(s) => s,
         Err(e) => {
             report_failure(ctrl, &e);
             sys::exit_now(125);
         }
-    }
+    };
+    // P18. Ready: the point a warm pool keeps sandboxes at.
     if protocol::send(ctrl, &Report::Ready, &[]).is_err() {
         sys::exit_now(125);
     }
-    serve(ctrl)
+    serve(ctrl, &seccomp, &sigchld)
+}
+
+/// P17. What serving programs needs, prepared before `Ready` so that a failure here is a setup
+/// failure: the seccomp policy compiled once (the forked program only installs it), and a
+/// signalfd for SIGCHLD (one poll then covers child exits and the supervisor's messages).
+fn prepare_service() -> Result<(SeccompPolicy, OwnedFd), StepError> {
+    let seccomp = SeccompPolicy::compile()
+        .map_err(io::Error::other)
+        .step("compile seccomp policy")?;
+    let sigchld = sys::sigchld_fd().step("signalfd")?;
+    Ok((seccomp, sigchld))
 }
 
 /// The linear setup of the sandbox, run by its pid 1. Each step says why it is there and why
@@ -231,13 +262,8 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
     //     the helper died first (and so before P1 could take effect): give up.
     let mut b = [0u8; 1];
     if rustix::io::read(&go_r, &mut b).step("wait for helper")? != 1 {
-        return Err(StepError {
-            step: "wait for helper",
-            path: None,
-            source: io::Error::new(io::ErrorKind::UnexpectedEof, "helper went away"),
-        });
+        return Err(helper_gone());
     }
-    drop(go_r);
 
     // P3. Become uid/gid 1000 of the new user namespace now, keeping our capabilities in it
     //     (uid 0 is not mapped, so the kernel's setuid capability fix-up does not fire). Files
@@ -255,6 +281,18 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
         Uid::from_raw(SANDBOX_UID),
     )
     .step("setresuid")?;
+
+    // P3a. Arm the parent-death signal again: the kernel clears it whenever a process's
+    //      credentials change, and P3 changed them (as root: host uid 0 -> the sandbox's host
+    //      uid). Then make sure the helper did not die in between: it holds the go pipe's
+    //      write end until it exits, so a hang-up on our end means it is gone.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).step("pdeathsig")?;
+    let mut fds = [PollFd::new(&go_r, PollFlags::IN)];
+    poll(&mut fds, Some(&Timespec::default())).step("check helper")?;
+    if fds[0].revents().contains(PollFlags::HUP) {
+        return Err(helper_gone());
+    }
+    drop(go_r);
 
     // P4. A cgroup namespace rooted at the sandbox's cgroup (we were moved there in H6), so
     //     /proc/self/cgroup shows "/" and no host cgroup path.
@@ -430,26 +468,7 @@ const WORKSPACE: &str = "/workspace";
 const BASELINE_MAX_ENTRIES: u64 = 200_000;
 
 /// Pid 1's service loop: run each requested program, collect files, report. Ends on EOF.
-fn serve(ctrl: &UnixStream) -> ! {
-    let fatal = |step: &str, message: String| -> ! {
-        let _ = protocol::send(
-            ctrl,
-            &Report::Failed {
-                step: step.into(),
-                path: None,
-                errno: None,
-                message,
-            },
-            &[],
-        );
-        sys::exit_now(125)
-    };
-    // Compile the seccomp policy once, here, so that the forked program only installs it.
-    let seccomp =
-        SeccompPolicy::compile().unwrap_or_else(|e| fatal("compile seccomp policy", e.to_string()));
-    // Child exits arrive on a signalfd, so one poll covers them and the supervisor's messages
-    // (a Stop while a program runs).
-    let sigchld = sys::sigchld_fd().unwrap_or_else(|e| fatal("signalfd", e.to_string()));
+fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
     let mut baseline = Baseline::default();
     loop {
         let frame = match protocol::recv::<Request>(ctrl) {
@@ -458,8 +477,8 @@ fn serve(ctrl: &UnixStream) -> ! {
         };
         let report = match frame.message {
             Request::Exec(step) => {
-                run_step(ctrl, &sigchld, &step, &frame.blobs, &seccomp, &mut baseline)
-                    .unwrap_or_else(failed_report)
+                run_step(ctrl, sigchld, &step, frame.blobs, seccomp, &mut baseline)
+                    .unwrap_or_else(|e| Report::from(&e))
             }
             Request::Collect(limits) => {
                 let (files, blobs, omitted) = collect::collect(WORKSPACE, &baseline, &limits);
@@ -479,12 +498,14 @@ fn serve(ctrl: &UnixStream) -> ! {
     }
 }
 
-fn failed_report(e: StepError) -> Report {
-    Report::Failed {
-        step: e.step.to_string(),
-        path: e.path,
-        errno: e.source.raw_os_error(),
-        message: e.source.to_string(),
+impl From<&StepError> for Report {
+    fn from(e: &StepError) -> Report {
+        Report::Failed {
+            step: e.step.to_string(),
+            path: e.path.clone(),
+            errno: e.source.raw_os_error(),
+            message: e.source.to_string(),
+        }
     }
 }
 
@@ -524,12 +545,12 @@ fn run_step(
     ctrl: &UnixStream,
     sigchld: &OwnedFd,
     step: &ExecStep,
-    blobs: &[Vec<u8>],
+    blobs: Vec<Vec<u8>>,
     seccomp: &SeccompPolicy,
     baseline: &mut Baseline,
 ) -> Result<Report, StepError> {
     for f in &step.files {
-        write_sandbox_file(&f.path, f.mode, blob(blobs, f.blob)?)?;
+        write_sandbox_file(&f.path, f.mode, blob(&blobs, f.blob)?)?;
     }
     if !step.files.is_empty() {
         // What the program finds in /workspace is input; what it leaves there that is new or
@@ -541,7 +562,7 @@ fn run_step(
             let fd = rustix::fs::memfd_create("stdin", rustix::fs::MemfdFlags::CLOEXEC)
                 .step("memfd_create")?;
             let mut f = File::from(fd);
-            f.write_all(blob(blobs, i)?).step("write stdin")?;
+            f.write_all(blob(&blobs, i)?).step("write stdin")?;
             rustix::fs::seek(&f, rustix::fs::SeekFrom::Start(0)).step("seek stdin")?;
             f.into()
         }
@@ -563,6 +584,9 @@ fn run_step(
         return Err(invalid("argv", "empty argv"));
     }
     let (status_r, status_w) = pipe_with(PipeFlags::CLOEXEC).step("pipe")?;
+    // The inputs are in place: free their copies now, before the program starts, so that pid
+    // 1 holds no memory of the run's cgroup while the program runs.
+    drop(blobs);
 
     let before = sys::children_rusage();
     let started = Instant::now();
@@ -691,10 +715,13 @@ fn exec_program(
     if let Err(e) = rustix::process::setsid() {
         fail(&status_w, "setsid", &e);
     }
-    // pid 1 blocks SIGCHLD (for its signalfd); a blocked mask would survive execve.
+    // pid 1 blocks SIGCHLD (for its signalfd), and ignored signals and the mask both survive
+    // execve: start the program with default dispositions, an empty mask, the usual umask.
+    sys::reset_signal_dispositions();
     if let Err(e) = sys::unblock_all_signals() {
         fail(&status_w, "sigprocmask", &e);
     }
+    rustix::process::umask(Mode::from_raw_mode(0o022));
     // X2. stdin on fd 0, the status pipe on fd 3 (close-on-exec); close everything else.
     match sys::move_fd(stdin, 0, false) {
         // fd 0 must stay open across execve: give up ownership instead of dropping it.
@@ -771,7 +798,25 @@ fn set_rlimits(r: &Rlimits) -> rustix::io::Result<()> {
         maximum: Some(v),
     };
     rustix::process::setrlimit(Resource::Core, lim(0))?;
-    rustix::process::setrlimit(Resource::Cpu, lim(r.cpu_seconds))?;
+    // The soft limit sends SIGXCPU (reported as a timeout); the hard limit one second later
+    // is the SIGKILL for a program that catches it. Equal limits would skip SIGXCPU.
+    rustix::process::setrlimit(
+        Resource::Cpu,
+        Rlimit {
+            current: Some(r.cpu_seconds),
+            maximum: Some(r.cpu_seconds + 1),
+        },
+    )?;
+    // Fixed values, whatever runcell itself was started with: the usual 8 MiB stack (a program
+    // may raise it up to 64 MiB) and 8 MiB of locked memory.
+    rustix::process::setrlimit(
+        Resource::Stack,
+        Rlimit {
+            current: Some(8 << 20),
+            maximum: Some(64 << 20),
+        },
+    )?;
+    rustix::process::setrlimit(Resource::Memlock, lim(8 << 20))?;
     rustix::process::setrlimit(Resource::Nofile, lim(r.open_files))?;
     rustix::process::setrlimit(Resource::Nproc, lim(r.processes))?;
     rustix::process::setrlimit(Resource::Fsize, lim(r.file_size_bytes))?;
@@ -810,10 +855,28 @@ fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepErr
         dir = openat2(&dir, comp.as_os_str(), dir_flags, Mode::empty(), resolve)
             .step_at("open directory", path)?;
     }
+    // Whatever an earlier program left at this name (a file, a symlink, a fifo that would block
+    // the open, a socket) is replaced; a directory is refused.
+    match rustix::fs::unlinkat(&dir, name, rustix::fs::AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
+            return Err(StepError {
+                step: "write file",
+                path: Some(path.to_path_buf()),
+                source: io::Error::new(io::ErrorKind::IsADirectory, "a directory is in the way"),
+            })
+        }
+        Err(e) => return Err(e).step_at("replace file", path),
+    }
     let fd = openat2(
         &dir,
         name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::WRONLY
+            | OFlags::CREATE
+            | OFlags::EXCL
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::CLOEXEC,
         Mode::from_raw_mode(mode & 0o777),
         resolve,
     )

@@ -102,20 +102,32 @@ pub fn seccomp() -> Layer {
     }
 }
 
+/// The Landlock ABI runcell's rules need in full (scoping of signals and abstract sockets).
+pub const LANDLOCK_FULL_ABI: u32 = 6;
+
 pub fn landlock() -> Layer {
-    let abi = crate::sys::landlock_abi_version();
+    landlock_for_abi(crate::sys::landlock_abi_version())
+}
+
+fn landlock_for_abi(abi: u32) -> Layer {
     Layer {
         name: "landlock",
-        available: abi > 0,
-        detail: if abi > 0 {
-            format!("ABI {abi}")
-        } else {
-            "not enabled".into()
+        available: abi >= LANDLOCK_FULL_ABI,
+        detail: match abi {
+            0 => "not enabled".into(),
+            a if a < LANDLOCK_FULL_ABI => format!(
+                "ABI {a} (partial: runcell's rules need ABI {LANDLOCK_FULL_ABI}, Linux 6.12)"
+            ),
+            a => format!("ABI {a}"),
         },
-        fix: (abi == 0).then(|| {
-            "boot a kernel with CONFIG_SECURITY_LANDLOCK=y and 'landlock' in the lsm= list \
-             (Linux 5.13+)"
-                .to_string()
+        fix: (abi < LANDLOCK_FULL_ABI).then(|| {
+            if abi == 0 {
+                "boot a kernel with CONFIG_SECURITY_LANDLOCK=y and 'landlock' in the lsm= list \
+                 (Linux 5.13+; 6.12+ for all of runcell's rules)"
+                    .to_string()
+            } else {
+                "upgrade to Linux 6.12 or newer for Landlock ABI 6".to_string()
+            }
         }),
     }
 }
@@ -161,6 +173,16 @@ mod tests {
         assert!(kernel_at_least("5.12.0", 5, 12));
         assert!(!kernel_at_least("5.11.22-generic", 5, 12));
         assert!(!kernel_at_least("4.19.0", 5, 12));
+    }
+
+    #[test]
+    fn landlock_below_abi_6_is_partial() {
+        assert!(!landlock_for_abi(0).available);
+        let l = landlock_for_abi(3);
+        assert!(!l.available);
+        assert!(l.detail.contains("partial"), "{}", l.detail);
+        assert!(landlock_for_abi(6).available);
+        assert!(landlock_for_abi(7).available);
     }
 
     #[test]

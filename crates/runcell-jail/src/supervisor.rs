@@ -64,6 +64,8 @@ pub enum SandboxError {
     Cgroup(#[from] CgroupError),
     #[error("the sandbox is no longer running")]
     Dead,
+    #[error("the program's files and stdin do not fit in the memory limit")]
+    InputExceedsMemory,
 }
 
 fn io_err(step: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
@@ -108,6 +110,8 @@ pub struct Enforcement {
     /// The sandbox uid maps to this host uid.
     pub host_uid: u32,
     pub rootless: bool,
+    /// The host has swap space (so a memory limit without swap accounting leaks into it).
+    pub host_has_swap: bool,
 }
 
 impl Enforcement {
@@ -124,11 +128,17 @@ impl Enforcement {
             None => {}
         }
         match self.cgroup {
-            None => m.push("cgroup (memory, pids and cpu limits fall back to rlimits)".into()),
+            None => m.push(
+                "cgroup (no limit on the run's total memory, CPU share or process count: \
+                 per-process rlimits only)"
+                    .into(),
+            ),
             Some(_) => {
                 let l = self.cgroup_limits;
                 if !l.memory {
                     m.push("cgroup memory limit".into());
+                } else if !l.memory_swap && self.host_has_swap {
+                    m.push("swap accounting (the memory limit does not cover swap)".into());
                 }
                 if !l.pids {
                     m.push("cgroup pids limit".into());
@@ -281,15 +291,101 @@ fn cgroup_manager() -> Option<&'static CgroupManager> {
             .flatten()?;
             // Groups left by a supervisor that was SIGKILLed: their processes died with it (the
             // lifeline), only the empty directories remain.
-            m.sweep_stale(&|pid| PathBuf::from(format!("/proc/{pid}")).exists());
+            m.sweep_stale(&|name| {
+                group_is_stale(name, &self_identity(), &|pid| process_start(pid))
+            });
             Some(m)
         })
         .as_ref()
 }
 
+/// Groups whose removal failed at teardown (a process in uninterruptible sleep, say); retried
+/// whenever a sandbox is created, so a long-running server does not leak them.
+fn pending_removal() -> &'static std::sync::Mutex<Vec<Cgroup>> {
+    static PENDING: OnceLock<std::sync::Mutex<Vec<Cgroup>>> = OnceLock::new();
+    PENDING.get_or_init(Default::default)
+}
+
+fn retry_pending_removals() {
+    let mut pending = pending_removal().lock().unwrap_or_else(|p| p.into_inner());
+    // Only the empty ones: destroy() on a busy group would wait for it.
+    pending.retain_mut(|cg| !(cg.is_empty() && cg.destroy().is_ok()));
+}
+
 /// The host's cgroup version, if runcell can use cgroups here.
 pub fn cgroup_version() -> Option<CgroupVersion> {
     cgroup_manager().map(CgroupManager::version)
+}
+
+/// Who owns a cgroup: the supervisor's pid, its pid namespace, and its start time (so that a
+/// reused pid, or a supervisor with the same pid in another container sharing the cgroup
+/// hierarchy, is never mistaken for the owner).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Owner {
+    pid: u32,
+    pidns: u64,
+    start: u64,
+}
+
+fn self_identity() -> Owner {
+    let pid = std::process::id();
+    Owner {
+        pid,
+        pidns: std::fs::metadata("/proc/self/ns/pid")
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .unwrap_or(0),
+        start: process_start(pid).unwrap_or(0),
+    }
+}
+
+/// A process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// `<pid>-<pid namespace inode>-<start time>-<random>`.
+fn group_name(owner: &Owner, random: u64) -> String {
+    format!(
+        "{}-{}-{}-{random:016x}",
+        owner.pid, owner.pidns, owner.start
+    )
+}
+
+/// A group is stale when its owner, in our pid namespace, is no longer running (its pid is
+/// gone or belongs to a process that started at another time). Groups of other pid
+/// namespaces are left alone: we cannot see their supervisors.
+fn group_is_stale(name: &str, me: &Owner, start_of: &dyn Fn(u32) -> Option<u64>) -> bool {
+    let mut parts = name.split('-');
+    let (Some(pid), Some(pidns), Some(start), Some(_)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let (Ok(pid), Ok(pidns), Ok(start)) = (
+        pid.parse::<u32>(),
+        pidns.parse::<u64>(),
+        start.parse::<u64>(),
+    ) else {
+        return false;
+    };
+    if pidns != me.pidns || (pid == me.pid && start == me.start) {
+        return false;
+    }
+    start_of(pid) != Some(start)
+}
+
+/// SwapTotal from a meminfo file (normally /proc/meminfo), in bytes; 0 when unknown.
+pub fn host_swap_bytes(meminfo: &std::path::Path) -> u64 {
+    std::fs::read_to_string(meminfo)
+        .ok()
+        .and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("SwapTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 fn random_u64() -> u64 {
@@ -310,10 +406,11 @@ impl Sandbox {
             (euid, rustix::process::getegid().as_raw())
         };
 
+        retry_pending_removals();
         // The cgroup first: if it cannot be created the run must not start half-limited.
         let cgroup = match cgroup_manager() {
             Some(m) => {
-                let name = format!("{}-{:016x}", std::process::id(), random_u64());
+                let name = group_name(&self_identity(), random_u64());
                 let limits = CgroupLimits {
                     memory_bytes: Some(spec.cgroup.memory_bytes),
                     // +1 for the sandbox's pid 1.
@@ -382,6 +479,7 @@ impl Sandbox {
             cgroup_limits: cgroup.as_ref().map(Cgroup::enforced).unwrap_or_default(),
             host_uid,
             rootless: !privileged,
+            host_has_swap: host_swap_bytes("/proc/meminfo".as_ref()) > 0,
         };
         let helper_pidfd = rustix::process::Pid::from_raw(helper.id() as i32).and_then(|pid| {
             rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
@@ -439,6 +537,11 @@ impl Sandbox {
         Ok(sandbox)
     }
 
+    /// The helper's host pid (for diagnostics and tests).
+    pub fn helper_pid(&self) -> u32 {
+        self.helper.id()
+    }
+
     pub fn enforcement(&self) -> &Enforcement {
         &self.enforcement
     }
@@ -493,15 +596,19 @@ impl Sandbox {
         }
     }
 
-    /// Kill every process of the sandbox now. Killing the helper makes the kernel kill pid 1
-    /// (parent-death signal), and the death of pid 1 kills its whole pid namespace: double
-    /// forks, setsid, ignored SIGTERM and new sessions cannot escape that. The cgroup is killed
-    /// as well when there is one.
+    /// Kill every process of the sandbox now. pid 1 is killed, and the death of pid 1 kills its
+    /// whole pid namespace: double forks, setsid, ignored SIGTERM and new sessions cannot
+    /// escape that. The cgroup is killed as well when there is one.
     pub fn kill(&mut self) {
-        let _ = self.helper.kill();
+        // Closing the lifeline makes the helper SIGKILL pid 1 through its pidfd; pid 1's death
+        // takes the pid namespace with it. The cgroup kill is a second, independent layer; and
+        // should the helper not exit promptly, reap_helper SIGKILLs it, which kills pid 1 by
+        // its parent-death signal.
+        self.lifeline = None;
         if let Some(cg) = &self.cgroup {
             let _ = cg.kill_all();
         }
+        let _ = self.reap_helper(Duration::from_secs(2));
         self.alive = false;
     }
 
@@ -559,7 +666,13 @@ impl Sandbox {
         let mut program_started: Option<Instant> = None;
 
         while exited.is_none() && end.is_none() {
+            // Checked on every pass, not only when poll times out: a program that writes a
+            // little output all the time must not postpone its own timeout.
             let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                end = Some(End::TimedOut);
+                break;
+            }
             let mut fds = vec![
                 PollFd::new(&self.ctrl, PollFlags::IN),
                 PollFd::new(&self.stdout, PollFlags::IN),
@@ -597,6 +710,13 @@ impl Sandbox {
                     // pid 1 died in an OOM of the run's cgroup (the kernel's choice of victim,
                     // or a cgroup v2 host where an operator set memory.oom.group): that is
                     // the program hitting its memory limit, not a broken sandbox.
+                    Err(SandboxError::HelperDied(_))
+                        if self.cgroup_stats().oom_kills > before.oom_kills
+                            && program_started.is_none() =>
+                    {
+                        // pid 1 ran out of memory while writing the inputs: they do not fit.
+                        return Err(SandboxError::InputExceedsMemory);
+                    }
                     Err(SandboxError::HelperDied(_))
                         if self.cgroup_stats().oom_kills > before.oom_kills =>
                     {
@@ -794,7 +914,14 @@ impl Sandbox {
             let _ = self.reap_helper(Duration::from_millis(0));
         }
         if let Some(mut cg) = self.cgroup.take() {
-            cg.destroy()?;
+            if let Err(e) = cg.destroy() {
+                // Keep it (not dropped: Drop would wait all over again) and retry later.
+                pending_removal()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(cg);
+                return Err(e.into());
+            }
         }
         Ok(())
     }
@@ -885,5 +1012,70 @@ fn timespec(d: Duration) -> Timespec {
     Timespec {
         tv_sec: d.as_secs() as _,
         tv_nsec: d.subsec_nanos() as _,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_groups_are_recognised_by_pid_namespace_and_start_time() {
+        let me = Owner {
+            pid: 100,
+            pidns: 7,
+            start: 555,
+        };
+        let name = |pid: u32, ns: u64, start: u64| {
+            group_name(
+                &Owner {
+                    pid,
+                    pidns: ns,
+                    start,
+                },
+                1,
+            )
+        };
+        let running = |pid: u32| match pid {
+            200 => Some(900),
+            _ => None,
+        };
+        assert!(
+            !group_is_stale(&name(100, 7, 555), &me, &running),
+            "our own"
+        );
+        assert!(
+            !group_is_stale(&name(200, 7, 900), &me, &running),
+            "a live supervisor"
+        );
+        assert!(
+            group_is_stale(&name(200, 7, 800), &me, &running),
+            "pid reused by another process"
+        );
+        assert!(
+            group_is_stale(&name(300, 7, 1), &me, &running),
+            "owner gone"
+        );
+        assert!(
+            !group_is_stale(&name(300, 8, 1), &me, &running),
+            "another pid namespace"
+        );
+        assert!(!group_is_stale("not-ours", &me, &running));
+        assert!(!group_is_stale("12-abc", &me, &running), "unknown format");
+    }
+
+    #[test]
+    fn process_start_reads_proc_stat() {
+        assert!(process_start(std::process::id()).unwrap() > 0);
+        assert_eq!(process_start(u32::MAX), None);
+    }
+
+    #[test]
+    fn swap_is_read_from_meminfo() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("meminfo");
+        std::fs::write(&p, "MemTotal: 100 kB\nSwapTotal:     2048 kB\n").unwrap();
+        assert_eq!(host_swap_bytes(&p), 2048 * 1024);
+        assert_eq!(host_swap_bytes(&d.path().join("none")), 0);
     }
 }

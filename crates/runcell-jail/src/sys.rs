@@ -380,3 +380,17 @@ pub fn unblock_all_signals() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Reset every signal to its default disposition. Ignored signals survive execve, and the
+/// helper's Rust runtime ignores SIGPIPE: without this, `yes | head -1` would make `yes` print
+/// "Broken pipe" instead of dying quietly, as it does on any shell.
+pub fn reset_signal_dispositions() {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL runs no code of ours in a signal context; invalid or
+        // reserved signal numbers are refused by the kernel with EINVAL, which is ignored.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}

@@ -208,28 +208,90 @@ fn files_are_never_written_through_symlinks_a_previous_program_planted() {
         Duration::from_secs(10),
     );
     assert_eq!(sb.run(&plant, &mut NoSink, None).unwrap().stdout, b"ok\n");
-    for path in ["/workspace/dir/passwd2", "/workspace/file"] {
-        let mut p = bash("true", Duration::from_secs(10));
-        p.files.push(InputFile {
-            path: path.into(),
-            mode: 0o644,
-            content: b"x".to_vec(),
-        });
-        let err = sb.run(&p, &mut NoSink, None).unwrap_err().to_string();
-        assert!(
-            err.contains("symbolic links") || err.contains("Too many levels"),
-            "{path}: {err}"
-        );
-        // The failed write killed this sandbox; start a fresh one for the next path.
-        sb = Sandbox::create(&spec()).unwrap();
-        assert_eq!(sb.run(&plant, &mut NoSink, None).unwrap().stdout, b"ok\n");
-    }
+    // A symlinked final component is replaced by the file, never written through.
+    let mut p = bash("test -f /workspace/file && test ! -L /workspace/file && test ! -e /tmp/target && cat /workspace/file", Duration::from_secs(10));
+    p.files.push(InputFile {
+        path: "/workspace/file".into(),
+        mode: 0o644,
+        content: b"x".to_vec(),
+    });
+    assert_eq!(sb.run(&p, &mut NoSink, None).unwrap().stdout, b"x");
+    // A symlinked directory on the way is refused.
+    let mut p = bash("true", Duration::from_secs(10));
+    p.files.push(InputFile {
+        path: "/workspace/dir/passwd2".into(),
+        mode: 0o644,
+        content: b"x".to_vec(),
+    });
+    let err = sb.run(&p, &mut NoSink, None).unwrap_err().to_string();
+    assert!(
+        err.contains("symbolic links") || err.contains("Too many levels"),
+        "{err}"
+    );
+    let mut sb = Sandbox::create(&spec()).unwrap();
     let check = bash(
-        "test ! -e /tmp/target && test ! -e /etc/passwd2 && echo clean",
+        "test ! -e /etc/passwd2 && echo clean",
         Duration::from_secs(10),
     );
     assert_eq!(
         sb.run(&check, &mut NoSink, None).unwrap().stdout,
         b"clean\n"
     );
+}
+
+#[test]
+fn a_fifo_or_directory_at_an_input_path_never_hangs_pid_1() {
+    let mut sb = Sandbox::create(&spec()).unwrap();
+    let plant = bash(
+        "mkfifo /workspace/f && mkdir /workspace/d && echo ok",
+        Duration::from_secs(10),
+    );
+    assert_eq!(sb.run(&plant, &mut NoSink, None).unwrap().stdout, b"ok\n");
+    // A fifo is replaced by the file.
+    let mut p = bash("cat /workspace/f", Duration::from_secs(10));
+    p.files.push(InputFile {
+        path: "/workspace/f".into(),
+        mode: 0o644,
+        content: b"data".to_vec(),
+    });
+    let started = Instant::now();
+    let o = sb.run(&p, &mut NoSink, None).unwrap();
+    assert_eq!(o.stdout, b"data");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // A directory is refused, as an error of the request.
+    let mut p = bash("true", Duration::from_secs(10));
+    p.files.push(InputFile {
+        path: "/workspace/d".into(),
+        mode: 0o644,
+        content: b"x".to_vec(),
+    });
+    let err = sb.run(&p, &mut NoSink, None).unwrap_err().to_string();
+    assert!(err.contains("directory is in the way"), "{err}");
+}
+
+#[test]
+fn killing_the_helper_kills_the_whole_sandbox() {
+    // Regression: the parent-death signal that ties pid 1 to the helper is cleared by the
+    // kernel when pid 1 changes credentials; it must be armed again after that.
+    let sb = Sandbox::create(&spec()).unwrap();
+    let helper = sb.helper_pid();
+    let pid1 = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children"))
+        .unwrap()
+        .trim()
+        .parse::<i32>()
+        .unwrap();
+    assert!(std::path::Path::new(&format!("/proc/{pid1}")).exists());
+    std::process::Command::new("kill")
+        .args(["-9", &helper.to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_to_string(format!("/proc/{pid1}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+        assert!(
+            Instant::now() < deadline,
+            "pid 1 ({pid1}) survived its helper"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(sb);
 }

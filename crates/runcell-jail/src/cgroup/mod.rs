@@ -438,10 +438,10 @@ impl CgroupManager {
         }
     }
 
-    /// Remove leftover groups under the base whose name starts with `<pid>-` where
-    /// `is_alive(pid)` is false (a runcell supervisor that died), killing anything left
-    /// in them first. Best effort; returns how many were removed.
-    pub fn sweep_stale(&self, is_alive: &dyn Fn(u32) -> bool) -> usize {
+    /// Remove leftover groups under the base for which `is_stale(name)` says their supervisor
+    /// is gone (the caller owns the naming scheme), killing anything left in them first. Best
+    /// effort; returns how many were removed.
+    pub fn sweep_stale(&self, is_stale: &dyn Fn(&str) -> bool) -> usize {
         let (version, bases): (CgroupVersion, Vec<(PathBuf, Vec<String>)>) = match &self.layout {
             Layout::V2 { base, .. } => (CgroupVersion::V2, vec![(base.clone(), Vec::new())]),
             Layout::V1 { hierarchies } => (
@@ -459,10 +459,8 @@ impl CgroupManager {
             };
             for name in names {
                 let Some(name) = name.to_str() else { continue };
-                if let Some(pid) = owner_pid(name) {
-                    if !is_alive(pid) {
-                        stale.insert(name.to_owned());
-                    }
+                if is_stale(name) {
+                    stale.insert(name.to_owned());
                 }
             }
         }
@@ -485,15 +483,6 @@ impl CgroupManager {
         }
         removed
     }
-}
-
-/// `<digits>-...` names a group made by the supervisor with that pid.
-fn owner_pid(name: &str) -> Option<u32> {
-    let (pid, _) = name.split_once('-')?;
-    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    pid.parse().ok()
 }
 
 /// Group names become a single directory component.
@@ -1227,17 +1216,6 @@ mod tests {
         for bad in ["", "/runcell", "../x", "a//b", "a/", "a/.."] {
             assert!(validate_base(bad).is_err(), "{bad:?} should be rejected");
         }
-    }
-
-    #[test]
-    fn owner_pid_parsing() {
-        assert_eq!(owner_pid("1234-abcdef"), Some(1234));
-        assert_eq!(owner_pid("1-"), Some(1));
-        assert_eq!(owner_pid("supervisor"), None);
-        assert_eq!(owner_pid("-12"), None);
-        assert_eq!(owner_pid("12a-x"), None);
-        assert_eq!(owner_pid("+12-x"), None);
-        assert_eq!(owner_pid("99999999999-x"), None, "does not fit u32");
     }
 
     #[test]

@@ -285,7 +285,9 @@ fn real_v1_sweep_removes_groups_of_dead_supervisors() {
     // As if the supervisor had crashed: nobody destroys this group but the sweep. (The
     // flag is restored right after, so `dead` still cleans up if an assertion fails.)
     dead.destroyed = true;
-    let removed = fx.manager.sweep_stale(&|pid| pid != dead_pid);
+    let removed = fx
+        .manager
+        .sweep_stale(&|name: &str| name.starts_with(&format!("{dead_pid}-")));
     dead.destroyed = false;
     assert_eq!(removed, 1);
     for dir in &dead_dirs {

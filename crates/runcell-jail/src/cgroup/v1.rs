@@ -537,7 +537,9 @@ mod tests {
         // Leave the dead supervisor's group behind as if it had crashed.
         let mut dead = dead;
         dead.destroyed = true;
-        let removed = s.manager.sweep_stale(&|pid| pid == 222);
+        let removed = s
+            .manager
+            .sweep_stale(&|name: &str| name.starts_with("111-"));
         assert_eq!(removed, 1);
         for c in STANDARD {
             let base = s.root.join(c).join("runcell");
@@ -546,7 +548,7 @@ mod tests {
             assert!(base.join("not-a-pid").exists(), "{c}");
         }
         assert_eq!(s.fake.killed(), vec![9001]);
-        assert_eq!(s.manager.sweep_stale(&|_| true), 0);
+        assert_eq!(s.manager.sweep_stale(&|_: &str| false), 0);
         drop((alive, other));
     }
 }
