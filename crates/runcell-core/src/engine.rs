@@ -397,7 +397,7 @@ impl Engine {
         // Every process of the run is dead now (pid 1 killed and reaped them before it
         // reported); what they left in /workspace is the output. A sandbox killed outright
         // (cancelled, or pid 1 lost) has no files to give.
-        if let Ok(collected) = sandbox.collect(&self.collect_limits()) {
+        if let Ok(collected) = sandbox.collect(&self.collect_limits(limits)) {
             (verdict.files, verdict.files_omitted) = crate::files::to_verdict(collected);
         }
         if let Err(e) = sandbox.destroy() {
@@ -408,13 +408,16 @@ impl Engine {
         verdict
     }
 
-    fn collect_limits(&self) -> CollectLimits {
+    fn collect_limits(&self, limits: &Limits) -> CollectLimits {
         let p = &self.config.policy;
         CollectLimits {
             max_files: p.max_output_files,
             max_file_bytes: p.max_output_file_bytes,
             max_total_bytes: p.max_output_total_bytes,
             max_entries: 100_000,
+            // All the data a run can hold fits in its disk limit; anything beyond is holes.
+            max_read_bytes: limits.disk_bytes,
+            deadline_ms: 10_000,
         }
     }
 

@@ -103,7 +103,7 @@ mod tests {
             path: path.into(),
             size: 0,
             mime_type: String::new(),
-            sha256: String::new(),
+            sha256: None,
             content_base64: content.map(|c| base64::engine::general_purpose::STANDARD.encode(c)),
             truncated: content.is_none(),
         };
@@ -131,13 +131,13 @@ mod tests {
                 CollectedFile {
                     path: "a.txt".into(),
                     size: 2,
-                    sha256: "x".into(),
+                    sha256: Some("x".into()),
                     blob: Some(0),
                 },
                 CollectedFile {
                     path: "big.bin".into(),
                     size: 99,
-                    sha256: "y".into(),
+                    sha256: None,
                     blob: None,
                 },
             ],

@@ -100,7 +100,9 @@ pub struct OutputFile {
     pub path: String,
     pub size: u64,
     pub mime_type: String,
-    pub sha256: String,
+    /// Hex sha256 of the whole file; null when the file was too large to read within the
+    /// run's limits (a sparse file claiming more than the disk limit).
+    pub sha256: Option<String>,
     /// The content, unless the file was over the per-file or total cap.
     pub content_base64: Option<String>,
     /// True when the content was left out because of a cap.

@@ -148,8 +148,17 @@ pub fn collect(
     let mut files = Vec::new();
     let mut blobs = Vec::new();
     let mut total = 0u64;
-    for f in changed {
-        let Some((size, sha256, content)) = read_file(&top, &f.rel, limits, total) else {
+    let mut read_budget = limits.max_read_bytes;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(limits.deadline_ms);
+    let count = changed.len();
+    for (i, f) in changed.into_iter().enumerate() {
+        if std::time::Instant::now() >= deadline {
+            omitted += (count - i) as u64;
+            break;
+        }
+        let Some((size, sha256, content)) =
+            read_file(&top, &f.rel, limits, total, &mut read_budget)
+        else {
             continue;
         };
         let blob = content.map(|c| {
@@ -174,7 +183,8 @@ fn read_file(
     rel: &[u8],
     limits: &CollectLimits,
     total_so_far: u64,
-) -> Option<(u64, String, Option<Vec<u8>>)> {
+    read_budget: &mut u64,
+) -> Option<(u64, Option<String>, Option<Vec<u8>>)> {
     let parts: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
     let (name, dirs) = parts.split_last()?;
     let mut dir: Option<OwnedFd> = None;
@@ -201,12 +211,20 @@ fn read_file(
         return None;
     }
     let size = st.st_size as u64;
+    if size > *read_budget {
+        // Listed, but neither hashed nor returned: reading it would exceed the budget.
+        return Some((size, None, None));
+    }
+    *read_budget -= size;
     let keep = size <= limits.max_file_bytes && total_so_far + size <= limits.max_total_bytes;
     let mut content = keep.then(|| Vec::with_capacity(size as usize));
     let mut hasher = Sha256::new();
     let mut file = std::fs::File::from(fd);
     let mut buf = vec![0u8; 1 << 16];
     let mut read = 0u64;
+    // Never past the size seen by fstat: all writers are dead, so the file cannot grow, but
+    // the read is bounded regardless.
+    let mut file = Read::take(&mut file, size);
     loop {
         let n = match file.read(&mut buf) {
             Ok(0) => break,
@@ -230,7 +248,7 @@ fn read_file(
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    Some((read, sha256, content))
+    Some((read, Some(sha256), content))
 }
 
 #[cfg(test)]
@@ -245,6 +263,8 @@ mod tests {
             max_file_bytes: 1000,
             max_total_bytes: 1500,
             max_entries: 10_000,
+            max_read_bytes: 1 << 30,
+            deadline_ms: 10_000,
         }
     }
 
@@ -264,8 +284,8 @@ mod tests {
         assert_eq!(omitted, 0);
         assert_eq!(blobs[files[0].blob.unwrap()], b"x,y\n1,2\n");
         assert_eq!(
-            files[1].sha256,
-            "11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437"
+            files[1].sha256.as_deref(),
+            Some("11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437")
         );
     }
 
@@ -317,6 +337,25 @@ mod tests {
         l.max_entries = 2;
         let (files, _, omitted) = collect(root, &Baseline::default(), &l);
         assert_eq!((files.len(), omitted), (2, 3));
+    }
+
+    #[test]
+    fn sparse_files_do_not_make_collection_read_without_bound() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        let f = fs::File::create(d.path().join("sparse")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        fs::write(d.path().join("small"), "abc").unwrap();
+        let mut l = limits();
+        l.max_read_bytes = 1 << 20;
+        let started = std::time::Instant::now();
+        let (files, blobs, _) = collect(root, &Baseline::default(), &l);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert_eq!(files[0].path, "small");
+        assert!(files[0].sha256.is_some());
+        assert_eq!((files[1].path.as_str(), files[1].size), ("sparse", 1 << 40));
+        assert_eq!((files[1].sha256.as_deref(), files[1].blob), (None, None));
+        assert_eq!(blobs.len(), 1);
     }
 
     #[test]

@@ -129,7 +129,24 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    let (pid, pidfd) = match sys::clone_with_pidfd(ns).step("clone")? {
+    // H4a. As root, create the user namespace with the sandbox's host uid/gid as effective ids:
+    //      the namespace's owner is who created it, and the kernel charges per-user budgets of
+    //      everything inside (inotify instances, pending signals, processes) to the owner as
+    //      well. Owned by root, one run could use up host root's budgets; owned by its own
+    //      uid, it can only use up its own. Saved ids stay 0, so the helper gets root back
+    //      right after the clone (H5 and H6 need it).
+    if cfg.privileged {
+        set_thread_res_gid(None::<Gid>, Gid::from_raw(cfg.host_gid), None::<Gid>)
+            .step("setegid")?;
+        set_thread_res_uid(None::<Uid>, Uid::from_raw(cfg.host_uid), None::<Uid>)
+            .step("seteuid")?;
+    }
+    let forked = sys::clone_with_pidfd(ns);
+    if cfg.privileged && !matches!(forked, Ok(sys::Forked::Child)) {
+        set_thread_res_uid(None::<Uid>, Uid::ROOT, None::<Uid>).step("restore euid")?;
+        set_thread_res_gid(None::<Gid>, Gid::ROOT, None::<Gid>).step("restore egid")?;
+    }
+    let (pid, pidfd) = match forked.step("clone")? {
         sys::Forked::Child => {
             drop(go_w);
             drop(lifeline);

@@ -52,6 +52,11 @@ pub struct CollectLimits {
     pub max_total_bytes: u64,
     /// Directory entries visited at most (a hundred thousand tiny files must not stall us).
     pub max_entries: u64,
+    /// Bytes read at most, over all files, to hash them (a sparse file can claim gigabytes it
+    /// does not hold); files past it are listed without hash or content.
+    pub max_read_bytes: u64,
+    /// Wall-clock budget of the whole collection, in milliseconds.
+    pub deadline_ms: u64,
 }
 
 /// One collected file.
@@ -61,8 +66,8 @@ pub struct CollectedFile {
     /// Relative to /workspace ('/'-separated; invalid UTF-8 replaced by U+FFFD).
     pub path: String,
     pub size: u64,
-    /// Hex sha256 of the whole content.
-    pub sha256: String,
+    /// Hex sha256 of the whole content; `None` when reading it would exceed the read budget.
+    pub sha256: Option<String>,
     /// Blob index of the content, when it is included.
     pub blob: Option<usize>,
 }

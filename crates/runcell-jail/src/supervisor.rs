@@ -140,6 +140,9 @@ impl Enforcement {
                 } else if !l.memory_swap && self.host_has_swap {
                     m.push("swap accounting (the memory limit does not cover swap)".into());
                 }
+                if l.memory && !l.socket_memory {
+                    m.push("socket memory accounting (TCP buffers are not charged to the memory limit)".into());
+                }
                 if !l.pids {
                     m.push("cgroup pids limit".into());
                 }
@@ -875,7 +878,9 @@ impl Sandbox {
         protocol::send(&self.ctrl, &Request::Collect(*limits), &[])
             .map_err(io_err("send collect"))?;
         let mut fds = [PollFd::new(&self.ctrl, PollFlags::IN)];
-        match poll(&mut fds, Some(&timespec(Duration::from_secs(60)))) {
+        // pid 1 bounds the collection to `deadline_ms`; allow for the transfer on top.
+        let wait = Duration::from_millis(limits.deadline_ms) + Duration::from_secs(20);
+        match poll(&mut fds, Some(&timespec(wait))) {
             Ok(n) if n > 0 => {}
             _ => return Err(SandboxError::Protocol("no answer to collect".into())),
         }

@@ -101,7 +101,7 @@ pub fn prepare(
     );
     let version = runtime.version().unwrap_or_else(|| "?".into());
     let fp = fingerprint(&runtime.executable).ok_or_else(|| SetupError::Io {
-        step: "inspect the go executable",
+        step: "inspect the go executable".into(),
         path: runtime.executable.clone(),
         source: std::io::Error::from(std::io::ErrorKind::NotFound),
     })?;
@@ -123,7 +123,7 @@ pub fn prepare(
     let gopath = building.join("gopath");
     for d in [&cache, &gopath] {
         fs::create_dir_all(d).map_err(|source| SetupError::Io {
-            step: "create Go cache directory",
+            step: "create Go cache directory".into(),
             path: d.clone(),
             source,
         })?;
@@ -142,7 +142,7 @@ pub fn prepare(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|source| SetupError::Io {
-            step: "start go build std",
+            step: "start go build std".into(),
             path: runtime.executable.clone(),
             source,
         })?;
@@ -157,22 +157,22 @@ pub fn prepare(
         }
     }
     let status = child.wait().map_err(|source| SetupError::Io {
-        step: "wait for go build std",
+        step: "wait for go build std".into(),
         path: runtime.executable.clone(),
         source,
     })?;
     if !status.success() {
         let _ = fs::remove_dir_all(&building);
         return Err(SetupError::Command {
-            step: "go build std",
-            status: status.to_string(),
+            step: "go build std".into(),
+            status,
             output_tail: tail.join("\n"),
         });
     }
     let _ = fs::remove_dir_all(&gopath);
     make_world_readable(&building)?;
     fs::write(building.join(MARKER), &fp).map_err(|source| SetupError::Io {
-        step: "write marker",
+        step: "write marker".into(),
         path: building.join(MARKER),
         source,
     })?;
@@ -184,7 +184,7 @@ pub fn prepare(
             return Ok(c);
         }
         return Err(SetupError::Io {
-            step: "move the Go cache into place",
+            step: "move the Go cache into place".into(),
             path: root,
             source,
         });

@@ -11,6 +11,7 @@ use runcell_jail::config::Overlay;
 use runcell_jail::RootEntry;
 
 pub mod go_cache;
+pub mod python_stack;
 pub mod setup;
 
 pub use setup::{default_data_dir, SetupError, SetupEvent};
@@ -145,6 +146,8 @@ pub struct Runtime {
     pub extra_env: Vec<(String, String)>,
     /// Files placed in the sandbox before each program (absolute sandbox path, content).
     pub sandbox_files: Vec<(PathBuf, Vec<u8>)>,
+    /// The curated Python packages (name, version), when the stack is installed.
+    pub python_stack: Option<Vec<(String, String)>>,
 }
 
 /// Where runcell keeps what `runcell setup` prepares.
@@ -185,6 +188,15 @@ const GO_BINARY: &str = "/tmp/.runcell/main";
 /// Find a language's runtime on the host, with what `runcell setup` prepared for it.
 pub fn locate(language: Language, host: &Host) -> Result<Runtime, Unavailable> {
     let mut rt = locate_in(language, Path::new("/"))?;
+    if language == Language::Python {
+        if let Some(stack) = python_stack::PythonStack::find(&host.data_dir, &rt.executable) {
+            rt.executable = stack.python.clone();
+            rt.extra_binds.push(stack.root.clone());
+            rt.extra_env = stack.env();
+            rt.sandbox_files = stack.sandbox_files();
+            rt.python_stack = Some(stack.packages.clone());
+        }
+    }
     if language == Language::Go {
         if let Some(cache) = go_cache::find(&host.data_dir, &rt) {
             rt.overlays.push(Overlay {
@@ -244,6 +256,7 @@ impl Runtime {
             overlays: Vec::new(),
             extra_env: Vec::new(),
             sandbox_files: Vec::new(),
+            python_stack: None,
         }
     }
 
@@ -304,9 +317,9 @@ impl Runtime {
                 (Some(compile), vec![GO_BINARY.to_string()])
             }
         };
-        env.extend(self.extra_env.iter().cloned());
+        merge_env(&mut env, &self.extra_env);
         let compile = compile.map(|mut c| {
-            c.env.extend(self.extra_env.iter().cloned());
+            merge_env(&mut c.env, &self.extra_env);
             c
         });
         Plan {
@@ -345,6 +358,13 @@ pub fn parse_version(language: Language, text: &str) -> Option<String> {
         Language::Python | Language::Ruby => first.split_whitespace().nth(1)?,
     };
     (!word.is_empty()).then(|| word.to_string())
+}
+
+/// Add `extra` to `env`, replacing variables of the same name (execve keeps duplicates, and
+/// getenv returns the first).
+fn merge_env(env: &mut Vec<(String, String)>, extra: &[(String, String)]) {
+    env.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+    env.extend(extra.iter().cloned());
 }
 
 fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

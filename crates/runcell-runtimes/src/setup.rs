@@ -1,44 +1,71 @@
 //! What `runcell setup` reports while it prepares runtimes, and how it fails.
 
 use std::fs;
+use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 
-/// Progress of a setup step.
+/// Progress of a setup step (the Python stack, the Go cache).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetupEvent {
-    /// A new step starts ("building the Go standard library ...").
+    /// A step begins: "creating venv", "installing 17 packages", ...
     Step(String),
-    /// A line of output from the tool doing the work.
+    /// A line of output from pip or another command of the current step.
     Output(String),
-    /// Finished; `reused` when everything was already in place.
+    /// Something the operator should fix, though setup goes on (e.g. a data directory the
+    /// sandbox's unprivileged uid cannot reach).
+    Warning(String),
+    /// Finished; `reused` when the stack was already installed.
     Done { reused: bool },
 }
 
-/// A setup step that failed, with what to do about it where there is something to do.
+/// Why a setup step failed. Each variant names the step and carries the cause.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("{step} failed ({status}){}", if output_tail.is_empty() { String::new() } else { format!(":\n{output_tail}") })]
+    #[error("Python is not installed at {path}; the operator can install it with: apt-get install python3")]
+    PythonMissing { path: PathBuf },
+    #[error("the Python stack is locked for {wanted}, but {path} is {found}; regenerate crates/runcell-runtimes/python/requirements.lock for it")]
+    PythonUnsupported {
+        path: PathBuf,
+        found: String,
+        wanted: String,
+    },
+    #[error("{python} cannot create a virtual environment ({detail}); the operator can install the venv module with: {hint}")]
+    VenvUnavailable {
+        python: PathBuf,
+        detail: String,
+        hint: &'static str,
+    },
+    #[error(
+        "pip is not usable with {python} ({detail}); the operator can install it with: {hint}"
+    )]
+    PipUnavailable {
+        python: PathBuf,
+        detail: String,
+        hint: &'static str,
+    },
+    #[error("{step} failed ({status}):\n{output_tail}")]
     Command {
-        step: &'static str,
-        status: String,
+        step: String,
+        status: ExitStatus,
         output_tail: String,
     },
-    #[error("{step} ({}): {source}", path.display())]
+    #[error("{step}: {}: {source}", path.display())]
     Io {
-        step: &'static str,
+        step: String,
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: io::Error,
     },
-    #[error("{what} is not available: {hint}")]
-    Missing { what: String, hint: String },
+    #[error("{step}: {detail}")]
+    Unexpected { step: String, detail: String },
 }
 
 /// Create a directory (and parents) that the sandbox's unprivileged host uid can traverse.
 pub fn mkdir_world_readable(dir: &Path) -> Result<(), SetupError> {
     fs::create_dir_all(dir).map_err(|source| SetupError::Io {
-        step: "create directory",
+        step: "create directory".into(),
         path: dir.to_path_buf(),
         source,
     })?;
@@ -55,7 +82,7 @@ pub fn mkdir_world_readable(dir: &Path) -> Result<(), SetupError> {
             fs::Permissions::from_mode(meta.permissions().mode() | 0o755),
         )
         .map_err(|source| SetupError::Io {
-            step: "make directory readable",
+            step: "make directory readable".into(),
             path: d.to_path_buf(),
             source,
         })?;
@@ -67,7 +94,7 @@ pub fn mkdir_world_readable(dir: &Path) -> Result<(), SetupError> {
 /// `chmod -R a+rX`: the sandbox reads prepared files as an unprivileged host uid.
 pub fn make_world_readable(root: &Path) -> Result<(), SetupError> {
     let meta = fs::symlink_metadata(root).map_err(|source| SetupError::Io {
-        step: "read permissions",
+        step: "read permissions".into(),
         path: root.to_path_buf(),
         source,
     })?;
@@ -83,7 +110,7 @@ pub fn make_world_readable(root: &Path) -> Result<(), SetupError> {
     if want != mode {
         fs::set_permissions(root, fs::Permissions::from_mode(want)).map_err(|source| {
             SetupError::Io {
-                step: "make readable",
+                step: "make readable".into(),
                 path: root.to_path_buf(),
                 source,
             }
@@ -91,7 +118,7 @@ pub fn make_world_readable(root: &Path) -> Result<(), SetupError> {
     }
     if meta.is_dir() {
         let entries = fs::read_dir(root).map_err(|source| SetupError::Io {
-            step: "list directory",
+            step: "list directory".into(),
             path: root.to_path_buf(),
             source,
         })?;

@@ -419,8 +419,35 @@ fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
         move |e| match e {
             SetupEvent::Step(s) => eprintln!("  {s}"),
             SetupEvent::Output(line) => eprintln!("    {line}"),
+            SetupEvent::Warning(w) => eprintln!("  warning: {w}"),
             SetupEvent::Done { reused: true } => eprintln!("  {what}: already prepared"),
             SetupEvent::Done { reused: false } => eprintln!("  {what}: ready"),
+        }
+    }
+    match runcell_runtimes::locate_in(Language::Python, "/".as_ref()) {
+        Ok(py) => {
+            eprintln!(
+                "Python data stack (numpy, pandas, matplotlib, scipy, sympy, pillow, openpyxl):"
+            );
+            match runcell_runtimes::python_stack::setup(
+                &host.data_dir,
+                &py.executable,
+                &mut report("Python data stack"),
+            ) {
+                Ok(stack) => eprintln!(
+                    "  {} packages at {}",
+                    stack.packages.len(),
+                    stack.root.display()
+                ),
+                Err(e) => {
+                    eprintln!("  FAILED: {e}");
+                    failed.push("Python data stack");
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("Python data stack: FAILED ({e})");
+            failed.push("Python data stack");
         }
     }
     match runcell_runtimes::locate(Language::Go, host) {
@@ -448,6 +475,20 @@ fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
 
 fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
     let layers = runcell_jail::probe::layers();
+    let prepared = |rt: &runcell_runtimes::Runtime| -> Option<String> {
+        match rt.language {
+            Language::Python => Some(match &rt.python_stack {
+                Some(p) => format!("data stack installed ({} packages)", p.len()),
+                None => "data stack NOT installed: run `runcell setup`".into(),
+            }),
+            Language::Go => Some(if rt.overlays.is_empty() {
+                "build cache NOT prepared: run `runcell setup`".into()
+            } else {
+                "build cache prepared".into()
+            }),
+            _ => None,
+        }
+    };
     let runtimes: Vec<(Language, Option<runcell_runtimes::Runtime>, Option<String>)> =
         Language::ALL
             .iter()
@@ -483,6 +524,7 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                 "available": rt.is_some(),
                 "version": v,
                 "executable": rt.as_ref().map(|r| r.executable.display().to_string()),
+                "prepared": rt.as_ref().and_then(prepared),
                 "install": rt.is_none().then(|| l.install_hint()),
             })).collect::<Vec<_>>(),
             "sandbox_test": {
@@ -515,11 +557,12 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
         for (l, rt, v) in &runtimes {
             match rt {
                 Some(rt) => println!(
-                    "  {:<20} {}  {} {}",
+                    "  {:<20} {}  {} {}{}",
                     l.name(),
                     mark(true),
                     v.as_deref().unwrap_or("?"),
-                    rt.executable.display()
+                    rt.executable.display(),
+                    prepared(rt).map(|p| format!("; {p}")).unwrap_or_default()
                 ),
                 None => println!(
                     "  {:<20} {}  install: {}",

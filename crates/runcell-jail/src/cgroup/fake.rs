@@ -295,6 +295,13 @@ fn populate(dir: &Path, kind: &Kind) {
                                 ],
                             );
                         }
+                        // Like memsw, present in the standard fake and absent in the other.
+                        if *memsw {
+                            write_files(
+                                dir,
+                                &[("memory.kmem.tcp.limit_in_bytes", "9223372036854771712\n")],
+                            );
+                        }
                     }
                     "pids" => write_files(
                         dir,

@@ -123,6 +123,9 @@ pub struct Enforced {
     pub memory: bool,
     /// The memory limit also covers swap (v1 memsw / v2 `memory.swap.max = 0`).
     pub memory_swap: bool,
+    /// TCP socket buffers count against the memory limit (always on v2; on v1 only with
+    /// `memory.kmem.tcp.limit_in_bytes`).
+    pub socket_memory: bool,
     /// A pids limit was requested and written.
     pub pids: bool,
     /// A CPU quota was requested and written.

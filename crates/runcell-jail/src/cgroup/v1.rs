@@ -106,6 +106,14 @@ pub(super) fn create(
             set_limit(fs, memsw, bytes.to_string())?;
             enforced.memory_swap = true;
         }
+        // v1 charges TCP socket buffers to the group only once this is set (v2 always does):
+        // without it a run could queue gigabytes in sockets beyond its limit. Best effort:
+        // kernels without kmem accounting refuse it, and `Enforced` says so. UDP buffers are
+        // never charged on v1: seccomp keeps them at their defaults.
+        let tcp = dir.join("memory.kmem.tcp.limit_in_bytes");
+        if fs.exists(&tcp) {
+            enforced.socket_memory = fs.write(&tcp, &bytes.to_string()).is_ok();
+        }
     }
     if let (Some(dir), Some(max)) = (group.dir_with("pids"), limits.pids_max) {
         set_limit(fs, dir.join("pids.max"), max.to_string())?;
@@ -258,6 +266,10 @@ mod tests {
         assert_eq!(group.version(), CgroupVersion::V1);
         assert_eq!(read(&mem.join("memory.limit_in_bytes")), "67108864");
         assert_eq!(read(&mem.join("memory.memsw.limit_in_bytes")), "67108864");
+        assert_eq!(
+            read(&mem.join("memory.kmem.tcp.limit_in_bytes")),
+            "67108864"
+        );
         let pids = s.root.join("pids/runcell/77-beef");
         assert_eq!(read(&pids.join("pids.max")), "16");
         let cpu = s.root.join("cpu/runcell/77-beef");
@@ -277,6 +289,7 @@ mod tests {
             Enforced {
                 memory: true,
                 memory_swap: true,
+                socket_memory: true,
                 pids: true,
                 cpu: true,
                 cpu_accounting: true,

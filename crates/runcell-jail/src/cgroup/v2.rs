@@ -187,6 +187,8 @@ pub(super) fn create(
         if let Some(bytes) = limits.memory_bytes {
             set_limit(fs, path.join("memory.max"), bytes.to_string())?;
             enforced.memory = true;
+            // v2 charges socket memory to the group unconditionally.
+            enforced.socket_memory = true;
             let swap = path.join("memory.swap.max");
             // Absent when the kernel has no swap support or swap accounting is off.
             if fs.exists(&swap) {
@@ -376,6 +378,7 @@ mod tests {
             Enforced {
                 memory: true,
                 memory_swap: true,
+                socket_memory: true,
                 pids: true,
                 cpu: true,
                 cpu_accounting: true,

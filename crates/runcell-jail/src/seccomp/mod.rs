@@ -257,7 +257,14 @@ mod tests {
     // ---------------------------------------------------------------------------------------
 
     /// Syscalls that appear in both filters, with complementary argument conditions.
-    const CONDITIONAL: [&str; 4] = ["clone", "ioctl", "personality", "socket"];
+    const CONDITIONAL: [&str; 6] = [
+        "clone",
+        "ioctl",
+        "personality",
+        "socket",
+        "prlimit64",
+        "setsockopt",
+    ];
 
     fn names(filter: &FilterDoc) -> BTreeSet<&str> {
         filter.filter.iter().map(|r| r.syscall.as_str()).collect()
@@ -569,8 +576,55 @@ mod tests {
             "personality" => SYS_personality,
             "socket" => SYS_socket,
             "ioctl" => SYS_ioctl,
+            "prlimit64" => SYS_prlimit64,
+            "setsockopt" => SYS_setsockopt,
+            "io_setup" => SYS_io_setup,
             _ => return None,
         })
+    }
+
+    #[test]
+    fn bpf_prlimit_on_other_processes_and_socket_buffers_are_refused() {
+        use libc::{SYS_prlimit64, SYS_setsockopt};
+        let policy = SeccompPolicy::compile().unwrap();
+        assert_eq!(
+            check(&policy, SYS_prlimit64, &[0, 7, 0, 0, 0, 0]),
+            RET_ALLOW,
+            "own limits"
+        );
+        assert_eq!(
+            check(&policy, SYS_prlimit64, &[1, 7, 0, 0, 0, 0]),
+            EPERM,
+            "pid 1's limits"
+        );
+        for opt in [7, 8, 32, 33] {
+            assert_eq!(
+                check(&policy, SYS_setsockopt, &[3, 1, opt, 0, 4, 0]),
+                EPERM,
+                "option {opt}"
+            );
+        }
+        assert_eq!(
+            check(&policy, SYS_setsockopt, &[3, 1, 2, 0, 4, 0]),
+            RET_ALLOW,
+            "SO_REUSEADDR"
+        );
+        // The same numbers at other levels are other options (IP_PKTINFO, TCP_SYNCNT).
+        assert_eq!(
+            check(&policy, SYS_setsockopt, &[3, 0, 8, 0, 4, 0]),
+            RET_ALLOW,
+            "IP_PKTINFO"
+        );
+        assert_eq!(
+            check(&policy, SYS_setsockopt, &[3, 6, 7, 0, 4, 0]),
+            RET_ALLOW,
+            "TCP_SYNCNT"
+        );
+        assert_eq!(
+            check(&policy, libc::SYS_io_setup, &[1, 0, 0, 0, 0, 0]),
+            EPERM,
+            "Linux AIO"
+        );
     }
 
     #[test]
