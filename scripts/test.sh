@@ -9,6 +9,8 @@ need=()
 [ -x /usr/bin/ruby ] || need+=(ruby)
 [ -x /usr/bin/go ] || need+=(golang-go)
 [ -x /usr/bin/python3 ] || need+=(python3)
+/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 [ -x /usr/bin/node ] || need+=(nodejs)
 command -v setpriv >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
@@ -19,4 +21,8 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The data-stack tests run against the prepared runtimes: install them (idempotent; the Python
+# stack comes from PyPI, the Go cache is built locally).
+cargo build -q -p runcell
+./target/debug/runcell setup
 cargo test --workspace

@@ -250,14 +250,14 @@ fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd) -> ! {
             sys::exit_now(125);
         }
     };
-    // P18. Ready: the point a warm pool keeps sandboxes at.
+    // P17. Ready: the point a warm pool keeps sandboxes at.
     if protocol::send(ctrl, &Report::Ready, &[]).is_err() {
         sys::exit_now(125);
     }
     serve(ctrl, &seccomp, &sigchld)
 }
 
-/// P17. What serving programs needs, prepared before `Ready` so that a failure here is a setup
+/// P16. What serving programs needs, prepared before `Ready` so that a failure here is a setup
 /// failure: the seccomp policy compiled once (the forked program only installs it), and a
 /// signalfd for SIGCHLD (one poll then covers child exits and the supervisor's messages).
 fn prepare_service() -> Result<(SeccompPolicy, OwnedFd), StepError> {

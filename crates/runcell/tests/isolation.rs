@@ -22,8 +22,11 @@ read("shadow", "/etc/shadow")
 read("gshadow", "/etc/gshadow")
 read("sudoers", "/etc/sudoers")
 read("ssh_host_key", "/etc/ssh/ssh_host_ed25519_key")
-for d in ["/root", "/home", "/var", "/run", "/sys", "/boot", "/work", "/mnt", "/opt", "/srv", "/media", "/old_root", "/lost+found"]:
+for d in ["/root", "/home", "/run", "/sys", "/boot", "/work", "/mnt", "/opt", "/srv", "/media", "/old_root", "/lost+found"]:
     attempt("ls" + d, lambda: os.listdir(d))
+# /var holds nothing of the host's: only the path down to the (read-only) Python data stack.
+print("var=" + json.dumps([sorted(os.listdir(p)) for p in ["/var", "/var/lib", "/var/lib/runcell"]]))
+print("stacks=" + json.dumps(sorted(os.listdir("/var/lib/runcell/python"))))
 read("dockerenv", "/.dockerenv")
 read("container_info", "/container_info.json")
 read("runcell_src", "/work/main/Cargo.toml")
@@ -40,7 +43,6 @@ read("runcell_src", "/work/main/Cargo.toml")
     let dirs = [
         "/root",
         "/home",
-        "/var",
         "/run",
         "/sys",
         "/boot",
@@ -62,6 +64,10 @@ read("runcell_src", "/work/main/Cargo.toml")
         ("runcell_src", "ENOENT"),
     ]);
     r.expect(&want);
+    assert_eq!(r.out("var"), r#"[["lib"], ["runcell"], ["python"]]"#);
+    let stacks: Vec<String> = serde_json::from_str(&r.out("stacks")).unwrap();
+    assert_eq!(stacks.len(), 1, "only the stack in use: {stacks:?}");
+    assert!(stacks[0].starts_with("cp311-"), "{stacks:?}");
     // The host still has them (the test would be meaningless otherwise).
     assert!(Path::new("/etc/shadow").exists() && Path::new("/root").is_dir());
 }
@@ -89,7 +95,8 @@ read("read_back", "{escape}")
     );
     r.assert_ok();
     r.expect(&[
-        ("tmp_listing", "[]"),
+        // Only matplotlib's font cache, seeded by runcell for Python runs.
+        ("tmp_listing", "[\".config\"]"),
         ("host_file", "ENOENT"),
         ("create_in_tmp", "OK"),
         ("read_back", "DATA"),
@@ -129,6 +136,8 @@ for l in ["/bin", "/lib", "/lib64", "/sbin"]:
             "sbin",
             "tmp",
             "usr",
+            // Only the path to the read-only Python data stack (see the test above).
+            "var",
             "workspace"
         ],
         "ls / in the sandbox"
@@ -506,7 +515,9 @@ print("mounts=" + json.dumps(mps))
     ];
     for m in &mounts {
         assert!(
-            allowed.contains(&m.as_str()) || m.starts_with("/proc/"),
+            allowed.contains(&m.as_str())
+                || m.starts_with("/proc/")
+                || m.starts_with("/var/lib/runcell/python/"),
             "unexpected mount {m} in the sandbox: {mounts:?}"
         );
     }
@@ -863,12 +874,16 @@ print("pythonpath=" + str(any("/evil" in p for p in sys.path)))
             "LANG",
             "LOGNAME",
             "MPLBACKEND",
+            "MPLCONFIGDIR",
+            "OMP_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS",
             "PATH",
             "PWD",
             "PYTHONDONTWRITEBYTECODE",
             "PYTHONUNBUFFERED",
             "TMPDIR",
-            "USER"
+            "USER",
+            "VIRTUAL_ENV"
         ]
     );
     r.expect(&[
