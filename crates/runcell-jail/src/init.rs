@@ -71,7 +71,8 @@ pub fn helper_main() -> ! {
         eprintln!("runcell __jail is started by runcell itself, not by hand");
         sys::exit_now(125);
     }
-    if sys::close_fds_from(LIFELINE_FD as u32 + 1).is_err() {
+    // SAFETY: nothing in this fresh process owns a descriptor above 4 yet.
+    if unsafe { sys::close_fds_from(LIFELINE_FD as u32 + 1) }.is_err() {
         sys::exit_now(125);
     }
     // SAFETY: fd 3 was just checked to be a socket; the supervisor set it up as our end of the
@@ -141,7 +142,8 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         set_thread_res_uid(None::<Uid>, Uid::from_raw(cfg.host_uid), None::<Uid>)
             .step("seteuid")?;
     }
-    let forked = sys::clone_with_pidfd(ns);
+    // SAFETY: the helper is a freshly exec'd binary that starts no threads.
+    let forked = unsafe { sys::clone_with_pidfd(ns) };
     if cfg.privileged && !matches!(forked, Ok(sys::Forked::Child)) {
         set_thread_res_uid(None::<Uid>, Uid::ROOT, None::<Uid>).step("restore euid")?;
         set_thread_res_gid(None::<Gid>, Gid::ROOT, None::<Gid>).step("restore egid")?;
@@ -197,7 +199,8 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     //     the control socket belong to pid 1 and the supervisor from now on.
     let null = File::open("/dev/null").step("open /dev/null")?;
     for fd in 0..=2 {
-        sys::dup_to(null.as_raw_fd(), fd).step("redirect stdio")?;
+        // SAFETY: fds 0-2 are owned by no object in this process (they were inherited).
+        unsafe { sys::dup_to(null.as_raw_fd(), fd) }.step("redirect stdio")?;
     }
     // The control socket is the caller's; it is closed when this process exits below.
 
@@ -607,7 +610,8 @@ fn run_step(
 
     let before = sys::children_rusage();
     let started = Instant::now();
-    let Some(pid) = sys::fork().step("fork")? else {
+    // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
+    let Some(pid) = unsafe { sys::fork() }.step("fork")? else {
         drop(status_r);
         exec_program(&argv, &envp, &cwd, &step.rlimits, stdin, status_w, seccomp)
     };
@@ -740,17 +744,22 @@ fn exec_program(
     }
     rustix::process::umask(Mode::from_raw_mode(0o022));
     // X2. stdin on fd 0, the status pipe on fd 3 (close-on-exec); close everything else.
-    match sys::move_fd(stdin, 0, false) {
+    // SAFETY: fd 0 is owned by no object of this process (inherited from the helper).
+    match unsafe { sys::move_fd(stdin, 0, false) } {
         // fd 0 must stay open across execve: give up ownership instead of dropping it.
         Ok(fd) => drop(std::os::fd::IntoRawFd::into_raw_fd(fd)),
         Err(e) => fail(&status_w, "stdin", &e),
     }
-    let status_w = match sys::move_fd(status_w, 3, true) {
+    // SAFETY: fd 3 is the control socket, owned by the `UnixStream` of `helper_main`; that
+    // object is never used or dropped in this process again (it execs or exits with _exit).
+    let status_w = match unsafe { sys::move_fd(status_w, 3, true) } {
         Ok(fd) => fd,
         // The pipe is gone with the failed move; the exit code alone tells pid 1.
         Err(_) => sys::exit_now(127),
     };
-    if let Err(e) = sys::close_fds_from(4) {
+    // SAFETY: the objects that own descriptors above 3 here (pid 1's copies) are never used or
+    // dropped again in this process, which execs or exits with _exit.
+    if let Err(e) = unsafe { sys::close_fds_from(4) } {
         fail(&status_w, "close_range", &e);
     }
     if let Err(e) = rustix::process::chdir(cwd) {

@@ -244,6 +244,7 @@ pub struct CollectedFiles {
 type ExitedReport = (ExitStatus, Duration, Duration, u64, bool);
 
 /// Kills a running sandbox from another thread (client went away, server shutting down).
+/// Once triggered it stays triggered: use one per run.
 #[derive(Clone, Debug)]
 pub struct KillSwitch(Arc<OwnedFd>);
 
@@ -254,10 +255,6 @@ impl KillSwitch {
     }
     pub fn trigger(&self) {
         let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
-    }
-    pub fn is_triggered(&self) -> bool {
-        let mut fds = [PollFd::new(&*self.0, PollFlags::IN)];
-        matches!(poll(&mut fds, Some(&Timespec::default())), Ok(n) if n > 0)
     }
     fn fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
@@ -391,6 +388,17 @@ pub fn host_swap_bytes(meminfo: &std::path::Path) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The next sandbox host uid: sequential within this process from a random start, so two
+/// sandboxes of one supervisor never share a uid (and with it per-uid kernel budgets), and two
+/// supervisors are unlikely to.
+fn next_host_id() -> u32 {
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let start = *START.get_or_init(|| random_u64() % HOST_ID_RANGE as u64);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    HOST_ID_BASE + ((start + n) % HOST_ID_RANGE as u64) as u32
+}
+
 fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
@@ -403,7 +411,7 @@ impl Sandbox {
         let euid = rustix::process::geteuid().as_raw();
         let privileged = euid == 0;
         let (host_uid, host_gid) = if privileged {
-            let id = HOST_ID_BASE + (random_u64() % HOST_ID_RANGE as u64) as u32;
+            let id = next_host_id();
             (id, id)
         } else {
             (euid, rustix::process::getegid().as_raw())
@@ -1067,6 +1075,15 @@ mod tests {
         );
         assert!(!group_is_stale("not-ours", &me, &running));
         assert!(!group_is_stale("12-abc", &me, &running), "unknown format");
+    }
+
+    #[test]
+    fn host_ids_are_unique_within_a_supervisor_and_never_privileged() {
+        let ids: std::collections::HashSet<u32> = (0..1000).map(|_| next_host_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids
+            .iter()
+            .all(|&id| (HOST_ID_BASE..HOST_ID_BASE + HOST_ID_RANGE).contains(&id)));
     }
 
     #[test]

@@ -20,8 +20,10 @@ pub enum Forked {
 /// `clone(2)` without a new stack (fork semantics) with the given `CLONE_NEW*` flags, returning a
 /// pidfd for the child (`CLONE_PIDFD`, Linux 5.2) so that the parent can poll for its exit.
 ///
-/// Must only be called from a single-threaded process.
-pub fn clone_with_pidfd(ns_flags: libc::c_int) -> io::Result<Forked> {
+/// # Safety
+/// The calling process must be single-threaded: the child gets a copy of the address space in
+/// which a lock held by another thread would stay locked forever.
+pub unsafe fn clone_with_pidfd(ns_flags: libc::c_int) -> io::Result<Forked> {
     let mut pidfd: libc::c_int = -1;
     let flags = (ns_flags | libc::CLONE_PIDFD | libc::SIGCHLD) as libc::c_ulong;
     // SAFETY: clone(2) with a NULL stack behaves like fork(2): the child gets a copy-on-write copy
@@ -53,8 +55,9 @@ pub fn clone_with_pidfd(ns_flags: libc::c_int) -> io::Result<Forked> {
 
 /// Plain `fork(2)`, for the sandbox's pid 1 starting a program.
 ///
-/// Must only be called from a single-threaded process.
-pub fn fork() -> io::Result<Option<i32>> {
+/// # Safety
+/// As for [`clone_with_pidfd`]: the calling process must be single-threaded.
+pub unsafe fn fork() -> io::Result<Option<i32>> {
     // SAFETY: called only from the sandbox's pid 1, which is single-threaded (it is a clone of
     // the single-threaded helper), so the child inherits no lock held by another thread.
     match unsafe { libc::fork() } {
@@ -132,7 +135,11 @@ pub fn mount_setattr(
 
 /// Close every descriptor from `first` upwards (`close_range(2)`, Linux 5.9), so that nothing of
 /// the supervisor leaks into the sandboxed program.
-pub fn close_fds_from(first: u32) -> io::Result<()> {
+///
+/// # Safety
+/// No live object (`OwnedFd`, `File`, ...) may own a descriptor at or above `first` and be used
+/// or dropped afterwards: it would act on a closed, or reused, number.
+pub unsafe fn close_fds_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors; the caller owns none above `first` that it
     // still uses (it is about to exec).
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
@@ -255,7 +262,10 @@ pub fn exit_now(code: i32) -> ! {
 }
 
 /// Move `fd` to exactly `target` (clearing close-on-exec on the copy).
-pub fn dup_to(fd: RawFd, target: RawFd) -> io::Result<()> {
+///
+/// # Safety
+/// Whatever `target` referred to is closed: no live object may own it and be used afterwards.
+pub unsafe fn dup_to(fd: RawFd, target: RawFd) -> io::Result<()> {
     if fd == target {
         // dup2 would be a no-op and leave FD_CLOEXEC set; clear it instead.
         // SAFETY: fcntl on an fd number with integer arguments touches no memory.
@@ -324,7 +334,11 @@ pub fn children_rusage() -> ChildrenUsage {
 
 /// Move `fd` to the descriptor number `target` (closing whatever was there) and return it as
 /// the owner of `target`, close-on-exec or not as asked.
-pub fn move_fd(fd: OwnedFd, target: RawFd, cloexec: bool) -> io::Result<OwnedFd> {
+///
+/// # Safety
+/// Whatever `target` referred to is closed: no other live object may own it and be used or
+/// dropped afterwards.
+pub unsafe fn move_fd(fd: OwnedFd, target: RawFd, cloexec: bool) -> io::Result<OwnedFd> {
     let fd_flags = if cloexec { libc::FD_CLOEXEC } else { 0 };
     if fd.as_raw_fd() == target {
         // SAFETY: fcntl on a descriptor we own, with integer arguments.
@@ -339,8 +353,8 @@ pub fn move_fd(fd: OwnedFd, target: RawFd, cloexec: bool) -> io::Result<OwnedFd>
         return Err(io::Error::last_os_error());
     }
     drop(fd);
-    // SAFETY: dup3 just made `target` a copy of our descriptor; nothing else owns that number
-    // (whatever it referred to before was closed by dup3).
+    // SAFETY: dup3 just made `target` a copy of our descriptor, and by this function's contract
+    // nothing else that is still used owns that number.
     Ok(unsafe { OwnedFd::from_raw_fd(target) })
 }
 
