@@ -74,37 +74,36 @@ impl Engine {
     /// Check a request against the policy without running anything. The error is the
     /// message of an `invalid_request` verdict.
     fn validate(&self, req: &ExecRequest) -> Result<Validated, String> {
-        let invalid = |m: String| m;
         let language = Language::parse(&req.language).ok_or_else(|| {
-            invalid(format!(
+            format!(
                 "Unknown language '{}'. Use one of: {}.",
                 req.language,
                 Language::accepted_names()
-            ))
+            )
         })?;
         let p = &self.config.policy;
         if req.code.len() as u64 > p.max_code_bytes {
-            return Err(invalid(format!(
+            return Err(format!(
                 "The code is {} bytes, more than the {} byte limit. Send a shorter program.",
                 req.code.len(),
                 p.max_code_bytes
-            )));
+            ));
         }
         if req.code.contains('\0') {
-            return Err(invalid("The code contains a NUL byte.".into()));
+            return Err("The code contains a NUL byte.".into());
         }
         if let Some(s) = &req.stdin {
             if s.len() as u64 > p.max_stdin_bytes {
-                return Err(invalid(format!(
+                return Err(format!(
                     "stdin is {} bytes, more than the {} byte limit.",
                     s.len(),
                     p.max_stdin_bytes
-                )));
+                ));
             }
         }
         let limits = p
             .resolve(&req.limits)
-            .map_err(|e| invalid(format!("Invalid limit: {}.", e.message)))?;
+            .map_err(|e| format!("Invalid limit: {}.", e.message))?;
         let files = self.validate_files(req, language, &limits)?;
         Ok(Validated {
             language,

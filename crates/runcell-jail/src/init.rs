@@ -529,17 +529,19 @@ impl From<&StepError> for Report {
     }
 }
 
-/// Reap every exited child without blocking; returns the status of `pid` if it was among them.
-fn reap_exited(pid: i32) -> Option<rustix::process::WaitStatus> {
+/// Reap every exited child without blocking, noting the largest resident set among them in
+/// `peak_rss`; returns `pid`'s record if it was among them.
+fn reap_exited(pid: i32, peak_rss: &mut u64) -> Option<sys::Reaped> {
     let mut mine = None;
     loop {
-        match rustix::process::wait(WaitOptions::NOHANG) {
-            Ok(Some((p, st))) => {
-                if p.as_raw_nonzero().get() == pid {
-                    mine = Some(st);
+        match sys::reap_one() {
+            Ok(Some(r)) => {
+                *peak_rss = (*peak_rss).max(r.max_rss_bytes);
+                if r.pid == pid {
+                    mine = Some(r);
                 }
             }
-            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             // Ok(None): children remain but none has exited; ECHILD: no children left.
             _ => return mine,
         }
@@ -636,8 +638,10 @@ fn run_step(
     }
 
     // Wait for the program, reaping orphans re-parented to us on the way, and obey a Stop.
+    // The peak is this step's own: the largest resident set of any process it reaped.
+    let mut peak_rss = 0u64;
     let status = loop {
-        if let Some(st) = reap_exited(pid) {
+        if let Some(st) = reap_exited(pid, &mut peak_rss) {
             break st;
         }
         let mut fds = [
@@ -673,7 +677,7 @@ fn run_step(
     // while the first kill swept the namespace is caught by the next sweep.
     while has_children() {
         sys::kill_rest_of_namespace().step("kill leftovers")?;
-        reap_exited(0);
+        reap_exited(0, &mut peak_rss);
         let mut fds = [PollFd::new(sigchld, PollFlags::IN)];
         let _ = poll(
             &mut fds,
@@ -692,10 +696,9 @@ fn run_step(
             source: io::Error::other(msg),
         });
     }
-    let status = if let Some(sig) = status.terminating_signal() {
-        ExitStatus::Signal(sig)
-    } else {
-        ExitStatus::Code(status.exit_status().unwrap_or(0))
+    let status = match (status.signal(), status.code()) {
+        (Some(sig), _) => ExitStatus::Signal(sig),
+        (None, code) => ExitStatus::Code(code.unwrap_or(0)),
     };
     let disk_full = match rustix::fs::statvfs(WORKSPACE) {
         Ok(s) => s.f_bavail == 0 || s.f_favail == 0,
@@ -705,7 +708,7 @@ fn run_step(
         status,
         wall_ns: wall.as_nanos() as u64,
         cpu_ns: after.cpu_ns.saturating_sub(before.cpu_ns),
-        max_rss_bytes: after.max_rss_bytes,
+        max_rss_bytes: peak_rss,
         disk_full,
     })
 }

@@ -308,11 +308,9 @@ pub fn seccomp_available() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
 }
 
-/// CPU time and peak RSS of all reaped descendants (`getrusage(RUSAGE_CHILDREN)`).
+/// CPU time of all reaped descendants (`getrusage(RUSAGE_CHILDREN)`), for per-step deltas.
 pub struct ChildrenUsage {
     pub cpu_ns: u64,
-    /// Largest resident set of any single reaped descendant, in bytes.
-    pub max_rss_bytes: u64,
 }
 
 pub fn children_rusage() -> ChildrenUsage {
@@ -320,15 +318,11 @@ pub fn children_rusage() -> ChildrenUsage {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes into `ru`, which outlives the call.
     if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } == -1 {
-        return ChildrenUsage {
-            cpu_ns: 0,
-            max_rss_bytes: 0,
-        };
+        return ChildrenUsage { cpu_ns: 0 };
     }
     let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
     ChildrenUsage {
         cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
-        max_rss_bytes: ru.ru_maxrss as u64 * 1024,
     }
 }
 
@@ -406,5 +400,44 @@ pub fn reset_signal_dispositions() {
         // SAFETY: installing SIG_DFL runs no code of ours in a signal context; invalid or
         // reserved signal numbers are refused by the kernel with EINVAL, which is ignored.
         unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// A child reaped by [`reap_one`].
+pub struct Reaped {
+    pub pid: i32,
+    /// The raw wait status.
+    pub status: i32,
+    /// That child's own peak resident set (its waited-for descendants included), in bytes.
+    pub max_rss_bytes: u64,
+}
+
+impl Reaped {
+    /// The signal that killed it, if any.
+    pub fn signal(&self) -> Option<i32> {
+        libc::WIFSIGNALED(self.status).then(|| libc::WTERMSIG(self.status))
+    }
+    /// Its exit code, if it exited.
+    pub fn code(&self) -> Option<i32> {
+        libc::WIFEXITED(self.status).then(|| libc::WEXITSTATUS(self.status))
+    }
+}
+
+/// Reap one exited child without blocking (`wait4(-1, WNOHANG)`), with its resource usage.
+/// `Ok(None)` when no child has exited; `Err(ECHILD)` when there are no children.
+pub fn reap_one() -> io::Result<Option<Reaped>> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 writes the status and the rusage into locals that outlive the call.
+    let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut ru) };
+    match pid {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        pid => Ok(Some(Reaped {
+            pid,
+            status,
+            max_rss_bytes: ru.ru_maxrss as u64 * 1024,
+        })),
     }
 }
