@@ -22,7 +22,7 @@ use crate::config::{ExecStep, JailConfig};
 pub const MAX_JSON: u32 = 4 << 20;
 /// Largest total of blobs accepted in one frame.
 pub const MAX_BLOBS_TOTAL: u64 = 1 << 30;
-const MAX_BLOB_COUNT: u32 = 100_000;
+pub const MAX_BLOB_COUNT: u32 = 100_000;
 
 /// Supervisor -> sandbox.
 #[derive(Debug, Serialize, Deserialize)]
@@ -168,15 +168,46 @@ pub fn send<T: Serialize>(mut w: impl Write, message: &T, blobs: &[&[u8]]) -> io
     w.flush()
 }
 
-/// Read one frame. `Ok(None)` on a clean end of stream before the frame starts.
-pub fn recv<T: DeserializeOwned>(mut r: impl Read) -> io::Result<Option<Frame<T>>> {
+/// How much one frame may carry.
+#[derive(Debug, Clone, Copy)]
+pub struct FrameLimits {
+    pub max_json: u32,
+    pub max_blob_count: u32,
+    pub max_blobs_total: u64,
+}
+
+impl FrameLimits {
+    /// Requests (supervisor to sandbox): programs with their files and stdin.
+    pub const REQUEST: FrameLimits = FrameLimits {
+        max_json: MAX_JSON,
+        max_blob_count: MAX_BLOB_COUNT,
+        max_blobs_total: MAX_BLOBS_TOTAL,
+    };
+    /// Reports other than `Files`: small JSON, never a blob.
+    pub const REPORT: FrameLimits = FrameLimits {
+        max_json: 64 << 10,
+        max_blob_count: 0,
+        max_blobs_total: 0,
+    };
+}
+
+/// Read one request frame. `Ok(None)` on a clean end of stream before the frame starts.
+pub fn recv<T: DeserializeOwned>(r: impl Read) -> io::Result<Option<Frame<T>>> {
+    recv_with(r, FrameLimits::REQUEST)
+}
+
+/// Read one frame within `limits`.
+pub fn recv_with<T: DeserializeOwned>(
+    mut r: impl Read,
+    limits: FrameLimits,
+) -> io::Result<Option<Frame<T>>> {
     let mut len = [0u8; 4];
     match r.read(&mut len[..1])? {
         0 => return Ok(None),
         _ => r.read_exact(&mut len[1..])?,
     }
     let json_len = u32::from_le_bytes(len);
-    if json_len > MAX_JSON {
+    if json_len > limits.max_json {
         return Err(invalid(format!("message of {json_len} bytes is too large")));
     }
     let mut json = vec![0u8; json_len as usize];
@@ -184,7 +215,7 @@ pub fn recv<T: DeserializeOwned>(mut r: impl Read) -> io::Result<Option<Frame<T>
     let message = serde_json::from_slice(&json).map_err(|e| invalid(e.to_string()))?;
     r.read_exact(&mut len)?;
     let count = u32::from_le_bytes(len);
-    if count > MAX_BLOB_COUNT {
+    if count > limits.max_blob_count {
         return Err(invalid(format!("{count} blobs is too many")));
     }
     let mut blobs = Vec::with_capacity(count as usize);
@@ -194,7 +225,7 @@ pub fn recv<T: DeserializeOwned>(mut r: impl Read) -> io::Result<Option<Frame<T>
         r.read_exact(&mut blen)?;
         let blen = u64::from_le_bytes(blen);
         total = total.saturating_add(blen);
-        if total > MAX_BLOBS_TOTAL {
+        if total > limits.max_blobs_total {
             return Err(invalid("blobs too large".to_string()));
         }
         let mut blob = vec![0u8; blen as usize];
@@ -248,6 +279,20 @@ mod tests {
         send(&mut buf, &Report::Ready, &[b"hello"]).unwrap();
         buf.truncate(buf.len() - 2);
         assert!(recv::<Report>(&mut &buf[..]).is_err());
+    }
+
+    #[test]
+    fn report_limits_refuse_blobs_and_large_messages() {
+        let mut buf = Vec::new();
+        send(&mut buf, &Report::Ready, &[b"x"]).unwrap();
+        assert!(recv_with::<Report>(&mut &buf[..], FrameLimits::REPORT).is_err());
+        let mut buf = Vec::new();
+        send(&mut buf, &Report::Ready, &[]).unwrap();
+        assert!(recv_with::<Report>(&mut &buf[..], FrameLimits::REPORT)
+            .unwrap()
+            .is_some());
+        let big = (FrameLimits::REPORT.max_json + 1).to_le_bytes();
+        assert!(recv_with::<Report>(&mut &big[..], FrameLimits::REPORT).is_err());
     }
 
     #[test]

@@ -575,7 +575,7 @@ impl Sandbox {
     }
 
     fn read_report(&mut self) -> Result<Report, SandboxError> {
-        match protocol::recv::<Report>(&self.ctrl) {
+        match protocol::recv_with::<Report>(&self.ctrl, protocol::FrameLimits::REPORT) {
             Ok(Some(f)) => Ok(f.message),
             Ok(None) | Err(_) => {
                 self.alive = false;
@@ -892,7 +892,13 @@ impl Sandbox {
             Ok(n) if n > 0 => {}
             _ => return Err(SandboxError::Protocol("no answer to collect".into())),
         }
-        let frame = protocol::recv::<Report>(&self.ctrl)
+        // The file list and the contents, within the caps the request set (plus framing).
+        let files_limits = protocol::FrameLimits {
+            max_json: protocol::MAX_JSON,
+            max_blob_count: limits.max_files.min(u32::MAX as u64) as u32,
+            max_blobs_total: limits.max_total_bytes,
+        };
+        let frame = protocol::recv_with::<Report>(&self.ctrl, files_limits)
             .map_err(io_err("read files"))?
             .ok_or_else(|| SandboxError::HelperDied("during collect".into()))?;
         match frame.message {
