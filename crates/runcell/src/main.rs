@@ -40,6 +40,44 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the HTTP API: POST /v1/execute, GET /v1/runtimes, GET /healthz.
+    Serve(Box<ServeArgs>),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on. Without an API key only a loopback address is allowed.
+    #[arg(long, env = "RUNCELL_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// An API key clients must send (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
+    /// Repeatable; the environment variable takes a comma-separated list. Prefer the
+    /// environment: arguments are visible to every user in `ps`.
+    #[arg(
+        long = "api-key",
+        env = "RUNCELL_API_KEY",
+        value_delimiter = ',',
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    api_keys: Vec<String>,
+    /// Sandboxes running at once. Default: the number of cores.
+    #[arg(long, env = "RUNCELL_MAX_CONCURRENT")]
+    max_concurrent: Option<usize>,
+    /// Requests waiting for a sandbox; beyond them the server answers 429. Default: 4 ×
+    /// max-concurrent.
+    #[arg(long, env = "RUNCELL_MAX_QUEUE")]
+    max_queue: Option<usize>,
+    /// Largest request body (e.g. 10M); larger ones get 413. Default: room for the largest
+    /// code, stdin and input files the policy allows.
+    #[arg(long, env = "RUNCELL_MAX_BODY")]
+    max_body: Option<String>,
+    /// On SIGTERM/SIGINT, how long running executions may take before they are killed
+    /// (seconds, or with a unit). Default 30.
+    #[arg(long, env = "RUNCELL_SHUTDOWN_GRACE")]
+    shutdown_grace: Option<String>,
+    /// Refuse to run code when any isolation layer is missing on this host.
+    #[arg(long, env = "RUNCELL_STRICT")]
+    strict: bool,
 }
 
 #[derive(Args)]
@@ -115,6 +153,7 @@ fn main() -> ExitCode {
         Command::Run(args) => Ok(run(*args, host)),
         Command::Setup => setup(&host),
         Command::Doctor { json } => doctor(json, host),
+        Command::Serve(args) => serve(*args, host),
     };
     match result {
         Ok(code) => code,
@@ -408,6 +447,40 @@ fn summary(v: &Verdict) -> String {
         }
     }
     s
+}
+
+/// `runcell serve`: the HTTP API, until SIGTERM or SIGINT.
+fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
+    let mut engine = EngineConfig::for_host();
+    engine.host = host;
+    engine.strict = args.strict;
+    let mut config = runcell_server::ServerConfig::new(engine);
+    config.listen = args.listen;
+    config.api_keys = args.api_keys;
+    if let Some(n) = args.max_concurrent {
+        anyhow::ensure!(n > 0, "--max-concurrent must be at least 1");
+        config.max_concurrent = n;
+        config.max_queue = 4 * n;
+    }
+    if let Some(n) = args.max_queue {
+        config.max_queue = n;
+    }
+    if let Some(s) = &args.max_body {
+        let bytes = parse_size(s).map_err(|e| anyhow::anyhow!("--max-body: {e}"))?;
+        config.max_body_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    }
+    if let Some(s) = &args.shutdown_grace {
+        config.shutdown_grace =
+            parse_duration(s).map_err(|e| anyhow::anyhow!("--shutdown-grace: {e}"))?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let result = rt.block_on(runcell_server::serve(config));
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    result?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `runcell setup`: prepare what makes runs fast and useful, reporting progress on stderr.

@@ -1,0 +1,151 @@
+//! Every error the API answers with: a status code and `{"error": {"category", "message"}}`.
+
+use axum::http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered to the client. Never carries an API key.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Machine-readable: invalid_request, unauthorized, not_found, method_not_allowed,
+    /// payload_too_large, rate_limited, unavailable, internal.
+    pub category: &'static str,
+    pub message: String,
+    /// The limit (as named in the request body) an invalid_request is about.
+    pub limit: Option<&'static str>,
+    /// Seconds for `Retry-After`.
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, category: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            category,
+            message: message.into(),
+            limit: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn too_large(limit_bytes: usize) -> Self {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "The request body is larger than the limit of {}. Send smaller input files.",
+                runcell_core::units::format_size(limit_bytes as u64)
+            ),
+        )
+    }
+
+    pub fn rate_limited(message: impl Into<String>) -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
+        }
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        let mut error = json!({"category": self.category, "message": self.message});
+        if let Some(limit) = self.limit {
+            error["limit"] = json!(limit);
+        }
+        json!({ "error": error })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body().to_string();
+        let mut res = (self.status, body).into_response();
+        let h = res.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(secs) = self.retry_after {
+            h.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            h.insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"runcell\""),
+            );
+        }
+        res
+    }
+}
+
+fn is_json(res: &Response) -> bool {
+    res.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}
+
+/// The last line behind the handlers: any error response that is not already our JSON (axum's
+/// plain-text rejections, its empty 404 and 405) becomes one.
+pub async fn json_errors(res: Response) -> Response {
+    let status = res.status();
+    if !(status.is_client_error() || status.is_server_error()) || is_json(&res) {
+        return res;
+    }
+    let err = match status {
+        StatusCode::NOT_FOUND => ApiError::new(
+            status,
+            "not_found",
+            "No such endpoint. The API has POST /v1/execute, GET /v1/runtimes and GET /healthz.",
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
+            status,
+            "method_not_allowed",
+            "This endpoint does not accept this method.",
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            status,
+            "payload_too_large",
+            "The request body is too large.",
+        ),
+        StatusCode::UNAUTHORIZED => ApiError::unauthorized("An API key is required."),
+        StatusCode::TOO_MANY_REQUESTS => ApiError::rate_limited("Too many requests."),
+        s if s.is_client_error() => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "The request is not valid.",
+        ),
+        _ => ApiError::internal("The server failed to handle the request."),
+    };
+    let allow = res.headers().get(axum::http::header::ALLOW).cloned();
+    let mut out = err.into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(axum::http::header::ALLOW, allow);
+    }
+    out
+}
+
+/// For `tower_http::catch_panic`: a panic in a handler is a JSON 500, never a dropped
+/// connection. The panic's payload is not echoed to the client.
+pub fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    eprintln!("runcell serve: a request handler panicked");
+    ApiError::internal("The server failed to handle the request.").into_response()
+}

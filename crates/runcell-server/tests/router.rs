@@ -1,0 +1,302 @@
+//! The router in-process (no socket, no sandbox): authentication, error bodies, limits and
+//! admission. Runs that reach the engine are tested over real HTTP in
+//! `crates/runcell/tests/http.rs`.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use runcell_core::EngineConfig;
+use runcell_server::{app, AppState, ServerConfig};
+use serde_json::Value;
+use tower::ServiceExt;
+
+fn config(keys: &[&str]) -> ServerConfig {
+    let mut c = ServerConfig::new(EngineConfig::for_host());
+    c.api_keys = keys.iter().map(|k| k.to_string()).collect();
+    c
+}
+
+fn router(c: &ServerConfig) -> Router {
+    app(AppState::new(c))
+}
+
+async fn send(r: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let res = r.clone().oneshot(req).await.expect("infallible");
+    let status = res.status();
+    let headers = res.headers().clone();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "body is not JSON ({e}): {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    (status, headers, json)
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+fn post(body: impl Into<Body>) -> Request<Body> {
+    Request::post("/v1/execute").body(body.into()).unwrap()
+}
+
+fn assert_error(json: &Value, category: &str) -> String {
+    assert_eq!(json["error"]["category"], category, "{json}");
+    let msg = json["error"]["message"]
+        .as_str()
+        .expect("message")
+        .to_string();
+    assert!(!msg.is_empty());
+    msg
+}
+
+#[tokio::test]
+async fn healthz_is_public_and_the_api_needs_a_key() {
+    let r = router(&config(&["k1", "k2"]));
+    let (s, _, j) = send(&r, get("/healthz")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(j, serde_json::json!({"status": "ok"}));
+
+    let (s, h, j) = send(&r, get("/v1/runtimes")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(h.contains_key("www-authenticate"));
+    assert_error(&j, "unauthorized");
+
+    let wrong = Request::get("/v1/runtimes")
+        .header("authorization", "Bearer k3")
+        .body(Body::empty())
+        .unwrap();
+    let (s, _, j) = send(&r, wrong).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let msg = assert_error(&j, "unauthorized");
+    assert!(!msg.contains("k3"), "the key is echoed: {msg}");
+
+    // A key does not get a body past authentication either.
+    let (s, _, j) = send(&r, post(r#"{"language":"python","code":"print(1)"}"#)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_error(&j, "unauthorized");
+
+    for (name, value) in [("authorization", "Bearer k1"), ("x-api-key", "k2")] {
+        let req = Request::get("/v1/runtimes")
+            .header(name, value)
+            .body(Body::empty())
+            .unwrap();
+        let (s, _, j) = send(&r, req).await;
+        assert_eq!(s, StatusCode::OK, "{name}: {j}");
+        assert_eq!(j["runtimes"].as_array().map(Vec::len), Some(5), "{j}");
+    }
+}
+
+#[tokio::test]
+async fn runtimes_lists_languages_and_limits() {
+    let r = router(&config(&[]));
+    let (s, _, j) = send(&r, get("/v1/runtimes")).await;
+    assert_eq!(s, StatusCode::OK);
+    let names: Vec<&str> = j["runtimes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["language"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["python", "node", "ruby", "go", "bash"]);
+    for l in j["runtimes"].as_array().unwrap() {
+        assert!(l["available"].is_boolean(), "{l}");
+    }
+    assert_eq!(j["limits"]["default"]["timeout_ms"], 30_000);
+    assert!(j["limits"]["maximum"]["memory_bytes"].as_u64().unwrap() >= 256 << 20);
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_json_errors() {
+    let r = router(&config(&[]));
+    let (s, _, j) = send(&r, get("/nope")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_error(&j, "not_found");
+    let (s, h, j) = send(&r, get("/v1/execute")).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(h["allow"], "POST");
+    assert_error(&j, "method_not_allowed");
+}
+
+#[tokio::test]
+async fn malformed_and_mistyped_bodies_are_400() {
+    let r = router(&config(&[]));
+    for body in [
+        "",
+        "{",
+        "not json",
+        "[]",
+        "null",
+        r#"{"language":"python"}"#,
+        r#"{"language":1,"code":"print(1)"}"#,
+        r#"{"language":"python","code":["print(1)"]}"#,
+        r#"{"language":"python","code":"print(1)","timeout":"soon"}"#,
+        r#"{"language":"python","code":"print(1)","timeout":-3}"#,
+        r#"{"language":"python","code":"print(1)","memory":true}"#,
+        r#"{"language":"python","code":"print(1)","pids":1.5}"#,
+        r#"{"language":"python","code":"print(1)","cpus":"one"}"#,
+        r#"{"language":"python","code":"print(1)","files":"a.txt"}"#,
+        r#"{"language":"python","code":"print(1)","colour":"blue"}"#,
+        r#"{"language":"cobol","code":"DISPLAY 1"}"#,
+    ] {
+        let (s, _, j) = send(&r, post(body)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {j}");
+        assert_error(&j, "invalid_request");
+    }
+    // Not UTF-8 at all.
+    let (s, _, j) = send(&r, post(Bytes::from_static(b"\xff\xfe{}"))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_error(&j, "invalid_request");
+}
+
+#[tokio::test]
+async fn limits_above_the_maximum_name_the_limit_and_the_maximum() {
+    let c = config(&[]);
+    let max = c.engine.policy.max;
+    let r = router(&c);
+    for (body, limit) in [
+        (
+            format!(
+                r#"{{"language":"python","code":"","memory":{}}}"#,
+                max.memory_bytes + 1
+            ),
+            "memory",
+        ),
+        (
+            r#"{"language":"python","code":"","timeout":86400}"#.into(),
+            "timeout",
+        ),
+        (
+            r#"{"language":"python","code":"","pids":1000000}"#.into(),
+            "pids",
+        ),
+        (
+            r#"{"language":"python","code":"","disk":"1T"}"#.into(),
+            "disk",
+        ),
+        (
+            r#"{"language":"python","code":"","cpus":4096}"#.into(),
+            "cpus",
+        ),
+        (
+            r#"{"language":"python","code":"","output":"1G"}"#.into(),
+            "output",
+        ),
+        (
+            r#"{"language":"python","code":"","open_files":10000000}"#.into(),
+            "open_files",
+        ),
+    ] {
+        let (s, _, j) = send(&r, post(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {j}");
+        let msg = assert_error(&j, "invalid_request");
+        assert_eq!(j["error"]["limit"], limit, "{j}");
+        assert!(
+            msg.contains(limit) && msg.contains("above the maximum of"),
+            "{body}: {msg}"
+        );
+    }
+    let (s, _, j) = send(
+        &r,
+        post(r#"{"language":"python","code":"","timeout":0.001}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(assert_error(&j, "invalid_request").contains("below the minimum"));
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413() {
+    let mut c = config(&[]);
+    c.max_body_bytes = 1000;
+    let r = router(&c);
+    let big = format!(
+        r#"{{"language":"python","code":"print(1)","stdin":"{}"}}"#,
+        "x".repeat(2000)
+    );
+    // With a Content-Length (refused before reading) ...
+    let req = Request::post("/v1/execute")
+        .header("content-length", big.len())
+        .body(Body::from(big.clone()))
+        .unwrap();
+    let (s, _, j) = send(&r, req).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_error(&j, "payload_too_large");
+    // ... and streamed without one (refused once the cap is crossed).
+    let chunks: Vec<Result<Bytes, std::io::Error>> = big
+        .as_bytes()
+        .chunks(100)
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
+    let req = post(Body::from_stream(futures_util::stream::iter(chunks)));
+    let (s, _, j) = send(&r, req).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_error(&j, "payload_too_large");
+}
+
+#[tokio::test]
+async fn beyond_the_running_and_queued_slots_is_429() {
+    let mut c = config(&[]);
+    c.max_concurrent = 1;
+    c.max_queue = 1;
+    let r = router(&c);
+    // Two requests whose bodies never finish hold both slots (admission comes before the
+    // body is read).
+    let mut holders = Vec::new();
+    let mut senders = Vec::new();
+    for _ in 0..2 {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        }));
+        tx.send(Ok(Bytes::from_static(b"{"))).await.unwrap();
+        senders.push(tx);
+        let r = r.clone();
+        holders.push(tokio::spawn(async move { r.oneshot(post(body)).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (s, h, j) = send(&r, post(r#"{"language":"python","code":"print(1)"}"#)).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{j}");
+    assert_eq!(h["retry-after"], "1");
+    assert_error(&j, "rate_limited");
+    // Releasing the slots (the bodies end, malformed) lets requests in again.
+    drop(senders);
+    for h in holders {
+        let res = h.await.unwrap().unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    }
+    let (s, _, j) = send(&r, post(r#"{"language":"python","code":"","pids":0}"#)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
+    assert!(assert_error(&j, "invalid_request").contains("pids"));
+}
+
+#[test]
+fn debug_output_never_shows_keys() {
+    let c = config(&["supersecret"]);
+    let dbg = format!("{c:?}");
+    assert!(!dbg.contains("supersecret"), "{dbg}");
+    assert!(dbg.contains("redacted"));
+}
+
+#[test]
+fn the_default_body_cap_fits_the_largest_allowed_input() {
+    let c = config(&[]);
+    let p = &c.engine.policy;
+    assert!(
+        c.max_body_bytes as u64
+            >= p.max_code_bytes + p.max_stdin_bytes + p.max_input_total_bytes * 4 / 3
+    );
+}
+
+#[tokio::test]
+async fn serve_refuses_a_public_address_without_a_key() {
+    let mut c = config(&[]);
+    c.listen = "0.0.0.0:0".parse().unwrap();
+    let e = runcell_server::serve(c).await.unwrap_err();
+    assert!(e.to_string().contains("without an API key"), "{e}");
+}
