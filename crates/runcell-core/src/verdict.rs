@@ -16,7 +16,7 @@ use crate::limits::Limits;
 use crate::units::{format_duration, format_size};
 
 /// Why a run did not succeed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCategory {
     /// The program exited with a non-zero code or was killed by a signal of its own making.
@@ -67,7 +67,7 @@ impl ErrorCategory {
 }
 
 /// The error part of a verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct VerdictError {
     pub category: ErrorCategory,
     pub retryable: bool,
@@ -86,7 +86,7 @@ impl VerdictError {
 }
 
 /// Resources the program used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct Usage {
     /// CPU seconds of the program and all its processes.
     pub cpu_time: f64,
@@ -95,7 +95,7 @@ pub struct Usage {
 }
 
 /// A file the program created or changed under /workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct OutputFile {
     pub path: String,
     pub size: u64,
@@ -111,7 +111,7 @@ pub struct OutputFile {
 }
 
 /// Which isolation layers were in force for this run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct EnforcementReport {
     pub namespaces: Vec<String>,
     pub seccomp: bool,
@@ -159,7 +159,7 @@ impl EnforcementReport {
 }
 
 /// The result of one execution.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct Verdict {
     pub stdout: String,
     pub stderr: String,
