@@ -25,4 +25,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 # stack comes from PyPI, the Go cache is built locally).
 cargo build -q -p runcell
 ./target/debug/runcell setup
+# The MCP tests drive runcell with the official Python MCP client, pinned, in a venv under
+# target/ (kept while it has the pinned version; crates/runcell/tests/mcp.rs looks for it).
+if ! target/mcp-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("mcp") != "2.3.0")' 2>/dev/null; then
+  echo "installing the Python MCP client (mcp 2.3.0) into target/mcp-venv"
+  rm -rf target/mcp-venv
+  /usr/bin/python3 -m venv target/mcp-venv
+  target/mcp-venv/bin/pip install -q --disable-pip-version-check mcp==2.3.0
+fi
 cargo test --workspace

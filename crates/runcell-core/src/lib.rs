@@ -6,6 +6,7 @@ pub mod engine;
 pub mod files;
 pub mod limits;
 pub mod request;
+pub mod stream;
 pub mod units;
 pub mod verdict;
 

@@ -7,7 +7,17 @@ use crate::units::{format_duration, format_size};
 use std::time::Duration;
 
 /// The limits one run gets. Units are in the field names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Wall-clock time of the program.
@@ -29,7 +39,18 @@ pub struct Limits {
 }
 
 /// Limits a request asks for; every field is optional and falls back to the policy default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct LimitOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,7 +123,9 @@ pub struct LimitError {
 type Check<'a> = (&'static str, u64, u64, u64, &'a dyn Fn(u64) -> String);
 
 /// The operator's policy: defaults and the most a request may ask for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 pub struct Policy {
     pub defaults: Limits,
     pub max: Limits,

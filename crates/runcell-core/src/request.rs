@@ -6,7 +6,9 @@ use crate::limits::LimitOverrides;
 
 /// Run `code` in `language`. Unknown fields are rejected, so a typo in a limit name is an
 /// error rather than a silently ignored limit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// python, node (or javascript), ruby, go, bash.
@@ -26,7 +28,9 @@ pub struct ExecRequest {
 
 /// A file for /workspace: `path` is relative to it; the content is given either as UTF-8 text
 /// (`content`) or as base64 (`content_base64`), exactly one of the two.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct InputFile {
     pub path: String,

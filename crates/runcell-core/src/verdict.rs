@@ -16,7 +16,18 @@ use crate::limits::Limits;
 use crate::units::{format_duration, format_size};
 
 /// Why a run did not succeed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCategory {
     /// The program exited with a non-zero code or was killed by a signal of its own making.
@@ -39,6 +50,9 @@ pub enum ErrorCategory {
     InvalidRequest,
     /// The sandbox could not be set up; a problem of the host, not of the program.
     SandboxFailure,
+    /// The run was stopped from outside: its client went away or cancelled it, or the server
+    /// shut down.
+    Cancelled,
 }
 
 impl ErrorCategory {
@@ -54,6 +68,7 @@ impl ErrorCategory {
             ErrorCategory::RuntimeUnavailable => "runtime_unavailable",
             ErrorCategory::InvalidRequest => "invalid_request",
             ErrorCategory::SandboxFailure => "sandbox_failure",
+            ErrorCategory::Cancelled => "cancelled",
         }
     }
 
@@ -67,7 +82,9 @@ impl ErrorCategory {
 }
 
 /// The error part of a verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 pub struct VerdictError {
     pub category: ErrorCategory,
     pub retryable: bool,
@@ -86,7 +103,17 @@ impl VerdictError {
 }
 
 /// Resources the program used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 pub struct Usage {
     /// CPU seconds of the program and all its processes.
     pub cpu_time: f64,
@@ -95,7 +122,9 @@ pub struct Usage {
 }
 
 /// A file the program created or changed under /workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 pub struct OutputFile {
     pub path: String,
     pub size: u64,
@@ -111,7 +140,9 @@ pub struct OutputFile {
 }
 
 /// Which isolation layers were in force for this run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 pub struct EnforcementReport {
     pub namespaces: Vec<String>,
     pub seccomp: bool,
@@ -159,7 +190,9 @@ impl EnforcementReport {
 }
 
 /// The result of one execution.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 pub struct Verdict {
     pub stdout: String,
     pub stderr: String,
@@ -381,8 +414,9 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
         End::Cancelled => (
             137,
             Some(VerdictError::new(
-                SandboxFailure,
-                "The run was cancelled before it finished.",
+                Cancelled,
+                "The run was cancelled before it finished (the client went away or cancelled \
+                 it, or the server shut down). Nothing is wrong with the code; run it again.",
             )),
         ),
         End::Exited(status) => {

@@ -8,16 +8,47 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-use subtle::{Choice, ConstantTimeEq};
+use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 use crate::AppState;
+
+/// A configured API key with its id (what logs show). `Debug` never shows the key.
+#[derive(Clone)]
+pub struct ApiKey {
+    pub id: String,
+    key: String,
+}
+
+impl ApiKey {
+    pub fn new(id: impl Into<String>, key: impl Into<String>) -> ApiKey {
+        ApiKey {
+            id: id.into(),
+            key: key.into(),
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKey({}, redacted)", self.id)
+    }
+}
+
+/// The id of the key a request was authenticated with (`None` when the server runs without
+/// keys), as a request extension for handlers, the audit log and MCP.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyId(pub Option<String>);
 
 /// The configured keys, kept only as sha256 digests: comparing digests in constant time hides
 /// both the content and the length of the keys, and the keys themselves are not kept around
 /// in the server's memory for a debug print to leak.
 #[derive(Clone, Default)]
-pub struct Keys(Arc<Vec<[u8; 32]>>);
+pub struct Keys(Arc<Vec<(String, [u8; 32])>>);
 
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -30,13 +61,10 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 }
 
 impl Keys {
-    /// Empty strings (a trailing comma in `RUNCELL_API_KEY`) are ignored.
-    pub fn new<S: AsRef<str>>(keys: &[S]) -> Keys {
+    pub fn new(keys: &[ApiKey]) -> Keys {
         Keys(Arc::new(
             keys.iter()
-                .map(|k| k.as_ref().trim())
-                .filter(|k| !k.is_empty())
-                .map(|k| digest(k.as_bytes()))
+                .map(|k| (k.id.clone(), digest(k.key.as_bytes())))
                 .collect(),
         ))
     }
@@ -45,14 +73,16 @@ impl Keys {
         self.0.is_empty()
     }
 
-    /// Whether `candidate` is one of the keys. Every key is compared, whatever matched.
-    pub fn check(&self, candidate: &[u8]) -> bool {
+    /// The id of the key `candidate` is, if any. Every key is compared, whatever matched.
+    pub fn check(&self, candidate: &[u8]) -> Option<&str> {
         let d = digest(candidate);
-        let mut ok = Choice::from(0);
-        for k in self.0.iter() {
-            ok |= k.ct_eq(&d);
+        let mut found = None;
+        for (id, k) in self.0.iter() {
+            if bool::from(k.ct_eq(&d)) && found.is_none() {
+                found = Some(id.as_str());
+            }
         }
-        ok.into()
+        found
     }
 }
 
@@ -69,19 +99,27 @@ fn presented(headers: &HeaderMap) -> Option<&[u8]> {
 
 /// Middleware for every route but /healthz. Without configured keys (loopback only, enforced
 /// at start-up) everything is let through.
-pub async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn require_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let keys = &state.inner.keys;
     if keys.is_empty() {
+        req.extensions_mut().insert(KeyId(None));
         return next.run(req).await;
     }
-    match presented(req.headers()) {
+    let error = match presented(req.headers()) {
         None => ApiError::unauthorized(
             "An API key is required: send it as `Authorization: Bearer KEY` or `X-API-Key: KEY`.",
-        )
-        .into_response(),
-        Some(k) if keys.check(k) => next.run(req).await,
-        Some(_) => ApiError::unauthorized("The API key is not valid.").into_response(),
-    }
+        ),
+        Some(k) => match keys.check(k) {
+            Some(id) => {
+                let id = KeyId(Some(id.to_string()));
+                req.extensions_mut().insert(id);
+                return next.run(req).await;
+            }
+            None => ApiError::unauthorized("The API key is not valid."),
+        },
+    };
+    state.inner.metrics.rejected(error.category);
+    error.into_response()
 }
 
 #[cfg(test)]
@@ -90,14 +128,15 @@ mod tests {
 
     #[test]
     fn keys_match_exactly() {
-        let keys = Keys::new(&["alpha", " beta ", ""]);
-        assert!(keys.check(b"alpha"));
-        assert!(keys.check(b"beta"));
-        assert!(!keys.check(b""));
-        assert!(!keys.check(b"alph"));
-        assert!(!keys.check(b"alphaa"));
-        assert!(!Keys::new::<&str>(&[]).check(b""));
+        let keys = Keys::new(&[ApiKey::new("a", "alpha"), ApiKey::new("b", "beta")]);
+        assert_eq!(keys.check(b"alpha"), Some("a"));
+        assert_eq!(keys.check(b"beta"), Some("b"));
+        assert_eq!(keys.check(b""), None);
+        assert_eq!(keys.check(b"alph"), None);
+        assert_eq!(keys.check(b"alphaa"), None);
+        assert_eq!(Keys::new(&[]).check(b""), None);
         assert!(!format!("{keys:?}").contains("alpha"));
+        assert!(!format!("{:?}", ApiKey::new("a", "alpha")).contains("alpha"));
     }
 
     #[test]

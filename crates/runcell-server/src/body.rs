@@ -6,40 +6,155 @@ use runcell_core::{ExecRequest, InputFile};
 use runcell_runtimes::Language;
 use serde::Deserialize;
 use serde_json::Value;
+use utoipa::openapi::Schema;
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 
 /// `{"language", "code", "timeout", "memory", ...}`. Unknown fields are an error, so a typo
-/// in a limit is never silently ignored.
-#[derive(Debug, Clone, Deserialize)]
+/// in a limit is never silently ignored. Limits left out get the operator's defaults; a limit
+/// above the operator's maximum is refused (400), never lowered silently.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"language": "python", "code": "print(6 * 7)", "timeout": 10, "memory": "256M"}))]
 pub struct ExecuteBody {
+    /// python, node (or javascript), ruby, go or bash.
     pub language: String,
+    /// The program's source.
     pub code: String,
-    /// Seconds (a number), or a string with a unit ("500ms", "2m").
+    /// Wall-clock limit of the program: seconds (a number), or a string with a unit ("500ms",
+    /// "2m").
     #[serde(default)]
+    #[schema(schema_with = duration_schema)]
     pub timeout: Option<Value>,
+    /// Wall-clock limit of the compile step (Go), like `timeout`.
     #[serde(default)]
+    #[schema(schema_with = duration_schema)]
     pub compile_timeout: Option<Value>,
-    /// Bytes (a number), or a string with a unit ("256M").
+    /// Memory, swap included: bytes (a number), or a string with a unit ("256M", "1G").
     #[serde(default)]
+    #[schema(schema_with = size_schema)]
     pub memory: Option<Value>,
+    /// /tmp + /workspace + /dev/shm together, like `memory`.
     #[serde(default)]
+    #[schema(schema_with = size_schema)]
     pub disk: Option<Value>,
+    /// Cap of each of stdout and stderr, like `memory`.
     #[serde(default)]
+    #[schema(schema_with = size_schema)]
     pub output: Option<Value>,
     /// CPU cores, may be fractional.
     #[serde(default)]
+    #[schema(minimum = 0.001)]
     pub cpus: Option<f64>,
+    /// Processes and threads.
     #[serde(default)]
     pub pids: Option<u64>,
+    /// Open file descriptors per process.
     #[serde(default)]
     pub open_files: Option<u64>,
+    /// Text fed to the program's standard input.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Files placed in /workspace (the working directory) before the program starts.
     #[serde(default)]
     pub files: Vec<InputFile>,
 }
+
+fn duration_schema() -> Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .minimum(Some(0)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples(["500ms", "10s", "2m"]),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some("Seconds, or a string with a unit (ms, s, m, h)."))
+        .into()
+}
+
+fn size_schema() -> Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(0)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples(["64K", "256M", "1G"]),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some(
+            "Bytes, or a string with a unit (K, M, G: powers of 1024).",
+        ))
+        .into()
+}
+
+/// A count (pids, open_files) from a number or a numeric string.
+fn count(field: &str, v: &Value) -> Result<Option<u64>, ApiError> {
+    let bad = || ApiError::invalid(format!("{field} must be a whole number."));
+    match v {
+        Value::Null => Ok(None),
+        Value::Number(n) => n.as_u64().map(Some).ok_or_else(bad),
+        Value::String(s) => s.trim().parse().map(Some).map_err(|_| bad()),
+        _ => Err(bad()),
+    }
+}
+
+fn cpu_millis(cpus: Option<f64>) -> Result<Option<u64>, ApiError> {
+    match cpus {
+        None => Ok(None),
+        Some(c) if c.is_finite() && c > 0.0 => Ok(Some((c * 1000.0).round().max(1.0) as u64)),
+        Some(_) => Err(ApiError::invalid(
+            "cpus must be a positive number of cores.",
+        )),
+    }
+}
+
+/// Limits named as in the request body (`timeout`, `memory`, `cpus`, ...) with values as a
+/// request would give them, for the operator's configuration.
+pub fn limit_overrides(pairs: &[(String, Value)]) -> Result<LimitOverrides, ApiError> {
+    let mut o = LimitOverrides::default();
+    for (name, v) in pairs {
+        let v = Some(v.clone());
+        match name.as_str() {
+            "timeout" => o.timeout_ms = duration_ms(name, &v)?,
+            "compile_timeout" => o.compile_timeout_ms = duration_ms(name, &v)?,
+            "memory" => o.memory_bytes = size_bytes(name, &v)?,
+            "disk" => o.disk_bytes = size_bytes(name, &v)?,
+            "output" => o.output_bytes = size_bytes(name, &v)?,
+            "pids" => o.pids = count(name, v.as_ref().unwrap_or(&Value::Null))?,
+            "open_files" => o.open_files = count(name, v.as_ref().unwrap_or(&Value::Null))?,
+            "cpus" => {
+                let cores = match &v {
+                    Some(Value::Number(n)) => n.as_f64(),
+                    Some(Value::String(s)) => s.trim().parse().ok(),
+                    _ => None,
+                };
+                o.cpu_millis = cpu_millis(Some(cores.unwrap_or(f64::NAN)))?;
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown limit '{other}'; the limits are: {LIMIT_NAMES}"
+                )))
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// The limits' names, as requests and the configuration spell them.
+pub const LIMIT_NAMES: &str =
+    "timeout, compile_timeout, memory, cpus, pids, disk, output, open_files";
 
 fn duration_ms(field: &str, v: &Option<Value>) -> Result<Option<u64>, ApiError> {
     let bad = || {
@@ -100,15 +215,7 @@ impl ExecuteBody {
     /// The engine's request. Errors are values that cannot be a limit at all (a negative
     /// timeout, "12 parsecs"); whether a limit is allowed is the policy's call.
     pub fn into_request(self) -> Result<ExecRequest, ApiError> {
-        let cpu_millis = match self.cpus {
-            None => None,
-            Some(c) if c.is_finite() && c > 0.0 => Some((c * 1000.0).round().max(1.0) as u64),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "cpus must be a positive number of cores.",
-                ))
-            }
-        };
+        let cpu_millis = cpu_millis(self.cpus)?;
         Ok(ExecRequest {
             limits: LimitOverrides {
                 timeout_ms: duration_ms("timeout", &self.timeout)?,

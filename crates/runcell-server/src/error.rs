@@ -3,7 +3,9 @@
 use axum::http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use serde_json::json;
+use utoipa::ToSchema;
 
 /// An error answered to the client. Never carries an API key.
 #[derive(Debug, Clone)]
@@ -69,12 +71,35 @@ impl ApiError {
 
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
-        let mut error = json!({"category": self.category, "message": self.message});
-        if let Some(limit) = self.limit {
-            error["limit"] = json!(limit);
-        }
-        json!({ "error": error })
+        serde_json::to_value(ErrorBody {
+            error: ErrorDetail {
+                category: self.category.to_string(),
+                message: self.message.clone(),
+                limit: self.limit.map(str::to_string),
+            },
+        })
+        .unwrap_or_else(|_| json!({"error": {"category": "internal", "message": ""}}))
     }
+}
+
+/// Every error response: `{"error": {"category", "message"}}`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({"error": {"category": "invalid_request", "limit": "memory",
+    "message": "Invalid limit: memory is 64 GiB, above the maximum of 8 GiB."}}))]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// invalid_request, unauthorized, not_found, method_not_allowed, request_timeout,
+    /// payload_too_large, rate_limited, unavailable or internal.
+    pub category: String,
+    /// What went wrong and what to do about it.
+    pub message: String,
+    /// For an invalid limit: its name, as in the request body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 impl IntoResponse for ApiError {
@@ -114,7 +139,8 @@ pub async fn json_errors(res: Response) -> Response {
         StatusCode::NOT_FOUND => ApiError::new(
             status,
             "not_found",
-            "No such endpoint. The API has POST /v1/execute, GET /v1/runtimes and GET /healthz.",
+            "No such endpoint. The API has POST /v1/execute, GET /v1/runtimes, GET /healthz, \
+             GET /metrics, GET /openapi.json and /mcp.",
         ),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
             status,

@@ -11,9 +11,13 @@
 //! run still going when the shutdown grace period ends, is killed through its `KillSwitch`.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod auth;
 pub mod body;
+pub mod config;
 pub mod error;
+pub mod mcp;
+pub mod metrics;
 pub mod stream;
 
 use std::collections::HashMap;
@@ -24,24 +28,31 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::header::{HeaderValue, ACCEPT, CONTENT_LENGTH};
-use axum::http::HeaderMap;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::{HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{middleware, Json, Router};
+use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use runcell_core::verdict::ErrorCategory;
 use runcell_core::{Engine, EngineConfig, ExecRequest, Verdict};
-use runcell_jail::{KillSwitch, Stream};
+use runcell_jail::{KillSwitch, NoSink, OutputSink, Stream};
 use runcell_runtimes::Language;
+use serde::Serialize;
 use serde_json::json;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+pub use crate::audit::{AuditLog, AuditTarget, Caller};
 use crate::auth::Keys;
+pub use crate::auth::{ApiKey, KeyId};
 use crate::body::ExecuteBody;
-pub use crate::error::ApiError;
+pub use crate::error::{ApiError, ErrorBody};
+pub use crate::metrics::Metrics;
 use crate::stream::{ChannelSink, Message};
 
 /// How the server runs. `Debug` never shows the keys.
@@ -50,7 +61,7 @@ pub struct ServerConfig {
     /// Default 127.0.0.1:8080.
     pub listen: SocketAddr,
     /// Accepted API keys. Empty: no authentication, which is only allowed on loopback.
-    pub api_keys: Vec<String>,
+    pub api_keys: Vec<ApiKey>,
     /// Sandboxes running at once. Default: the number of cores.
     pub max_concurrent: usize,
     /// Requests waiting for a sandbox beyond those. Default: 4 × max_concurrent.
@@ -60,6 +71,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// On SIGTERM/SIGINT, how long running executions may take before they are killed.
     pub shutdown_grace: Duration,
+    /// Where the audit log goes (default: stderr).
+    pub audit: AuditTarget,
     pub engine: EngineConfig,
 }
 
@@ -67,14 +80,12 @@ impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerConfig")
             .field("listen", &self.listen)
-            .field(
-                "api_keys",
-                &format_args!("[{} redacted]", self.api_keys.len()),
-            )
+            .field("api_keys", &self.api_keys)
             .field("max_concurrent", &self.max_concurrent)
             .field("max_queue", &self.max_queue)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("audit", &self.audit)
             .field("engine", &self.engine)
             .finish()
     }
@@ -102,6 +113,7 @@ impl ServerConfig {
             max_queue: 4 * cores,
             max_body_bytes: default_max_body_bytes(&engine.policy),
             shutdown_grace: Duration::from_secs(30),
+            audit: AuditTarget::Stderr,
             engine,
         }
     }
@@ -227,10 +239,15 @@ struct Inner {
     max_body_bytes: usize,
     runs: RunRegistry,
     keep_alive: Duration,
+    metrics: Metrics,
+    audit: AuditLog,
+    runtimes: Mutex<Option<(Instant, Arc<Vec<RuntimeInfo>>)>>,
+    /// Cancelled when the grace period is over: ends long-lived MCP streams.
+    shutdown: runcell_mcp::CancellationToken,
 }
 
 impl AppState {
-    pub fn new(config: &ServerConfig) -> AppState {
+    pub fn new(config: &ServerConfig, audit: AuditLog) -> AppState {
         let max_concurrent = config.max_concurrent.max(1);
         AppState {
             inner: Arc::new(Inner {
@@ -243,6 +260,10 @@ impl AppState {
                 max_body_bytes: config.max_body_bytes,
                 runs: RunRegistry::default(),
                 keep_alive: Duration::from_secs(1),
+                metrics: Metrics::new(max_concurrent, config.max_queue),
+                audit,
+                runtimes: Mutex::new(None),
+                shutdown: runcell_mcp::CancellationToken::new(),
             }),
         }
     }
@@ -251,64 +272,411 @@ impl AppState {
         &self.inner.runs
     }
 
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Cancelled when the shutdown grace period is over.
+    pub fn shutdown_token(&self) -> runcell_mcp::CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
     pub fn auth_enabled(&self) -> bool {
         !self.inner.keys.is_empty()
     }
+
+    /// A place in line (running or queued), taken before a request body is read: an
+    /// overloaded server must not buffer bodies it will refuse anyway. 429 when full.
+    pub fn reserve(&self) -> Result<Reservation, ApiError> {
+        let s = &self.inner;
+        match s.admission.clone().try_acquire_owned() {
+            Ok(permit) => Ok(Reservation {
+                state: self.clone(),
+                permit,
+            }),
+            Err(_) => {
+                s.metrics.rejected("rate_limited");
+                Err(ApiError::rate_limited(format!(
+                    "The server is at capacity ({} executions running, {} waiting). Retry shortly.",
+                    s.max_concurrent, s.max_queue
+                )))
+            }
+        }
+    }
+
+    /// [`AppState::reserve`] and [`Reservation::admit`] in one: for front ends that have the
+    /// request in hand (MCP).
+    pub fn admit(&self, req: ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
+        self.reserve()?.admit(req, caller)
+    }
+
+    /// The runtimes of this host. Finding a runtime and asking its version runs host
+    /// programs, so the answer is kept for a minute.
+    pub async fn runtimes(&self) -> Result<Arc<Vec<RuntimeInfo>>, ApiError> {
+        if let Some((at, list)) = &*lock(&self.inner.runtimes) {
+            if at.elapsed() < Duration::from_secs(60) {
+                return Ok(list.clone());
+            }
+        }
+        let host = self.inner.engine.config().host.clone();
+        let list = tokio::task::spawn_blocking(move || {
+            Language::ALL
+                .iter()
+                .map(|&l| match runcell_runtimes::locate(l, &host) {
+                    Ok(rt) => RuntimeInfo {
+                        language: l.name().to_string(),
+                        available: true,
+                        version: rt.version(),
+                        reason: None,
+                    },
+                    Err(e) => RuntimeInfo {
+                        language: l.name().to_string(),
+                        available: false,
+                        version: None,
+                        reason: Some(e.to_string()),
+                    },
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|_| ApiError::internal("Listing the runtimes failed."))?;
+        let list = Arc::new(list);
+        *lock(&self.inner.runtimes) = Some((Instant::now(), list.clone()));
+        Ok(list)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A place in line, before the request is known.
+pub struct Reservation {
+    state: AppState,
+    permit: OwnedSemaphorePermit,
+}
+
+impl Reservation {
+    /// Check the request against the operator's policy (400 naming the limit and its
+    /// maximum); a refused request is counted and audited.
+    pub fn admit(self, req: ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
+        let s = &self.state.inner;
+        if let Err(e) = body::precheck(&s.engine.config().policy, &req) {
+            s.metrics.rejected(e.category);
+            s.audit.record(&caller, &req, Err(e.category), 0.0);
+            return Err(e);
+        }
+        Ok(Admitted {
+            state: self.state,
+            permit: self.permit,
+            req,
+            caller,
+            admitted: Instant::now(),
+        })
+    }
+}
+
+/// A request that may run: it waits for a sandbox slot, runs, and is counted and audited.
+pub struct Admitted {
+    state: AppState,
+    permit: OwnedSemaphorePermit,
+    req: ExecRequest,
+    caller: Caller,
+    admitted: Instant,
+}
+
+impl Admitted {
+    /// Wait for a slot and run. Dropping the future (a client that went away, a cancelled
+    /// MCP call) kills the sandbox; the run is still counted and audited, as `cancelled`.
+    pub async fn run(self, mut sink: Box<dyn OutputSink + Send>) -> Result<Verdict, ApiError> {
+        let Admitted {
+            state,
+            permit,
+            req,
+            caller,
+            admitted,
+        } = self;
+        let s = &state.inner;
+        let running = {
+            let _queued = s.metrics.queued();
+            s.running
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| ApiError::unavailable("The server is shutting down."))?
+        };
+        let ks = KillSwitch::new().map_err(|e| {
+            ApiError::unavailable(format!("The server cannot start a run right now ({e})."))
+        })?;
+        let entry = s.runs.register(ks.clone());
+        let mut guard = CancelOnDrop(Some(ks.clone()));
+        let st = state.clone();
+        let verdict = tokio::task::spawn_blocking(move || {
+            let _slot = (permit, running, entry);
+            let verdict = st.inner.engine.execute(&req, &mut *sink, Some(&ks));
+            // Flushes what a streaming sink held back, before the verdict is sent.
+            drop(sink);
+            let seconds = admitted.elapsed().as_secs_f64();
+            st.inner
+                .metrics
+                .executed(caller.interface, &verdict, seconds);
+            st.inner.audit.record(&caller, &req, Ok(&verdict), seconds);
+            verdict
+        })
+        .await
+        .map_err(|_| ApiError::internal("The execution failed unexpectedly."))?;
+        guard.disarm();
+        Ok(verdict)
+    }
+}
+
+/// A request's id and peer, set by the outermost middleware.
+#[derive(Debug, Clone)]
+pub struct RequestMeta {
+    pub request_id: String,
+    pub peer: Option<SocketAddr>,
+}
+
+async fn request_meta(mut req: Request, next: Next) -> Response {
+    let request_id = uuid::Uuid::new_v4().simple().to_string();
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    req.extensions_mut().insert(RequestMeta {
+        request_id: request_id.clone(),
+        peer,
+    });
+    let mut res = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        res.headers_mut().insert("x-request-id", v);
+    }
+    res
+}
+
+/// Who is calling, from the request's extensions.
+fn caller_of(parts: &axum::http::request::Parts, interface: &'static str) -> Caller {
+    let meta = parts.extensions.get::<RequestMeta>();
+    Caller {
+        request_id: meta.map(|m| m.request_id.clone()).unwrap_or_default(),
+        key_id: parts.extensions.get::<KeyId>().and_then(|k| k.0.clone()),
+        interface,
+        peer: meta.and_then(|m| m.peer),
+    }
+}
+
+/// One language of `GET /v1/runtimes`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RuntimeInfo {
+    pub language: String,
+    /// Whether it can run on this host now.
+    pub available: bool,
+    pub version: Option<String>,
+    /// Why it is not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `GET /v1/runtimes`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RuntimesResponse {
+    pub runtimes: Vec<RuntimeInfo>,
+    pub limits: LimitsInfo,
+    /// The whole policy: limits plus the caps on code, stdin and files.
+    pub policy: runcell_core::Policy,
+}
+
+/// What a request gets without asking, and the most it may ask for.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LimitsInfo {
+    pub default: runcell_core::Limits,
+    pub maximum: runcell_core::Limits,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    /// Always "ok" when the server answers.
+    pub status: String,
+    pub sandboxes_running: usize,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "runcell",
+        description = "Run untrusted code (Python, JavaScript, Ruby, Go, bash) in a sandbox and \
+                       get a structured verdict.",
+        license(name = "Apache-2.0")
+    ),
+    modifiers(&SecuritySchemes, &McpPath),
+    security(("bearer" = []), ("api_key" = [])),
+    tags(
+        (name = "execute", description = "Running code"),
+        (name = "operations", description = "Health, metrics and this document"),
+        (name = "mcp", description = "The MCP server")
+    )
+)]
+struct ApiDoc;
+
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme,
+        };
+        let c = openapi.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        c.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
+
+/// `/mcp` is served by the MCP SDK, not by a handler of ours: it is described here by hand,
+/// as a pointer to the protocol.
+struct McpPath;
+
+impl Modify for McpPath {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
+        use utoipa::openapi::{Response as OaResponse, ResponsesBuilder};
+        let op = |summary: &str| {
+            OperationBuilder::new()
+                .tag("mcp")
+                .summary(Some(summary))
+                .description(Some(
+                    "The Model Context Protocol over Streamable HTTP (JSON-RPC; protocol \
+                     versions 2025-06-18 to 2026-07-28): tools code_exec_python, code_exec_node, \
+                     code_exec_ruby, code_exec_go, code_exec_bash. Same API keys as the rest of \
+                     the API. See docs/mcp.md.",
+                ))
+                .responses(
+                    ResponsesBuilder::new()
+                        .response(
+                            "200",
+                            OaResponse::new("A JSON-RPC response or an event stream"),
+                        )
+                        .response("401", OaResponse::new("No or a wrong API key")),
+                )
+                .build()
+        };
+        let mut item = PathItem::new(HttpMethod::Post, op("Send a JSON-RPC message"));
+        item.get = Some(op(
+            "Open the event stream of a session (older protocol versions)",
+        ));
+        item.delete = Some(op("End a session (older protocol versions)"));
+        openapi.paths.paths.insert("/mcp".to_string(), item);
+    }
+}
+
+/// The routes that need a key, with their OpenAPI description.
+fn authenticated() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(execute))
+        .routes(routes!(runtimes))
+        .routes(routes!(metrics))
+}
+
+fn public() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(openapi_json))
+}
+
+/// The OpenAPI document of the API, generated from the handlers and the types they use.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
+        .merge(authenticated())
+        .merge(public())
+        .into_openapi()
 }
 
 /// The API as a router, without a socket (for tests and embedding).
 pub fn app(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/execute", post(execute))
-        .route("/v1/runtimes", get(runtimes))
+    let (keyed, _) = authenticated()
+        .route("/mcp", mcp::endpoint(&state))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,
-        ));
+        ))
+        .split_for_parts();
+    let (open, _) = public().split_for_parts();
     Router::new()
-        .route("/healthz", get(healthz))
-        .merge(v1)
+        .merge(open)
+        .merge(keyed)
         .with_state(state)
         .layer(middleware::map_response(error::json_errors))
+        .layer(middleware::from_fn(request_meta))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             error::panic_response,
         ))
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// Liveness. Needs no key.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, description = "The server is up", body = Health)))]
+async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        sandboxes_running: state.runs().active(),
+    })
 }
 
-async fn runtimes(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    let config = state.inner.engine.config().clone();
-    let host = config.host.clone();
-    // Locating a runtime and asking its version runs host programs: a blocking thread.
-    let list = tokio::task::spawn_blocking(move || {
-        Language::ALL
-            .iter()
-            .map(|&l| match runcell_runtimes::locate(l, &host) {
-                Ok(rt) => json!({
-                    "language": l.name(),
-                    "available": true,
-                    "version": rt.version(),
-                }),
-                Err(e) => json!({
-                    "language": l.name(),
-                    "available": false,
-                    "version": null,
-                    "reason": e.to_string(),
-                }),
-            })
-            .collect::<Vec<_>>()
-    })
-    .await
-    .map_err(|_| ApiError::internal("Listing the runtimes failed."))?;
-    let p = &config.policy;
-    Ok(Json(json!({
-        "runtimes": list,
-        "limits": {"default": p.defaults, "maximum": p.max},
-        "policy": p,
-    })))
+/// This document. Needs no key.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json")))]
+async fn openapi_json() -> Response {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| openapi().to_pretty_json().unwrap_or_default());
+    ([(CONTENT_TYPE, "application/json")], doc.clone()).into_response()
+}
+
+/// Prometheus metrics: executions by language and category, latency, sandboxes running,
+/// queue depth, rejections.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    ))]
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.inner.metrics.render(state.runs().active());
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The languages of this host, their versions, and the default and maximum limits.
+#[utoipa::path(get, path = "/v1/runtimes", tag = "execute",
+    responses(
+        (status = 200, body = RuntimesResponse),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    ))]
+async fn runtimes(State(state): State<AppState>) -> Result<Json<RuntimesResponse>, ApiError> {
+    let list = state.runtimes().await?;
+    let p = state.inner.engine.config().policy.clone();
+    Ok(Json(RuntimesResponse {
+        runtimes: list.as_ref().clone(),
+        limits: LimitsInfo {
+            default: p.defaults,
+            maximum: p.max,
+        },
+        policy: p,
+    }))
 }
 
 fn wants_events(headers: &HeaderMap) -> bool {
@@ -326,6 +694,9 @@ fn wants_events(headers: &HeaderMap) -> bool {
         })
 }
 
+/// How long a request body may take to arrive.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(CONTENT_LENGTH)
@@ -334,7 +705,19 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
+    // A body trickled in slowly would hold its place in line: it gets a deadline.
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect());
+    let Ok(collected) = read.await else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "The request body did not arrive within {} s.",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        ));
+    };
+    match collected {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
         Err(e) => Err(ApiError::invalid(format!(
@@ -365,102 +748,110 @@ fn verdict_response(verdict: Verdict) -> Response {
     }
 }
 
-/// Holds a place in line until the run's blocking task ends.
-struct Slot {
-    _admission: OwnedSemaphorePermit,
-    _running: OwnedSemaphorePermit,
-    _entry: RunEntry,
+/// Aborts the run's task (which kills its sandbox) when the event stream is dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
-async fn execute(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let s = &state.inner;
-    // Admission before the body is read: an overloaded server must not buffer bodies it
-    // will refuse anyway.
-    let admission = s.admission.clone().try_acquire_owned().map_err(|_| {
-        ApiError::rate_limited(format!(
-            "The server is at capacity ({} executions running, {} waiting). Retry shortly.",
-            s.max_concurrent, s.max_queue
-        ))
-    })?;
-    let bytes = read_body(body, &headers, s.max_body_bytes).await?;
-    let req = parse_body(&bytes)?;
-    drop(bytes);
-    body::precheck(&s.engine.config().policy, &req)?;
-    let running = s
-        .running
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::unavailable("The server is shutting down."))?;
-    let ks = KillSwitch::new().map_err(|e| {
-        ApiError::unavailable(format!("The server cannot start a run right now ({e})."))
-    })?;
-    let slot = Slot {
-        _admission: admission,
-        _running: running,
-        _entry: s.runs.register(ks.clone()),
+/// Run code and answer its verdict. A failing program is still a 200 with the failure in
+/// `error`; only a request the server refuses is an error status. With
+/// `Accept: text/event-stream` the answer is a stream of server-sent events: `stdout` and
+/// `stderr` (`{"text": ...}`) as the program writes, then one `result` carrying the verdict
+/// (or `error` carrying an error body).
+#[utoipa::path(post, path = "/v1/execute", tag = "execute", request_body = ExecuteBody,
+    responses(
+        (status = 200, description = "The verdict (JSON), or with `Accept: text/event-stream` \
+            events `stdout`/`stderr` (`{\"text\": \"...\"}`) then `result` (the verdict)",
+            content(
+                (Verdict = "application/json"),
+                (String = "text/event-stream"),
+            )),
+        (status = 400, description = "Invalid request: malformed JSON, a wrong type, an unknown \
+            language, a limit above the operator's maximum (`limit` names it)", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 408, description = "The body did not arrive within 30 s", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server's cap", body = ErrorBody),
+        (status = 429, description = "At capacity: all sandboxes busy and the queue full; see \
+            `Retry-After`", body = ErrorBody),
+        (status = 503, description = "Shutting down", body = ErrorBody),
+    ))]
+async fn execute(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let reservation = state.reserve()?;
+    let parsed = match read_body(body, &parts.headers, state.inner.max_body_bytes).await {
+        Ok(bytes) => parse_body(&bytes),
+        Err(e) => Err(e),
     };
-    let mut guard = CancelOnDrop(Some(ks.clone()));
-    let engine = s.engine.clone();
+    let req = parsed.inspect_err(|e| state.inner.metrics.rejected(e.category))?;
+    let admitted = reservation.admit(req, caller_of(&parts, "http"))?;
 
-    if wants_events(&headers) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            let mut sink = ChannelSink::new(tx);
-            let verdict = engine.execute(&req, &mut sink, Some(&ks));
-            sink.finish(verdict);
-        });
-        let events =
-            futures_util::stream::unfold((rx, Some(guard)), |(mut rx, mut guard)| async move {
-                // Once the result is out (guard disarmed and gone), the stream ends.
-                guard.as_ref()?;
-                let event = match rx.recv().await {
-                    Some(Message::Output(stream, text)) => Event::default()
-                        .event(match stream {
-                            Stream::Stdout => "stdout",
-                            Stream::Stderr => "stderr",
-                        })
-                        .data(json!({ "text": text }).to_string()),
-                    Some(Message::Done(verdict)) => {
-                        if let Some(mut g) = guard.take() {
-                            g.disarm();
-                        }
-                        Event::default()
-                            .event("result")
-                            .data(serde_json::to_string(&verdict).unwrap_or_default())
-                    }
-                    None => {
-                        guard = None;
-                        Event::default().event("error").data(
-                            ApiError::internal("The execution failed unexpectedly.")
-                                .body()
-                                .to_string(),
-                        )
-                    }
-                };
-                Some((Ok::<_, Infallible>(event), (rx, guard)))
-            });
-        let mut res = Sse::new(events)
-            .keep_alive(KeepAlive::new().interval(s.keep_alive))
-            .into_response();
-        res.headers_mut()
-            .insert("x-accel-buffering", HeaderValue::from_static("no"));
-        return Ok(res);
+    if !wants_events(&parts.headers) {
+        return Ok(verdict_response(admitted.run(Box::new(NoSink)).await?));
     }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let done = tx.clone();
+    let task = tokio::spawn(async move {
+        let result = admitted.run(Box::new(ChannelSink::new(tx))).await;
+        let _ = done.send(Message::Done(Box::new(result)));
+    });
+    let abort = AbortOnDrop(task.abort_handle());
+    let events = futures_util::stream::unfold((rx, Some(abort)), |(mut rx, abort)| async move {
+        // Once the result is out (the abort guard gone), the stream ends.
+        abort.as_ref()?;
+        let (event, abort) = match rx.recv().await {
+            Some(Message::Output(stream, text)) => (
+                Event::default()
+                    .event(match stream {
+                        Stream::Stdout => "stdout",
+                        Stream::Stderr => "stderr",
+                    })
+                    .data(json!({ "text": text }).to_string()),
+                abort,
+            ),
+            Some(Message::Done(result)) => {
+                let event = match *result {
+                    Ok(v) => Event::default()
+                        .event("result")
+                        .data(serde_json::to_string(&v).unwrap_or_default()),
+                    Err(e) => Event::default().event("error").data(e.body().to_string()),
+                };
+                // The run is over: dropping the guard aborts nothing.
+                (event, None)
+            }
+            None => (
+                Event::default().event("error").data(
+                    ApiError::internal("The execution failed unexpectedly.")
+                        .body()
+                        .to_string(),
+                ),
+                None,
+            ),
+        };
+        Some((Ok::<_, Infallible>(event), (rx, abort)))
+    });
+    let mut res = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(state.inner.keep_alive))
+        .into_response();
+    res.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(res)
+}
 
-    let verdict = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        engine.execute(&req, &mut runcell_jail::NoSink, Some(&ks))
-    })
-    .await
-    .map_err(|_| ApiError::internal("The execution failed unexpectedly."))?;
-    guard.disarm();
-    Ok(verdict_response(verdict))
+fn limits_summary(l: &runcell_core::Limits) -> String {
+    use runcell_core::units::{format_duration, format_size};
+    format!(
+        "timeout {}, memory {}, cpus {}, pids {}, disk {}, output {}",
+        format_duration(l.timeout()),
+        format_size(l.memory_bytes),
+        l.cpu_millis as f64 / 1000.0,
+        l.pids,
+        format_size(l.disk_bytes),
+        format_size(l.output_bytes)
+    )
 }
 
 /// Counts SIGTERM/SIGINT: the first starts a graceful shutdown, a second ends the grace.
@@ -495,7 +886,10 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
             "max_concurrent must be at least 1".into(),
         ));
     }
-    let state = AppState::new(&config);
+    let audit = AuditLog::open(&config.audit).map_err(|e| {
+        ServerError::Config(format!("cannot open the audit log {:?}: {e}", config.audit))
+    })?;
+    let state = AppState::new(&config, audit);
     if !state.auth_enabled() {
         if !config.listen.ip().is_loopback() {
             return Err(ServerError::NoKeyOnPublicAddress(config.listen));
@@ -526,10 +920,30 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
             "no API key"
         }
     );
+    if state.auth_enabled() {
+        let ids: Vec<&str> = config.api_keys.iter().map(|k| k.id.as_str()).collect();
+        eprintln!("runcell serve: API keys: {}", ids.join(", "));
+    }
+    let p = &config.engine.policy;
+    eprintln!(
+        "runcell serve: limits: default {}, maximum {}; audit log: {}{}",
+        limits_summary(&p.defaults),
+        limits_summary(&p.max),
+        match &config.audit {
+            AuditTarget::Stderr => "stderr".to_string(),
+            AuditTarget::Off => "off".to_string(),
+            AuditTarget::File(f) => f.display().to_string(),
+        },
+        if config.engine.strict { "; strict" } else { "" }
+    );
     let runs = state.runs().clone();
-    let server = axum::serve(listener, app(state))
-        .with_graceful_shutdown(signalled(signals.clone(), 1))
-        .into_future();
+    let shutdown = state.shutdown_token();
+    let server = axum::serve(
+        listener,
+        app(state).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(signalled(signals.clone(), 1))
+    .into_future();
     tokio::pin!(server);
     let grace = config.shutdown_grace;
     let grace_over = async {
@@ -548,6 +962,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
         r = &mut server => r?,
         _ = grace_over => {
             let n = runs.kill_all();
+            shutdown.cancel();
             eprintln!("runcell serve: grace period over: killing {n} execution(s)");
             if tokio::time::timeout(Duration::from_secs(15), &mut server).await.is_err() {
                 eprintln!("runcell serve: connections still open; closing them");
@@ -556,6 +971,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
     }
     // Handlers wait for their runs, but a run whose client left is still being torn down.
     runs.kill_all();
+    shutdown.cancel();
     let deadline = Instant::now() + Duration::from_secs(15);
     while runs.active() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -9,18 +9,22 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use runcell_core::EngineConfig;
-use runcell_server::{app, AppState, ServerConfig};
+use runcell_server::{app, ApiKey, AppState, AuditLog, ServerConfig};
 use serde_json::Value;
 use tower::ServiceExt;
 
 fn config(keys: &[&str]) -> ServerConfig {
     let mut c = ServerConfig::new(EngineConfig::for_host());
-    c.api_keys = keys.iter().map(|k| k.to_string()).collect();
+    c.api_keys = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| ApiKey::new(format!("key-{}", i + 1), *k))
+        .collect();
     c
 }
 
 fn router(c: &ServerConfig) -> Router {
-    app(AppState::new(c))
+    app(AppState::new(c, AuditLog::off()))
 }
 
 async fn send(r: &Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Value) {
@@ -60,7 +64,12 @@ async fn healthz_is_public_and_the_api_needs_a_key() {
     let r = router(&config(&["k1", "k2"]));
     let (s, _, j) = send(&r, get("/healthz")).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(j, serde_json::json!({"status": "ok"}));
+    assert_eq!(
+        j,
+        serde_json::json!({"status": "ok", "sandboxes_running": 0})
+    );
+    let (s, _, _) = send(&r, get("/openapi.json")).await;
+    assert_eq!(s, StatusCode::OK, "the API's description is public");
 
     let (s, h, j) = send(&r, get("/v1/runtimes")).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
@@ -80,6 +89,9 @@ async fn healthz_is_public_and_the_api_needs_a_key() {
     let (s, _, j) = send(&r, post(r#"{"language":"python","code":"print(1)"}"#)).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert_error(&j, "unauthorized");
+
+    let (s, _, _) = send(&r, get("/metrics")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "metrics need a key");
 
     for (name, value) in [("authorization", "Bearer k1"), ("x-api-key", "k2")] {
         let req = Request::get("/v1/runtimes")
@@ -299,4 +311,118 @@ async fn serve_refuses_a_public_address_without_a_key() {
     c.listen = "0.0.0.0:0".parse().unwrap();
     let e = runcell_server::serve(c).await.unwrap_err();
     assert!(e.to_string().contains("without an API key"), "{e}");
+}
+
+fn with_key(path: &str) -> Request<Body> {
+    Request::get(path)
+        .header("x-api-key", "k1")
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn metrics_count_rejections_and_show_capacity() {
+    let mut c = config(&["k1"]);
+    c.max_concurrent = 3;
+    c.max_queue = 5;
+    let r = router(&c);
+    send(&r, get("/v1/runtimes")).await;
+    let bad = Request::post("/v1/execute")
+        .header("x-api-key", "k1")
+        .header("content-type", "application/json")
+        .body(Body::from("{nope"))
+        .unwrap();
+    send(&r, bad).await;
+    let res = r.clone().oneshot(with_key("/metrics")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    assert!(res.headers().contains_key("x-request-id"));
+    let text =
+        String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    for needle in [
+        "runcell_rejections_total{reason=\"unauthorized\"} 1",
+        "runcell_rejections_total{reason=\"invalid_request\"} 1",
+        "runcell_sandboxes_running 0",
+        "runcell_queue_depth 0",
+        "runcell_max_concurrent 3",
+        "runcell_max_queue 5",
+    ] {
+        assert!(text.contains(needle), "missing {needle}:\n{text}");
+    }
+}
+
+/// Every route the server answers is in the OpenAPI document, and every path in the
+/// document is served.
+#[tokio::test]
+async fn the_openapi_document_covers_every_route() {
+    let r = router(&config(&["k1"]));
+    let (s, _, doc) = send(&r, get("/openapi.json")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
+    let paths = doc["paths"].as_object().unwrap();
+    let expected = [
+        ("/v1/execute", "post"),
+        ("/v1/runtimes", "get"),
+        ("/healthz", "get"),
+        ("/metrics", "get"),
+        ("/openapi.json", "get"),
+        ("/mcp", "post"),
+    ];
+    for (path, method) in expected {
+        assert!(
+            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            "{method} {path} missing"
+        );
+    }
+    assert_eq!(
+        paths.len(),
+        expected.len(),
+        "undocumented extra paths: {paths:?}"
+    );
+    for (path, item) in paths {
+        for method in item.as_object().unwrap().keys() {
+            let req = Request::builder()
+                .method(method.to_uppercase().as_str())
+                .uri(path.as_str())
+                .header("x-api-key", "k1")
+                .body(Body::from("{}"))
+                .unwrap();
+            let s = r.clone().oneshot(req).await.unwrap().status();
+            assert!(
+                s != StatusCode::NOT_FOUND && s != StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path} is documented but not served: {s}"
+            );
+        }
+    }
+    // The schemas the handlers use are in it, generated from the types.
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for name in [
+        "ExecuteBody",
+        "Verdict",
+        "ErrorBody",
+        "RuntimesResponse",
+        "Limits",
+        "InputFile",
+    ] {
+        assert!(schemas.contains_key(name), "schema {name} missing");
+    }
+    let verdict = &schemas["Verdict"]["properties"];
+    for field in [
+        "stdout",
+        "stderr",
+        "exit_code",
+        "error",
+        "usage",
+        "files",
+        "execution_time",
+    ] {
+        assert!(verdict.get(field).is_some(), "Verdict.{field} missing");
+    }
+    let body = &schemas["ExecuteBody"];
+    assert_eq!(body["required"], serde_json::json!(["language", "code"]));
+    let schemes = doc["components"]["securitySchemes"].as_object().unwrap();
+    assert!(schemes.contains_key("bearer") && schemes.contains_key("api_key"));
 }

@@ -40,18 +40,40 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Serve the HTTP API: POST /v1/execute, GET /v1/runtimes, GET /healthz.
+    /// Serve the HTTP API (and MCP at /mcp) until SIGTERM or SIGINT.
+    ///
+    /// Endpoints: POST /v1/execute (JSON, or server-sent events with
+    /// `Accept: text/event-stream`), GET /v1/runtimes, GET /metrics (Prometheus), GET /healthz
+    /// and GET /openapi.json (no key needed).
+    ///
+    /// Every setting comes from a flag, else its environment variable, else the TOML file
+    /// given with --config, else its default. The file uses the same names in snake_case
+    /// (listen, max_concurrent, max_queue, max_body, shutdown_grace, strict, audit_log), API
+    /// keys as [[api_keys]] tables with `id` and `key` (the file must then be chmod 600), limits
+    /// under [limits.default] and [limits.max], caps under [caps]. See docs/serve.md.
+    #[command(verbatim_doc_comment)]
     Serve(Box<ServeArgs>),
+    /// Serve MCP (Model Context Protocol) on stdin/stdout, for Claude Desktop, Cursor and
+    /// other MCP clients: one code_exec_<language> tool per installed runtime. Logs go to
+    /// stderr.
+    Mcp(McpArgs),
+    /// Print the tool definitions for agents that call POST /v1/execute themselves.
+    Tools(ToolsArgs),
 }
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Address to listen on. Without an API key only a loopback address is allowed.
-    #[arg(long, env = "RUNCELL_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: std::net::SocketAddr,
-    /// An API key clients must send (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
-    /// Repeatable; the environment variable takes a comma-separated list. Prefer the
-    /// environment: arguments are visible to every user in `ps`.
+    /// TOML configuration file (lowest precedence after the defaults).
+    #[arg(long, env = "RUNCELL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080]. Without an API key only a loopback
+    /// address is allowed.
+    #[arg(long, env = "RUNCELL_LISTEN", value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// An API key clients must send (`Authorization: Bearer KEY` or `X-API-Key: KEY`), at
+    /// least 16 characters. Repeatable; the environment variable takes a comma-separated list.
+    /// These keys are named key-1, key-2, ... in the audit log; they replace the file's keys.
+    /// Prefer the environment or the file: arguments are visible to every user in `ps`.
     #[arg(
         long = "api-key",
         env = "RUNCELL_API_KEY",
@@ -60,21 +82,54 @@ struct ServeArgs {
         value_name = "KEY"
     )]
     api_keys: Vec<String>,
-    /// Sandboxes running at once. Default: the number of cores.
-    #[arg(long, env = "RUNCELL_MAX_CONCURRENT")]
+    /// Sandboxes running at once [default: the number of cores].
+    #[arg(long, env = "RUNCELL_MAX_CONCURRENT", value_name = "N")]
     max_concurrent: Option<usize>,
-    /// Requests waiting for a sandbox; beyond them the server answers 429. Default: 4 ×
-    /// max-concurrent.
-    #[arg(long, env = "RUNCELL_MAX_QUEUE")]
+    /// Requests waiting for a sandbox; beyond them the server answers 429 with Retry-After
+    /// [default: 4 x max-concurrent].
+    #[arg(long, env = "RUNCELL_MAX_QUEUE", value_name = "N")]
     max_queue: Option<usize>,
-    /// Largest request body (e.g. 10M); larger ones get 413. Default: room for the largest
-    /// code, stdin and input files the policy allows.
-    #[arg(long, env = "RUNCELL_MAX_BODY")]
+    /// Largest request body (e.g. 10M); larger ones get 413 [default: room for the largest
+    /// code, stdin and input files the policy allows].
+    #[arg(long, env = "RUNCELL_MAX_BODY", value_name = "SIZE")]
     max_body: Option<String>,
     /// On SIGTERM/SIGINT, how long running executions may take before they are killed
-    /// (seconds, or with a unit). Default 30.
-    #[arg(long, env = "RUNCELL_SHUTDOWN_GRACE")]
+    /// (seconds, or with a unit) [default: 30s]. A second signal ends the grace at once.
+    #[arg(long, env = "RUNCELL_SHUTDOWN_GRACE", value_name = "DURATION")]
     shutdown_grace: Option<String>,
+    /// Default limit of a request that does not ask, as NAME=VALUE (repeatable; the
+    /// environment variable takes a comma-separated list). Names: timeout, compile_timeout,
+    /// memory, cpus, pids, disk, output, open_files; values as in a request (10s, 256M, 0.5).
+    #[arg(
+        long = "default-limit",
+        env = "RUNCELL_DEFAULT_LIMITS",
+        value_delimiter = ',',
+        value_name = "NAME=VALUE"
+    )]
+    default_limits: Vec<String>,
+    /// The most a request may ask for, as NAME=VALUE (same names; repeatable). A request
+    /// above it gets a 400 naming the limit and the maximum [default: this host's memory and
+    /// cores, 1 h, 4096 pids, 16 GiB disk, 64 MiB output].
+    #[arg(
+        long = "max-limit",
+        env = "RUNCELL_MAX_LIMITS",
+        value_delimiter = ',',
+        value_name = "NAME=VALUE"
+    )]
+    max_limits: Vec<String>,
+    /// Caps on what a request carries and gets back, as NAME=VALUE (repeatable). Names: code,
+    /// stdin, input_file, input_total, input_files, output_files, output_file, output_total.
+    #[arg(
+        long = "cap",
+        env = "RUNCELL_CAPS",
+        value_delimiter = ',',
+        value_name = "NAME=VALUE"
+    )]
+    caps: Vec<String>,
+    /// Where the audit log (one JSON line per execution) goes: stderr, off, or a file path
+    /// (appended to, created 0640) [default: stderr].
+    #[arg(long, env = "RUNCELL_AUDIT_LOG", value_name = "stderr|off|FILE")]
+    audit_log: Option<String>,
     /// Refuse to run code when any isolation layer is missing on this host.
     #[arg(long, env = "RUNCELL_STRICT")]
     strict: bool,
@@ -154,6 +209,8 @@ fn main() -> ExitCode {
         Command::Setup => setup(&host),
         Command::Doctor { json } => doctor(json, host),
         Command::Serve(args) => serve(*args, host),
+        Command::Mcp(args) => mcp(args, host),
+        Command::Tools(args) => tools(args, host),
     };
     match result {
         Ok(code) => code,
@@ -451,28 +508,27 @@ fn summary(v: &Verdict) -> String {
 
 /// `runcell serve`: the HTTP API, until SIGTERM or SIGINT.
 fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
+    use runcell_server::config::{build, FileConfig, Overrides};
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
     let mut engine = EngineConfig::for_host();
     engine.host = host;
-    engine.strict = args.strict;
-    let mut config = runcell_server::ServerConfig::new(engine);
-    config.listen = args.listen;
-    config.api_keys = args.api_keys;
-    if let Some(n) = args.max_concurrent {
-        anyhow::ensure!(n > 0, "--max-concurrent must be at least 1");
-        config.max_concurrent = n;
-        config.max_queue = 4 * n;
-    }
-    if let Some(n) = args.max_queue {
-        config.max_queue = n;
-    }
-    if let Some(s) = &args.max_body {
-        let bytes = parse_size(s).map_err(|e| anyhow::anyhow!("--max-body: {e}"))?;
-        config.max_body_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
-    }
-    if let Some(s) = &args.shutdown_grace {
-        config.shutdown_grace =
-            parse_duration(s).map_err(|e| anyhow::anyhow!("--shutdown-grace: {e}"))?;
-    }
+    let overrides = Overrides {
+        listen: args.listen,
+        api_keys: args.api_keys,
+        max_concurrent: args.max_concurrent,
+        max_queue: args.max_queue,
+        max_body: args.max_body,
+        shutdown_grace: args.shutdown_grace,
+        strict: args.strict,
+        audit_log: args.audit_log,
+        default_limits: args.default_limits,
+        max_limits: args.max_limits,
+        caps: args.caps,
+    };
+    let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -672,4 +728,86 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     } else {
         ExitCode::from(1)
     })
+}
+
+#[derive(Args)]
+struct McpArgs {
+    /// Refuse to run code when any isolation layer is missing on this host.
+    #[arg(long, env = "RUNCELL_STRICT")]
+    strict: bool,
+}
+
+#[derive(Args)]
+struct ToolsArgs {
+    /// anthropic: [{name, description, input_schema}] for the Messages API; openai:
+    /// [{type: "function", function: {name, description, parameters}}] for Chat Completions;
+    /// mcp: the tools/list entries. Each call's input, with "language" added, is the body of
+    /// POST /v1/execute.
+    #[arg(long, value_enum, default_value = "mcp")]
+    format: ToolsFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ToolsFormat {
+    Anthropic,
+    Openai,
+    Mcp,
+}
+
+/// `runcell mcp`: MCP on stdio until the client closes stdin. stdout carries only the protocol;
+/// everything else goes to stderr.
+fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
+    use runcell_mcp::{Catalog, LocalExecutor, McpServer};
+    let mut config = EngineConfig::for_host();
+    config.host = host;
+    config.strict = args.strict;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let result = rt.block_on(async {
+        let c = config.clone();
+        // Asking each runtime its version runs host programs.
+        let catalog = tokio::task::spawn_blocking(move || Catalog::for_host(&c))
+            .await
+            .context("find the runtimes")?;
+        let names: Vec<&str> = catalog.tools().iter().map(|t| t.name.as_str()).collect();
+        if names.is_empty() {
+            eprintln!("runcell mcp: WARNING: no runtime is installed; there are no tools");
+        }
+        eprintln!(
+            "runcell mcp: serving MCP on stdio{}; tools: {}",
+            if config.strict { " (strict)" } else { "" },
+            names.join(", ")
+        );
+        let server = McpServer::new(
+            LocalExecutor::new(Engine::new(config)),
+            std::sync::Arc::new(catalog),
+            "mcp-stdio",
+        );
+        runcell_mcp::serve_stdio(server)
+            .await
+            .map_err(anyhow::Error::from)
+    });
+    // Cancelled calls' sandboxes are being killed; give their threads a moment to finish.
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    result?;
+    eprintln!("runcell mcp: the client closed the connection");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `runcell tools`: the MCP tools of this host in another tool-calling format.
+fn tools(args: ToolsArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
+    let mut config = EngineConfig::for_host();
+    config.host = host;
+    let catalog = runcell_mcp::Catalog::for_host(&config);
+    let format = match args.format {
+        ToolsFormat::Anthropic => runcell_mcp::Format::Anthropic,
+        ToolsFormat::Openai => runcell_mcp::Format::OpenAi,
+        ToolsFormat::Mcp => runcell_mcp::Format::Mcp,
+    };
+    let text = serde_json::to_string_pretty(&runcell_mcp::render(&catalog, format))
+        .context("serialise the tools")?;
+    println!("{text}");
+    Ok(ExitCode::SUCCESS)
 }

@@ -212,19 +212,25 @@ impl Events {
 
 #[test]
 fn auth_both_header_styles_and_public_healthz() {
-    let s = Server::start_env(&["--api-key", "cli-key"], &[("RUNCELL_API_KEY", "ignored")]);
+    let s = Server::start_env(
+        &["--api-key", "cli-key-0123456789"],
+        &[("RUNCELL_API_KEY", "ignored-0123456789")],
+    );
     let c = client();
     let res = c.get(s.url("/healthz")).send().unwrap();
-    assert_eq!(json_of(res), (200, json!({"status": "ok"})));
+    assert_eq!(
+        json_of(res),
+        (200, json!({"status": "ok", "sandboxes_running": 0}))
+    );
 
     let body = json!({"language": "python", "code": "print(1)"});
     let (st, v) = json_of(c.post(s.url("/v1/execute")).json(&body).send().unwrap());
     assert_eq!((st, category(&v)), (401, "unauthorized"), "{v}");
     for wrong in [
         "Bearer nope",
-        "Bearer cli-keyx",
-        "Bearer ignored",
-        "cli-key",
+        "Bearer cli-key-0123456789x",
+        "Bearer ignored-0123456789",
+        "cli-key-0123456789",
     ] {
         let res = c
             .post(s.url("/v1/execute"))
@@ -245,7 +251,7 @@ fn auth_both_header_styles_and_public_healthz() {
 
     let res = c
         .post(s.url("/v1/execute"))
-        .header("authorization", "Bearer cli-key")
+        .header("authorization", "Bearer cli-key-0123456789")
         .json(&body)
         .send()
         .unwrap();
@@ -253,19 +259,28 @@ fn auth_both_header_styles_and_public_healthz() {
     assert_eq!((st, v["stdout"].as_str()), (200, Some("1\n")), "{v}");
     let res = c
         .get(s.url("/v1/runtimes"))
-        .header("x-api-key", "cli-key")
+        .header("x-api-key", "cli-key-0123456789")
         .send()
         .unwrap();
     assert_eq!(json_of(res).0, 200);
     assert!(
-        !s.log().contains("cli-key"),
+        !s.log().contains("cli-key-0123456789"),
         "a key was logged: {}",
         s.log()
     );
 
     // Keys from the environment, comma-separated.
-    let s = Server::start_env(&[], &[("RUNCELL_API_KEY", "env-a,env-b")]);
-    for (h, k) in [("x-api-key", "env-b"), ("authorization", "Bearer env-a")] {
+    let s = Server::start_env(
+        &[],
+        &[(
+            "RUNCELL_API_KEY",
+            "env-key-a-0123456789,env-key-b-0123456789",
+        )],
+    );
+    for (h, k) in [
+        ("x-api-key", "env-key-b-0123456789"),
+        ("authorization", "Bearer env-key-a-0123456789"),
+    ] {
         let res = c.get(s.url("/v1/runtimes")).header(h, k).send().unwrap();
         assert_eq!(json_of(res).0, 200, "{h}: {k}");
     }
@@ -308,6 +323,22 @@ fn print_one() {
     assert_eq!(v["stderr"], "oops\n");
     let (st, v) = s.execute(json!({"language": "bash", "code": "sleep 5", "timeout": 0.3}));
     assert_eq!((st, category(&v)), (200, "timeout"), "{v}");
+    // Each execution is counted by language and outcome.
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for needle in [
+        r#"runcell_executions_total{language="python",category="ok",interface="http"} 1"#,
+        r#"runcell_executions_total{language="bash",category="runtime_error",interface="http"} 1"#,
+        r#"runcell_executions_total{language="bash",category="timeout",interface="http"} 1"#,
+        r#"runcell_execution_duration_seconds_count{language="bash"} 2"#,
+        "runcell_sandboxes_running 0",
+    ] {
+        assert!(metrics.contains(needle), "missing {needle}:\n{metrics}");
+    }
     let pid = s.pid();
     drop(s);
     assert_host_clean(pid);
@@ -409,23 +440,38 @@ fn streaming_sends_output_as_it_is_written() {
         "language": "python",
         "code": "import sys, time\nprint('first', flush=True)\nprint('warn', file=sys.stderr, flush=True)\ntime.sleep(1)\nprint('second')",
     }));
-    let (e, d) = events.next().expect("first event");
+    // Chunks are what a read returned: "first\n" may come as "first" and "\n".
+    events.until_stdout("first");
     let first_at = started.elapsed();
-    assert_eq!(
-        (e.as_str(), d["text"].as_str()),
-        ("stdout", Some("first\n"))
-    );
     let rest = events.rest();
     let end_at = started.elapsed();
     assert!(
         end_at - first_at >= Duration::from_millis(700),
         "the first chunk came {first_at:?}, the end {end_at:?}: not streamed"
     );
-    let names: Vec<&str> = rest.iter().map(|(e, _)| e.as_str()).collect();
-    assert_eq!(names, ["stderr", "stdout", "result"], "{rest:?}");
-    assert_eq!(rest[0].1["text"], "warn\n");
-    assert_eq!(rest[1].1["text"], "second\n");
-    let verdict = &rest[2].1;
+    let (result, output) = rest.split_last().expect("a result event");
+    assert_eq!(result.0, "result", "{rest:?}");
+    let text = |name: &str| -> String {
+        output
+            .iter()
+            .filter(|(e, _)| e == name)
+            .map(|(_, d)| d["text"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(text("stderr"), "warn\n", "{rest:?}");
+    assert!(text("stdout").ends_with("second\n"), "{rest:?}");
+    // stderr was written (and sent) before the program slept and printed "second".
+    let warn = output.iter().position(|(e, _)| e == "stderr").unwrap();
+    let second = output
+        .iter()
+        .position(|(e, d)| e == "stdout" && d["text"].as_str().unwrap().contains("second"))
+        .unwrap();
+    assert!(warn < second, "{rest:?}");
+    assert!(
+        output.iter().all(|(e, _)| e == "stdout" || e == "stderr"),
+        "{rest:?}"
+    );
+    let verdict = &result.1;
     assert_eq!(verdict["stdout"], "first\nsecond\n");
     assert_eq!(verdict["exit_code"], 0);
 }
@@ -599,4 +645,186 @@ fn sigterm_kills_what_outlives_the_grace_period() {
     assert_ne!(category(v), "ok", "{v}");
     assert_marker_gone(&m, Duration::from_secs(5));
     assert_host_clean(pid);
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Flags win over environment variables, which win over the TOML file; the audit log has one
+/// line per execution with the key's id and never the key or the code.
+#[test]
+fn config_file_environment_and_flags_and_the_audit_log() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let config = dir.path().join("runcell.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "audit_log = {audit:?}\n\
+             [[api_keys]]\nid = \"team-a\"\nkey = \"file-key-0123456789\"\n\
+             [limits.default]\ntimeout = 4\n\
+             [limits.max]\ntimeout = \"5s\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let cfg = config.to_str().unwrap();
+    let run = |s: &Server, timeout: u64| {
+        let res = client()
+            .post(s.url("/v1/execute"))
+            .header("x-api-key", "file-key-0123456789")
+            .json(&json!({"language": "bash", "code": "echo audited", "timeout": timeout}))
+            .send()
+            .unwrap();
+        json_of(res)
+    };
+
+    let s = Server::start(&["--config", cfg]);
+    let (st, v) = client()
+        .post(s.url("/v1/execute"))
+        .header("x-api-key", "file-key-0123456789")
+        .json(&json!({"language": "bash", "code": "echo audited"}))
+        .send()
+        .map(json_of)
+        .unwrap();
+    assert_eq!(
+        (st, v["limits"]["timeout_ms"].as_u64()),
+        (200, Some(4000)),
+        "{v}"
+    );
+    assert_eq!(run(&s, 5).0, 200);
+    let (st, v) = run(&s, 6);
+    assert_eq!((st, category(&v)), (400, "invalid_request"), "{v}");
+    assert_eq!(v["error"]["limit"], "timeout");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum of 5 s"),
+        "{v}"
+    );
+    drop(s);
+
+    let s = Server::start_env(&["--config", cfg], &[("RUNCELL_MAX_LIMITS", "timeout=8")]);
+    assert_eq!(run(&s, 7).0, 200);
+    let (st, v) = run(&s, 9);
+    assert!(
+        st == 400
+            && v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("maximum of 8 s"),
+        "{v}"
+    );
+    drop(s);
+
+    let s = Server::start_env(
+        &["--config", cfg, "--max-limit", "timeout=6"],
+        &[("RUNCELL_MAX_LIMITS", "timeout=8")],
+    );
+    let (st, v) = run(&s, 7);
+    assert!(
+        st == 400
+            && v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("maximum of 6 s"),
+        "{v}"
+    );
+    let log = s.log();
+    drop(s);
+    assert!(
+        !log.contains("file-key-0123456789"),
+        "a key was logged: {log}"
+    );
+    assert!(log.contains("API keys: team-a"), "{log}");
+
+    let text = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        !text.contains("file-key-0123456789") && !text.contains("echo audited"),
+        "{text}"
+    );
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        6,
+        "one line per execution, refused ones included: {text}"
+    );
+    let sha = sha256_hex(b"echo audited");
+    for l in &lines {
+        assert_eq!(l["key_id"], "team-a", "{l}");
+        assert_eq!(l["language"], "bash", "{l}");
+        assert_eq!(l["code_sha256"], sha.as_str(), "{l}");
+        assert_eq!(l["interface"], "http", "{l}");
+        assert_eq!(l["request_id"].as_str().map(str::len), Some(32), "{l}");
+        assert!(
+            l["time"].is_string() && l["duration_seconds"].is_number(),
+            "{l}"
+        );
+        assert!(l["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{l}");
+    }
+    let categories: Vec<&str> = lines
+        .iter()
+        .map(|l| l["category"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        categories,
+        [
+            "ok",
+            "ok",
+            "invalid_request",
+            "ok",
+            "invalid_request",
+            "invalid_request"
+        ]
+    );
+    assert_eq!(lines[0]["exit_code"], 0);
+    assert_eq!(lines[0]["limits"]["timeout_ms"], 4000);
+    assert!(lines[2]["exit_code"].is_null());
+}
+
+#[test]
+fn serve_help_documents_every_setting() {
+    let out = Command::new(runcell_bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--config",
+        "RUNCELL_CONFIG",
+        "--listen",
+        "RUNCELL_LISTEN",
+        "--api-key",
+        "RUNCELL_API_KEY",
+        "--max-concurrent",
+        "--max-queue",
+        "--max-body",
+        "--shutdown-grace",
+        "--default-limit",
+        "RUNCELL_DEFAULT_LIMITS",
+        "--max-limit",
+        "RUNCELL_MAX_LIMITS",
+        "--cap",
+        "--audit-log",
+        "RUNCELL_AUDIT_LOG",
+        "--strict",
+        "TOML",
+        "[limits.max]",
+        "[[api_keys]]",
+    ] {
+        assert!(
+            help.contains(needle),
+            "serve --help lacks {needle}:\n{help}"
+        );
+    }
 }

@@ -1,0 +1,617 @@
+//! The tools, defined once: one `code_exec_<language>` per runtime installed on this host,
+//! each with a description built from the runtime's real version, the packages really
+//! installed and the operator's limits, an input schema from [`CodeExecInput`], and the
+//! verdict's schema as output schema. MCP serves this list; `runcell tools` renders the same
+//! list for Anthropic and OpenAI tool calling (see [`crate::formats`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use runcell_core::limits::Limits;
+use runcell_core::units::{format_duration, format_size};
+use runcell_core::{EngineConfig, ExecRequest, InputFile, LimitOverrides, Policy, Verdict};
+use runcell_runtimes::{python_stack, Host, Language};
+use schemars::generate::SchemaSettings;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The arguments of every `code_exec_*` tool.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CodeExecInput {
+    /// The complete program to run.
+    pub code: String,
+    /// Wall-clock time limit in seconds.
+    #[serde(default)]
+    pub timeout: Option<f64>,
+    /// Files to write into /workspace (the working directory) before the program starts.
+    #[serde(default)]
+    pub files: Vec<InputFile>,
+}
+
+/// What the catalog needs to know about one installed runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    pub language: Language,
+    /// The version the host binary reports (`3.11.2`, `20.20.2`, `go1.19.8`...).
+    pub version: Option<String>,
+    /// Python only: the installed distributions (name, version), when `runcell setup` has
+    /// installed the data stack.
+    pub packages: Option<Vec<(String, String)>>,
+}
+
+impl RuntimeInfo {
+    /// The runtimes installed on this host, in `Language::ALL` order. Runs each runtime's
+    /// binary to ask its version: call it from a blocking context.
+    pub fn locate_all(host: &Host) -> Vec<RuntimeInfo> {
+        Language::ALL
+            .iter()
+            .filter_map(|&language| {
+                let rt = runcell_runtimes::locate(language, host).ok()?;
+                Some(RuntimeInfo {
+                    language,
+                    version: rt.version(),
+                    packages: rt.python_stack.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// One tool.
+#[derive(Debug, Clone)]
+pub struct ToolDef {
+    /// `code_exec_python`, ...
+    pub name: String,
+    pub language: Language,
+    /// A short human-readable title: "Run Python 3.11.2".
+    pub title: String,
+    pub description: String,
+    pub input_schema: Arc<JsonObject>,
+}
+
+/// The tools of this host.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    tools: Vec<ToolDef>,
+    output_schema: Arc<JsonObject>,
+    policy: Policy,
+}
+
+/// The tool name of a language.
+pub fn tool_name(language: Language) -> String {
+    format!("code_exec_{}", language.name())
+}
+
+/// A schema for `T` with every subschema inlined: no `$defs`/`$ref`, which some tool-calling
+/// APIs do not resolve and which models read less well.
+fn schema_of<T: JsonSchema>(settings: SchemaSettings) -> JsonObject {
+    let schema = settings
+        .with(|s| s.inline_subschemas = true)
+        .into_generator()
+        .into_root_schema_for::<T>();
+    match serde_json::to_value(schema) {
+        Ok(Value::Object(mut object)) => {
+            // The Rust type's name and doc comment are noise to a model.
+            object.remove("$schema");
+            object.remove("title");
+            object.remove("description");
+            object
+        }
+        _ => JsonObject::new(),
+    }
+}
+
+/// The schema of `structuredContent`: the verdict as it is serialised.
+pub fn output_schema() -> JsonObject {
+    schema_of::<Verdict>(SchemaSettings::draft2020_12().for_serialize())
+}
+
+fn seconds(ms: u64) -> String {
+    format_duration(Duration::from_millis(ms))
+}
+
+fn cores(cpu_millis: u64) -> String {
+    let n = cpu_millis as f64 / 1000.0;
+    let n = if n.fract() == 0.0 {
+        format!("{}", n as u64)
+    } else {
+        format!("{n}")
+    };
+    format!("{n} CPU core{}", if n == "1" { "" } else { "s" })
+}
+
+/// The input schema of one tool: the structure from [`CodeExecInput`], the descriptions and
+/// bounds from this language and this operator's policy.
+fn input_schema(language: Language, policy: &Policy) -> JsonObject {
+    let mut schema = schema_of::<CodeExecInput>(SchemaSettings::draft2020_12().for_deserialize());
+    let code = match language {
+        Language::Python => "The complete Python program. Print what you want to see.",
+        Language::Node => "The complete JavaScript program (a CommonJS script run by node).",
+        Language::Ruby => "The complete Ruby program.",
+        Language::Go => "The complete Go program: package main with a func main().",
+        Language::Bash => "The bash script.",
+    };
+    let max_s = policy.max.timeout_ms as f64 / 1000.0;
+    if let Some(Value::Object(props)) = schema.get_mut("properties") {
+        if let Some(Value::Object(p)) = props.get_mut("code") {
+            p.insert("description".into(), json!(code));
+        }
+        props.insert(
+            "timeout".into(),
+            json!({
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": if max_s.fract() == 0.0 { json!(policy.max.timeout_ms / 1000) } else { json!(max_s) },
+                "description": format!(
+                    "Wall-clock time limit in seconds (default {}, at most {}).",
+                    policy.defaults.timeout_ms as f64 / 1000.0,
+                    max_s
+                ),
+            }),
+        );
+        if let Some(Value::Object(files)) = props.get_mut("files") {
+            files.insert(
+                "description".into(),
+                json!(format!(
+                    "Files to write into /workspace (the working directory) before the program \
+                     starts, at most {} files of up to {} each. Give each either `content` \
+                     (UTF-8 text) or `content_base64` (binary), not both.",
+                    policy.max_input_files,
+                    format_size(policy.max_input_file_bytes)
+                )),
+            );
+            if let Some(Value::Object(items)) = files.get_mut("items") {
+                items.remove("description");
+                if let Some(Value::Object(fp)) = items.get_mut("properties") {
+                    let describe = |fp: &mut serde_json::Map<String, Value>, k: &str, d: &str| {
+                        if let Some(Value::Object(p)) = fp.get_mut(k) {
+                            p.insert("description".into(), json!(d));
+                        }
+                    };
+                    describe(
+                        fp,
+                        "path",
+                        "Path relative to /workspace, e.g. data.csv or input/a.txt.",
+                    );
+                    describe(fp, "content", "The file's content as UTF-8 text.");
+                    describe(fp, "content_base64", "The file's content, base64-encoded.");
+                }
+            }
+        }
+    }
+    schema
+}
+
+/// The packages of the Python data stack worth naming, with their versions.
+fn named_packages(packages: &[(String, String)]) -> Vec<String> {
+    python_stack::REQUIRED_PACKAGES
+        .iter()
+        .map(|want| {
+            let norm = python_stack::normalize(want);
+            match packages
+                .iter()
+                .find(|(name, _)| python_stack::normalize(name) == norm)
+            {
+                Some((_, version)) => format!("{want} {version}"),
+                None => want.to_string(),
+            }
+        })
+        .collect()
+}
+
+fn display_version(rt: &RuntimeInfo) -> String {
+    match &rt.version {
+        Some(v) => format!(" {}", v.trim_start_matches('v').trim_start_matches("go")),
+        None => String::new(),
+    }
+}
+
+/// Whether this Node.js runs a `.js` file that uses ES module syntax as a module (syntax
+/// detection, on by default since 22.7 and 20.19).
+fn node_detects_modules(version: Option<&str>) -> bool {
+    let Some(v) = version else { return false };
+    let mut parts = v
+        .trim_start_matches('v')
+        .split('.')
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), _) if major >= 23 => true,
+        (Some(22), Some(minor)) => minor >= 7,
+        (Some(20), Some(minor)) => minor >= 19,
+        _ => false,
+    }
+}
+
+/// What a model needs to know to write a working program the first time.
+fn description(rt: &RuntimeInfo, policy: &Policy) -> (String, String) {
+    let v = display_version(rt);
+    let d: &Limits = &policy.defaults;
+    let (title, intro, env) = match rt.language {
+        Language::Python => {
+            let env = match &rt.packages {
+                Some(p) if !p.is_empty() => format!(
+                    "- Installed: the standard library and {} (with their dependencies). Nothing \
+                     else can be installed: there is no pip and no network.\n\
+                     - Plots: matplotlib figures come back as PNG images by themselves: call \
+                     plt.show() or leave figures open at the end (they are saved to \
+                     /workspace/figures/). plt.savefig('name.png') works too.\n",
+                    named_packages(p).join(", ")
+                ),
+                _ => "- Installed: only the standard library (this server has no third-party \
+                      packages: no numpy, pandas or matplotlib). Nothing can be installed.\n"
+                    .to_string(),
+            };
+            (
+                format!("Run Python{v}"),
+                format!("Run a Python{v} program"),
+                env,
+            )
+        }
+        Language::Node => (
+            format!("Run JavaScript (Node.js{v})"),
+            format!("Run a JavaScript program with Node.js{v}"),
+            format!(
+                "{}- Only Node's built-in modules are available (fs, path, crypto, ...); no \
+                 npm packages can be installed.\n",
+                if node_detects_modules(rt.version.as_deref()) {
+                    "- The code is saved as main.js and runs as CommonJS (require) unless it \
+                     uses ES module syntax (import, export, top-level await): then it runs as \
+                     an ES module, where require is not defined. Do not mix the two.\n"
+                } else {
+                    "- It runs as a CommonJS script: use require(), not import; there is no \
+                     top-level await (wrap async code in an async function and call it).\n"
+                }
+            ),
+        ),
+        Language::Ruby => (
+            format!("Run Ruby{v}"),
+            format!("Run a Ruby{v} program"),
+            "- The standard library and the gems bundled with Ruby are available; no other \
+             gems can be installed.\n"
+                .to_string(),
+        ),
+        Language::Go => (
+            format!("Run Go{v}"),
+            format!("Compile and run a Go{v} program"),
+            format!(
+                "- Write a complete program: package main with a func main(). Only the standard \
+                 library is available; no modules can be downloaded.\n\
+                 - It is compiled with go build first (up to {}, not counted in `timeout`); \
+                 compiler errors come back with the error category compile_error.\n",
+                seconds(d.compile_timeout_ms)
+            ),
+        ),
+        Language::Bash => (
+            format!("Run bash{v}"),
+            format!("Run a bash{v} script"),
+            "- The host's command-line tools under /usr/bin are available read-only \
+             (coreutils, grep, sed, awk and whatever else the host has installed).\n"
+                .to_string(),
+        ),
+    };
+    let text = format!(
+        "{intro} in a fresh, isolated sandbox and get back its stdout, stderr, exit code and \
+         the files it writes.\n\
+         {env}\
+         - No network: nothing can be downloaded, and no outside service can be reached.\n\
+         - Every call starts from scratch: nothing persists between calls (no variables, no \
+         files), so send everything the program needs in `code` and `files`.\n\
+         - The working directory is /workspace. `files` are written there before the program \
+         starts. Every file the program creates or changes under /workspace comes back with \
+         the result (images as images; up to {} files, {} each), so write output files \
+         there; use /tmp for scratch files that should not come back.\n\
+         - Limits: {} wall-clock by default (set `timeout` in seconds, at most {}), {} of \
+         memory, {}, {} processes and threads, {} of disk for /workspace and /tmp together, \
+         {} each of stdout and stderr. A program that exceeds a limit is stopped and the \
+         result says which limit it hit.\n\
+         - stdin is empty. Only stdout, stderr and files come back: print the results you \
+         need. A failed run comes back as an error with its category (runtime_error, \
+         timeout, memory_limit, ...) and what to change.",
+        policy.max_output_files,
+        format_size(policy.max_output_file_bytes),
+        seconds(d.timeout_ms),
+        seconds(policy.max.timeout_ms),
+        format_size(d.memory_bytes),
+        cores(d.cpu_millis),
+        d.pids,
+        format_size(d.disk_bytes),
+        format_size(d.output_bytes),
+    );
+    (title, text)
+}
+
+impl Catalog {
+    /// The tools for these runtimes under this policy. Pure: the same inputs give the same
+    /// catalog.
+    pub fn new(policy: &Policy, runtimes: &[RuntimeInfo]) -> Catalog {
+        let tools = runtimes
+            .iter()
+            .map(|rt| {
+                let (title, description) = description(rt, policy);
+                ToolDef {
+                    name: tool_name(rt.language),
+                    language: rt.language,
+                    title,
+                    description,
+                    input_schema: Arc::new(input_schema(rt.language, policy)),
+                }
+            })
+            .collect();
+        Catalog {
+            tools,
+            output_schema: Arc::new(output_schema()),
+            policy: policy.clone(),
+        }
+    }
+
+    /// The catalog of this host: the runtimes it has and the engine's policy. Runs the
+    /// runtimes' binaries: call it from a blocking context.
+    pub fn for_host(config: &EngineConfig) -> Catalog {
+        Catalog::new(&config.policy, &RuntimeInfo::locate_all(&config.host))
+    }
+
+    pub fn tools(&self) -> &[ToolDef] {
+        &self.tools
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ToolDef> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+
+    pub fn output_schema(&self) -> &Arc<JsonObject> {
+        &self.output_schema
+    }
+
+    /// A tool as MCP lists it.
+    pub fn mcp_tool(&self, def: &ToolDef) -> Tool {
+        Tool::new(
+            def.name.clone(),
+            def.description.clone(),
+            def.input_schema.clone(),
+        )
+        .with_title(def.title.clone())
+        .with_raw_output_schema(self.output_schema.clone())
+        .with_annotations(
+            ToolAnnotations::with_title(def.title.clone())
+                // The sandbox is thrown away after each call and has no network: nothing
+                // outside it changes, and nothing outside it is reached.
+                .destructive(false)
+                .open_world(false)
+                .idempotent(false),
+        )
+    }
+
+    pub fn mcp_tools(&self) -> Vec<Tool> {
+        self.tools.iter().map(|t| self.mcp_tool(t)).collect()
+    }
+
+    /// Turn a call's arguments into an engine request, or the message of an
+    /// `invalid_request` result.
+    pub fn request(
+        &self,
+        def: &ToolDef,
+        arguments: Option<JsonObject>,
+    ) -> Result<ExecRequest, String> {
+        let args = Value::Object(arguments.unwrap_or_default());
+        let input: CodeExecInput = serde_json::from_value(args).map_err(|e| {
+            format!(
+                "Invalid arguments for {}: {e}. Pass `code` (a string), and optionally \
+                 `timeout` (seconds) and `files` ([{{\"path\", \"content\"}}] or \
+                 [{{\"path\", \"content_base64\"}}]).",
+                def.name
+            )
+        })?;
+        let timeout_ms = match input.timeout {
+            None => None,
+            Some(t) if !t.is_finite() || t <= 0.0 => {
+                return Err(format!(
+                    "timeout must be a positive number of seconds, not {t}."
+                ))
+            }
+            Some(t) => {
+                let ms = (t * 1000.0).round();
+                if ms > self.policy.max.timeout_ms as f64 {
+                    return Err(format!(
+                        "timeout {t} s is more than this server's maximum of {} s. Ask for at \
+                         most {} s.",
+                        self.policy.max.timeout_ms as f64 / 1000.0,
+                        self.policy.max.timeout_ms as f64 / 1000.0
+                    ));
+                }
+                // Below the engine's minimum (10 ms) the policy names the limit.
+                Some(ms as u64)
+            }
+        };
+        Ok(ExecRequest {
+            language: def.language.name().to_string(),
+            code: input.code,
+            stdin: None,
+            limits: LimitOverrides {
+                timeout_ms,
+                ..LimitOverrides::default()
+            },
+            files: input.files,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy::for_host(8 << 30, 2)
+    }
+
+    fn runtimes() -> Vec<RuntimeInfo> {
+        vec![
+            RuntimeInfo {
+                language: Language::Python,
+                version: Some("3.11.2".into()),
+                packages: Some(vec![
+                    ("numpy".into(), "2.4.6".into()),
+                    ("Pillow".into(), "12.0.0".into()),
+                    ("matplotlib".into(), "3.11.2".into()),
+                ]),
+            },
+            RuntimeInfo {
+                language: Language::Go,
+                version: Some("1.19.8".into()),
+                packages: None,
+            },
+        ]
+    }
+
+    fn obj(v: Value) -> Option<JsonObject> {
+        match v {
+            Value::Object(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn one_tool_per_installed_runtime() {
+        let c = Catalog::new(&policy(), &runtimes());
+        let names: Vec<&str> = c.tools().iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["code_exec_python", "code_exec_go"]);
+        assert!(c.get("code_exec_ruby").is_none());
+    }
+
+    #[test]
+    fn descriptions_name_versions_packages_and_limits() {
+        let c = Catalog::new(&policy(), &runtimes());
+        let py = &c.get("code_exec_python").unwrap().description;
+        for want in [
+            "Python 3.11.2",
+            "numpy 2.4.6",
+            "pillow 12.0.0",
+            "matplotlib 3.11.2",
+            "No network",
+            "/workspace",
+            "PNG images",
+            "30 s wall-clock",
+            "at most 60 min",
+            "256 MiB",
+            "1 CPU core",
+        ] {
+            assert!(py.contains(want), "{want:?} missing from {py}");
+        }
+        let go = &c.get("code_exec_go").unwrap().description;
+        assert!(
+            go.contains("Go 1.19.8") && go.contains("compile_error"),
+            "{go}"
+        );
+
+        let bare = Catalog::new(
+            &policy(),
+            &[RuntimeInfo {
+                language: Language::Python,
+                version: Some("3.11.2".into()),
+                packages: None,
+            }],
+        );
+        let d = &bare.tools()[0].description;
+        assert!(
+            d.contains("only the standard library") && !d.contains("PNG"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn node_module_syntax_depends_on_the_version() {
+        for (v, want) in [
+            ("20.20.2", true),
+            ("v20.19.0", true),
+            ("20.18.1", false),
+            ("22.6.0", false),
+            ("22.7.0", true),
+            ("24.1.0", true),
+            ("18.19.0", false),
+            ("junk", false),
+        ] {
+            assert_eq!(node_detects_modules(Some(v)), want, "{v}");
+        }
+        assert!(!node_detects_modules(None));
+    }
+
+    #[test]
+    fn input_schema_is_an_object_with_code_required_and_policy_bounds() {
+        let c = Catalog::new(&policy(), &runtimes());
+        let s = Value::Object((*c.tools()[0].input_schema).clone());
+        assert_eq!(s["type"], "object");
+        assert_eq!(s["required"], json!(["code"]));
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(s["properties"]["timeout"]["maximum"], json!(3600));
+        assert_eq!(s["properties"]["files"]["type"], "array");
+        let item = &s["properties"]["files"]["items"];
+        assert_eq!(item["required"], json!(["path"]));
+        assert!(item["properties"]["content_base64"].is_object());
+        let text = s.to_string();
+        assert!(!text.contains("$ref") && !text.contains("$defs"), "{text}");
+    }
+
+    #[test]
+    fn output_schema_describes_the_verdict() {
+        let s = Value::Object(output_schema());
+        assert_eq!(s["type"], "object");
+        for k in ["stdout", "stderr", "exit_code", "error", "files", "usage"] {
+            assert!(s["properties"][k].is_object(), "{k}: {s}");
+        }
+        assert!(!s.to_string().contains("$ref"));
+        assert!(
+            s["properties"]["error"]["anyOf"].is_array()
+                || s["properties"]["error"]["type"].is_array()
+        );
+    }
+
+    #[test]
+    fn arguments_become_a_request() {
+        let c = Catalog::new(&policy(), &runtimes());
+        let def = c.get("code_exec_python").unwrap();
+        let req = c
+            .request(
+                def,
+                obj(json!({"code": "print(1)", "timeout": 2.5,
+                    "files": [{"path": "a.txt", "content": "hi"}]})),
+            )
+            .unwrap();
+        assert_eq!(req.language, "python");
+        assert_eq!(req.limits.timeout_ms, Some(2500));
+        assert_eq!(req.files, vec![InputFile::text("a.txt", "hi")]);
+        let req = c
+            .request(def, obj(json!({"code": "x", "timeout": null})))
+            .unwrap();
+        assert_eq!(req.limits.timeout_ms, None);
+    }
+
+    #[test]
+    fn bad_arguments_are_messages_not_panics() {
+        let c = Catalog::new(&policy(), &runtimes());
+        let def = c.get("code_exec_python").unwrap();
+        let cases = [
+            (None, "missing field `code`"),
+            (obj(json!({"code": 1})), "invalid type"),
+            (
+                obj(json!({"code": "x", "language": "go"})),
+                "unknown field `language`",
+            ),
+            (obj(json!({"code": "x", "timeout": -1})), "positive number"),
+            (
+                obj(json!({"code": "x", "timeout": 1e300})),
+                "maximum of 3600 s",
+            ),
+            (obj(json!({"code": "x", "timeout": "5"})), "invalid type"),
+            (
+                obj(json!({"code": "x", "files": [{"path": "a", "mode": 1}]})),
+                "unknown field `mode`",
+            ),
+        ];
+        for (args, want) in cases {
+            let e = c.request(def, args.clone()).unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Where a tool call's program runs. The MCP server never calls the engine itself: it goes
+//! through an [`Executor`], so that `runcell serve` can put its own admission control (429),
+//! metrics and audit log in front of MCP calls exactly as it does for `POST /v1/execute`,
+//! while `runcell mcp` (stdio) uses the plain [`LocalExecutor`].
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use runcell_core::{Engine, ExecRequest, Verdict};
+use runcell_jail::{KillSwitch, OutputSink};
+use tokio::sync::Semaphore;
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// `mcp-stdio` or `mcp-http`.
+    pub interface: &'static str,
+    /// The HTTP request that carried the call (Streamable HTTP only): its method, URI, headers
+    /// and the extensions the server's middleware put there (the API key's id, the request
+    /// id). The server derives its own notion of the caller from them; this crate does not
+    /// need to know the server's types.
+    pub http: Option<http::request::Parts>,
+}
+
+impl Caller {
+    pub fn stdio() -> Caller {
+        Caller {
+            interface: "mcp-stdio",
+            http: None,
+        }
+    }
+}
+
+/// A call the executor refused to run: the server is at capacity, shutting down, or the
+/// request breaks the operator's policy. It becomes an `isError` tool result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{category}: {message}")]
+pub struct Rejection {
+    /// Machine-readable, as in the HTTP API: `rate_limited`, `unavailable`,
+    /// `invalid_request`, `internal`.
+    pub category: String,
+    /// What happened, in words a model can act on.
+    pub message: String,
+}
+
+impl Rejection {
+    pub fn new(category: impl Into<String>, message: impl Into<String>) -> Rejection {
+        Rejection {
+            category: category.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Runs tool calls.
+pub trait Executor: Send + Sync + 'static {
+    /// Run one request, sending its output to `sink` as it is written. Dropping the returned
+    /// future before it completes must kill the sandbox (a cancelled call).
+    fn execute(
+        &self,
+        req: ExecRequest,
+        caller: Caller,
+        sink: Box<dyn OutputSink + Send>,
+    ) -> BoxFuture<'static, Result<Verdict, Rejection>>;
+}
+
+impl<E: Executor + ?Sized> Executor for Arc<E> {
+    fn execute(
+        &self,
+        req: ExecRequest,
+        caller: Caller,
+        sink: Box<dyn OutputSink + Send>,
+    ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
+        (**self).execute(req, caller, sink)
+    }
+}
+
+/// The engine, in-process: at most as many sandboxes at once as the host has cores (more
+/// calls wait for a slot), each on a blocking thread (the engine starts its helper with
+/// `std::process::Command`; nothing forks this threaded process).
+pub struct LocalExecutor {
+    engine: Engine,
+    slots: Arc<Semaphore>,
+}
+
+impl LocalExecutor {
+    pub fn new(engine: Engine) -> LocalExecutor {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        LocalExecutor::with_slots(engine, cores)
+    }
+
+    /// At most `slots` sandboxes at once (at least one).
+    pub fn with_slots(engine: Engine, slots: usize) -> LocalExecutor {
+        LocalExecutor {
+            engine,
+            slots: Arc::new(Semaphore::new(slots.max(1))),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+/// Triggers the kill switch when dropped armed: the call's future was dropped before the run
+/// ended (cancelled, or the client went away).
+struct KillOnDrop(Option<KillSwitch>);
+
+impl KillOnDrop {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(ks) = self.0.take() {
+            ks.trigger();
+        }
+    }
+}
+
+impl Executor for LocalExecutor {
+    fn execute(
+        &self,
+        req: ExecRequest,
+        _caller: Caller,
+        mut sink: Box<dyn OutputSink + Send>,
+    ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
+        let engine = self.engine.clone();
+        let slots = self.slots.clone();
+        Box::pin(async move {
+            let permit = slots
+                .acquire_owned()
+                .await
+                .map_err(|_| Rejection::new("unavailable", "The server is shutting down."))?;
+            let ks = KillSwitch::new().map_err(|e| {
+                Rejection::new(
+                    "unavailable",
+                    format!("The server cannot start a run right now ({e}). Retry shortly."),
+                )
+            })?;
+            let mut guard = KillOnDrop(Some(ks.clone()));
+            let verdict = tokio::task::spawn_blocking(move || {
+                // The slot is held until the sandbox is gone, also when the call was
+                // cancelled and nobody waits for the verdict any more.
+                let _permit = permit;
+                let verdict = engine.execute(&req, &mut *sink, Some(&ks));
+                // Flush what the sink held back before the verdict is handed on.
+                drop(sink);
+                verdict
+            })
+            .await
+            .map_err(|_| Rejection::new("internal", "The execution failed unexpectedly."))?;
+            guard.disarm();
+            Ok(verdict)
+        })
+    }
+}

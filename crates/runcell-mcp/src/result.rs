@@ -1,0 +1,432 @@
+//! A verdict as an MCP tool result:
+//!
+//! * one text block a model reads first: exit code, stdout and stderr (trimmed to a readable
+//!   size, the cut said in place), and on failure the error category, its message and whether
+//!   changing the code can help;
+//! * an image block for each PNG or JPEG the program wrote (plots);
+//! * the other files as embedded resources (small ones) or resource links (large ones, or
+//!   those over the content cap);
+//! * `structuredContent`: the whole verdict, as the tool's `outputSchema` declares it;
+//! * `isError: true` for every verdict with an error: a non-zero exit, a limit, an invalid
+//!   request. These are results the model can act on, never protocol errors.
+
+use base64::Engine as _;
+use rmcp::model::{CallToolResult, ContentBlock, Resource, ResourceContents};
+use runcell_core::units::format_size;
+use runcell_core::verdict::{ErrorCategory, OutputFile};
+use runcell_core::Verdict;
+
+use crate::executor::Rejection;
+
+/// How much of stdout the text block shows: the start and, mostly, the end (where results
+/// and errors are).
+const STDOUT_HEAD: usize = 2 * 1024;
+const STDOUT_TAIL: usize = 6 * 1024;
+/// The same for stderr, where the end matters even more (the traceback's last line).
+const STDERR_HEAD: usize = 1024;
+const STDERR_TAIL: usize = 3 * 1024;
+/// Files up to this size are embedded; larger ones are linked (their content stays in
+/// `structuredContent`).
+const EMBED_MAX_BYTES: u64 = 1 << 20;
+
+/// Where a file of the run is said to be. Not a `file:` URI: the file is not on the client's
+/// machine, it came back from the sandbox.
+pub fn file_uri(path: &str) -> String {
+    let mut uri = String::from("runcell:///workspace/");
+    for b in path.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                uri.push(b as char)
+            }
+            _ => uri.push_str(&format!("%{b:02X}")),
+        }
+    }
+    uri
+}
+
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn ceil_boundary(s: &str, mut i: usize) -> usize {
+    while i < s.len() && !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// `text` cut to its first `head` and last `tail` bytes (at character boundaries, at line
+/// boundaries when one is near), with a note in the middle of how much was left out.
+pub fn trim_middle(text: &str, head: usize, tail: usize, field: &str) -> String {
+    // Not worth cutting for less than a line or so.
+    if text.len() <= head + tail + 256 {
+        return text.to_string();
+    }
+    let mut h = floor_boundary(text, head);
+    if let Some(nl) = text[..h].rfind('\n') {
+        if h - nl < 200 {
+            h = nl + 1;
+        }
+    }
+    let mut t = ceil_boundary(text, text.len() - tail);
+    if let Some(nl) = text[t..].find('\n') {
+        if nl < 200 {
+            t += nl + 1;
+        }
+    }
+    let cut = t - h;
+    let mut out = String::with_capacity(h + (text.len() - t) + 120);
+    out.push_str(&text[..h]);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "[... {} ({cut} bytes) cut here; the full {field} is in structuredContent.{field} ...]\n",
+        format_size(cut as u64)
+    ));
+    out.push_str(&text[t..]);
+    out
+}
+
+fn is_image(f: &OutputFile) -> bool {
+    matches!(f.mime_type.as_str(), "image/png" | "image/jpeg")
+}
+
+fn is_text_mime(mime: &str) -> bool {
+    mime.starts_with("text/")
+        || matches!(
+            mime,
+            "application/json"
+                | "application/xml"
+                | "application/javascript"
+                | "application/x-sh"
+                | "application/toml"
+                | "application/yaml"
+                | "application/x-yaml"
+        )
+}
+
+/// What the model should take from an error: can a changed program succeed?
+fn advice(category: ErrorCategory) -> &'static str {
+    match category {
+        ErrorCategory::InvalidRequest => "Fix the tool arguments and call again.",
+        ErrorCategory::RuntimeUnavailable | ErrorCategory::SandboxFailure => {
+            "Changing the code will not help: this is a problem with the server, not with the \
+             program."
+        }
+        ErrorCategory::Timeout => {
+            "Changing the code can help: make it faster, or ask for a longer `timeout`."
+        }
+        _ => "Changing the code can help.",
+    }
+}
+
+/// The text block: what happened, in a few hundred lines at most.
+pub fn summary(v: &Verdict) -> String {
+    let mut s = String::new();
+    match (v.exit_code, &v.error) {
+        (Some(code), _) => {
+            s.push_str(&format!("exit code {code}, {:.3} s", v.execution_time));
+            if let Some(c) = v.compile_time {
+                s.push_str(&format!(" (compiled in {c:.3} s)"));
+            }
+            s.push('\n');
+        }
+        (None, _) => s.push_str("the program did not run\n"),
+    }
+    if let Some(e) = &v.error {
+        s.push_str(&format!(
+            "error: {}: {}\n{}\n",
+            e.category.as_str(),
+            e.message,
+            advice(e.category)
+        ));
+    }
+    let stream = |s: &mut String, name: &str, text: &str, truncated: bool, head, tail| {
+        if text.is_empty() && !truncated {
+            return;
+        }
+        s.push_str(&format!("--- {name} ---\n"));
+        s.push_str(&trim_middle(text, head, tail, name));
+        if !text.ends_with('\n') && !text.is_empty() {
+            s.push('\n');
+        }
+        if truncated {
+            s.push_str(&format!(
+                "[{name} went past the output cap; what came after it was discarded]\n"
+            ));
+        }
+    };
+    stream(
+        &mut s,
+        "stdout",
+        &v.stdout,
+        v.stdout_truncated,
+        STDOUT_HEAD,
+        STDOUT_TAIL,
+    );
+    stream(
+        &mut s,
+        "stderr",
+        &v.stderr,
+        v.stderr_truncated,
+        STDERR_HEAD,
+        STDERR_TAIL,
+    );
+    if v.exit_code.is_some() && v.stdout.is_empty() && v.stderr.is_empty() {
+        s.push_str("(no output)\n");
+    }
+    if !v.files.is_empty() || v.files_omitted > 0 {
+        s.push_str("--- files in /workspace ---\n");
+        for f in &v.files {
+            let how = match (&f.content_base64, is_image(f)) {
+                (None, _) => ", content not returned: over the size cap",
+                (Some(_), true) => ", shown as an image",
+                (Some(_), false) if f.size <= EMBED_MAX_BYTES => ", attached",
+                (Some(_), false) => ", content in structuredContent.files[].content_base64",
+            };
+            s.push_str(&format!(
+                "{} ({}, {}{how})\n",
+                f.path,
+                f.mime_type,
+                format_size(f.size)
+            ));
+        }
+        if v.files_omitted > 0 {
+            s.push_str(&format!(
+                "{} more file(s) not returned: over the file-count cap\n",
+                v.files_omitted
+            ));
+        }
+    }
+    s.truncate(s.trim_end().len());
+    s
+}
+
+fn file_block(f: &OutputFile) -> Option<ContentBlock> {
+    let uri = file_uri(&f.path);
+    let link = |description: &str| {
+        ContentBlock::resource_link(
+            Resource::new(uri.clone(), f.path.clone())
+                .with_mime_type(f.mime_type.clone())
+                .with_size(f.size)
+                .with_description(description.to_string()),
+        )
+    };
+    let Some(b64) = &f.content_base64 else {
+        return Some(link(
+            "A file the program wrote; its content was over the size cap and was not returned.",
+        ));
+    };
+    if is_image(f) {
+        return Some(ContentBlock::image(b64.clone(), f.mime_type.clone()));
+    }
+    if f.size > EMBED_MAX_BYTES {
+        return Some(link(
+            "A file the program wrote; its content is in structuredContent.files[].content_base64.",
+        ));
+    }
+    if is_text_mime(&f.mime_type) {
+        if let Some(text) = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+        {
+            return Some(ContentBlock::resource(
+                ResourceContents::text(text, uri).with_mime_type(f.mime_type.clone()),
+            ));
+        }
+    }
+    Some(ContentBlock::resource(
+        ResourceContents::blob(b64.clone(), uri).with_mime_type(f.mime_type.clone()),
+    ))
+}
+
+/// The tool result of a verdict.
+pub fn verdict_result(v: &Verdict) -> CallToolResult {
+    let mut content = vec![ContentBlock::text(summary(v))];
+    content.extend(v.files.iter().filter_map(file_block));
+    let mut result = if v.error.is_some() {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    // A verdict always serialises; should it not, the text block still says everything.
+    result.structured_content = serde_json::to_value(v).ok();
+    result
+}
+
+/// An `invalid_request` result for a call whose arguments could not be used.
+pub fn invalid_request(language: &str, message: String) -> CallToolResult {
+    let mut v = Verdict::failed(ErrorCategory::InvalidRequest, message);
+    v.language = Some(language.to_string());
+    verdict_result(&v)
+}
+
+/// The tool result of a call the executor refused. A policy refusal is an `invalid_request`
+/// verdict like any other; a busy or stopping server has no verdict to give, so its result is
+/// the text alone.
+pub fn rejection_result(language: &str, r: &Rejection) -> CallToolResult {
+    if r.category == ErrorCategory::InvalidRequest.as_str() {
+        return invalid_request(language, r.message.clone());
+    }
+    let advice = match r.category.as_str() {
+        "rate_limited" | "unavailable" => {
+            "Nothing ran. The code is not the problem: call again with the same arguments in a \
+             few seconds."
+        }
+        _ => "Nothing ran. Changing the code will not help: this is a problem with the server.",
+    };
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "the program did not run\nerror: {}: {}\n{advice}",
+        r.category, r.message
+    ))])
+}
+
+/// The result of a call cancelled by the client (it is not sent: a cancelled request gets no
+/// response).
+pub fn cancelled_result() -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(
+        "The call was cancelled and its sandbox killed.",
+    )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ok(stdout: &str) -> Verdict {
+        let mut v = Verdict::failed(ErrorCategory::RuntimeError, "");
+        v.error = None;
+        v.exit_code = Some(0);
+        v.stdout = stdout.to_string();
+        v
+    }
+
+    fn text_of(r: &CallToolResult) -> String {
+        r.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn success_is_not_an_error_and_carries_the_verdict() {
+        let v = ok("42\n");
+        let r = verdict_result(&v);
+        assert_eq!(r.is_error, Some(false));
+        let t = text_of(&r);
+        assert!(
+            t.starts_with("exit code 0") && t.contains("--- stdout ---\n42"),
+            "{t}"
+        );
+        assert_eq!(
+            r.structured_content,
+            Some(serde_json::to_value(&v).unwrap())
+        );
+    }
+
+    #[test]
+    fn failures_say_the_category_and_whether_code_changes_help() {
+        let mut v = ok("");
+        v.exit_code = Some(1);
+        v.stderr = "NameError: name 'x' is not defined\n".into();
+        v.error = Some(runcell_core::VerdictError::new(
+            ErrorCategory::RuntimeError,
+            "The program exited with code 1: NameError.",
+        ));
+        let r = verdict_result(&v);
+        assert_eq!(r.is_error, Some(true));
+        let t = text_of(&r);
+        assert!(
+            t.contains("error: runtime_error: The program exited"),
+            "{t}"
+        );
+        assert!(t.contains("Changing the code can help"), "{t}");
+        assert!(t.contains("--- stderr ---\nNameError"), "{t}");
+
+        let r = rejection_result("python", &Rejection::new("rate_limited", "busy"));
+        assert_eq!(r.is_error, Some(true));
+        assert!(r.structured_content.is_none());
+        assert!(text_of(&r).contains("rate_limited: busy"));
+
+        let r = rejection_result("python", &Rejection::new("invalid_request", "too big"));
+        let s = r.structured_content.unwrap();
+        assert_eq!(s["error"]["category"], "invalid_request");
+        assert_eq!(s["language"], "python");
+
+        let r = invalid_request("go", "bad".into());
+        assert!(text_of(&r).contains("Fix the tool arguments"));
+    }
+
+    #[test]
+    fn long_output_is_trimmed_tail_first_with_a_note() {
+        let lines: String = (0..5000).map(|i| format!("line {i}\n")).collect();
+        let t = trim_middle(&lines, STDOUT_HEAD, STDOUT_TAIL, "stdout");
+        assert!(t.len() < STDOUT_HEAD + STDOUT_TAIL + 200, "{}", t.len());
+        assert!(t.starts_with("line 0\n"));
+        assert!(t.ends_with("line 4999\n"));
+        assert!(t.contains("cut here; the full stdout is in structuredContent.stdout"));
+        // Cuts fall on line boundaries.
+        for l in t.lines().filter(|l| !l.starts_with('[')) {
+            assert!(l.starts_with("line "), "{l:?}");
+        }
+        // Multi-byte characters are never split, whatever the cut points.
+        let wide = "é".repeat(10_000);
+        let t = trim_middle(&wide, 1001, 3001, "stderr");
+        assert!(t.contains("cut here"));
+        assert_eq!(trim_middle("short", 10, 10, "stdout"), "short");
+    }
+
+    #[test]
+    fn files_become_images_resources_and_links() {
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let file = |path: &str, mime: &str, content: Option<&[u8]>, size: u64| OutputFile {
+            path: path.into(),
+            size,
+            mime_type: mime.into(),
+            sha256: None,
+            content_base64: content.map(b64),
+            truncated: content.is_none(),
+        };
+        let mut v = ok("");
+        v.files = vec![
+            file("figures/figure-1.png", "image/png", Some(b"\x89PNG"), 4),
+            file("out.csv", "text/csv", Some(b"a,b\n1,2\n"), 8),
+            file("data.bin", "application/octet-stream", Some(&[0, 1, 2]), 3),
+            file("huge.bin", "application/octet-stream", None, 1 << 30),
+            file("my file.txt", "text/plain", Some(b"\xff"), 1),
+        ];
+        let r = verdict_result(&v);
+        let blocks = serde_json::to_value(&r.content).unwrap();
+        assert_eq!(blocks[1]["type"], "image");
+        assert_eq!(blocks[1]["mimeType"], "image/png");
+        assert_eq!(blocks[2]["type"], "resource");
+        assert_eq!(
+            blocks[2]["resource"],
+            json!({"uri": "runcell:///workspace/out.csv", "mimeType": "text/csv", "text": "a,b\n1,2\n"})
+        );
+        assert_eq!(blocks[3]["resource"]["blob"], b64(&[0, 1, 2]));
+        assert_eq!(blocks[4]["type"], "resource_link");
+        assert_eq!(blocks[4]["size"], 1u64 << 30);
+        // Not UTF-8 despite its type: sent as a blob; the URI is escaped.
+        assert_eq!(
+            blocks[5]["resource"]["uri"],
+            "runcell:///workspace/my%20file.txt"
+        );
+        assert!(blocks[5]["resource"]["blob"].is_string());
+        let t = text_of(&r);
+        assert!(
+            t.contains("figures/figure-1.png (image/png, 4 bytes, shown as an image)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("huge.bin (application/octet-stream, 1 GiB, content not returned"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,166 @@
+//! The MCP server: `tools/list` serves the catalog, `tools/call` runs the program through the
+//! executor, streams its output as progress notifications when the client asked for them,
+//! and kills the sandbox as soon as the call is cancelled.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+
+use crate::catalog::Catalog;
+use crate::executor::{Caller, Executor};
+use crate::progress;
+use crate::result;
+
+/// How long clients may cache the tool list. It changes only when the operator installs a
+/// runtime and restarts the server.
+const TOOLS_TTL_MS: u64 = 5 * 60 * 1000;
+
+/// runcell as an MCP server. Cheap to clone: the Streamable HTTP transport makes one per
+/// session.
+pub struct McpServer<E> {
+    inner: Arc<Inner<E>>,
+}
+
+struct Inner<E> {
+    executor: E,
+    catalog: Arc<Catalog>,
+    /// `mcp-stdio` or `mcp-http`.
+    interface: &'static str,
+}
+
+impl<E> Clone for McpServer<E> {
+    fn clone(&self) -> Self {
+        McpServer {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<E: Executor> McpServer<E> {
+    pub fn new(executor: E, catalog: Arc<Catalog>, interface: &'static str) -> McpServer<E> {
+        McpServer {
+            inner: Arc::new(Inner {
+                executor,
+                catalog,
+                interface,
+            }),
+        }
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.inner.catalog
+    }
+
+    /// Run one call to completion or until `ctx.ct` says it was cancelled. Everything but an
+    /// unknown tool is a tool result.
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let catalog = &self.inner.catalog;
+        let Some(def) = catalog.get(&request.name) else {
+            let known: Vec<&str> = catalog.tools().iter().map(|t| t.name.as_str()).collect();
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "Unknown tool '{}'. This server has: {}.",
+                    request.name,
+                    known.join(", ")
+                ),
+                None,
+            ));
+        };
+        let language = def.language.name();
+        let req = match catalog.request(def, request.arguments) {
+            Ok(req) => req,
+            Err(message) => return Ok(result::invalid_request(language, message)),
+        };
+        let caller = Caller {
+            interface: self.inner.interface,
+            http: ctx.extensions.get::<http::request::Parts>().cloned(),
+        };
+        let (sink, rx) = progress::channel();
+        let token = ctx.meta.get_progress_token();
+        let run = self.inner.executor.execute(req, caller, Box::new(sink));
+        // The output goes to the client while the program runs, and all of it before the
+        // result. Without a progress token it is only drained: the verdict has it anyway.
+        let work = async {
+            let forward = async {
+                match token {
+                    Some(token) => progress::forward(rx, ctx.peer.clone(), token).await,
+                    None => {
+                        let mut rx = rx;
+                        while rx.recv().await.is_some() {}
+                    }
+                }
+            };
+            let (verdict, ()) = tokio::join!(run, forward);
+            verdict
+        };
+        tokio::select! {
+            // Dropping `work` drops the executor's future, which kills the sandbox at once.
+            _ = ctx.ct.cancelled() => Ok(result::cancelled_result()),
+            verdict = work => Ok(match verdict {
+                Ok(v) => result::verdict_result(&v),
+                Err(rejection) => result::rejection_result(language, &rejection),
+            }),
+        }
+    }
+}
+
+impl<E: Executor> ServerHandler for McpServer<E> {
+    fn get_info(&self) -> ServerConfig {
+        let names: Vec<&str> = self
+            .inner
+            .catalog
+            .tools()
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("runcell", env!("CARGO_PKG_VERSION"))
+                    .with_title("runcell")
+                    .with_description("Runs code in isolated, network-less sandboxes."),
+            )
+            .with_instructions(format!(
+                "runcell runs programs in isolated Linux sandboxes without network access, one \
+                 tool per language ({}). Each call is independent: a fresh sandbox that is \
+                 thrown away afterwards. Results carry stdout, stderr, the exit code, plots as \
+                 images and the files written to /workspace; a failed run is an error result \
+                 whose category says what went wrong.",
+                names.join(", ")
+            ))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(
+            ListToolsResult::with_all_items(self.inner.catalog.mcp_tools())
+                .with_ttl_ms(TOOLS_TTL_MS),
+        )
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        let catalog = &self.inner.catalog;
+        catalog.get(name).map(|def| catalog.mcp_tool(def))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.call(request, context)
+            .await
+            .map(CallToolResponse::from)
+    }
+}

@@ -1,0 +1,241 @@
+//! The audit log: one JSON line per execution, to stderr or appended to a file.
+//!
+//! A line says who ran what and how it ended: time, request id, the key's id (never the key),
+//! the interface and peer, the language, the sha256 and size of the code, the number of input
+//! files, the limits, the verdict's category, the exit code and the duration. The code itself
+//! and its output are not logged: they may hold the user's data.
+
+use std::fs::File;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use runcell_core::{ExecRequest, LimitOverrides, Limits, Verdict};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// Where audit lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditTarget {
+    Stderr,
+    File(PathBuf),
+    Off,
+}
+
+impl AuditTarget {
+    /// `stderr`, `off`, or a file path.
+    pub fn parse(s: &str) -> AuditTarget {
+        match s.trim() {
+            "stderr" | "-" => AuditTarget::Stderr,
+            "off" | "none" => AuditTarget::Off,
+            path => AuditTarget::File(PathBuf::from(path)),
+        }
+    }
+}
+
+enum Out {
+    Stderr,
+    File(File),
+    Off,
+}
+
+/// The open audit log. Each line is written with one `write` call (on an `O_APPEND` file),
+/// so lines of concurrent runs never interleave.
+pub struct AuditLog {
+    out: Mutex<Out>,
+}
+
+impl std::fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuditLog")
+    }
+}
+
+/// Who asked for an execution.
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    /// The request id (also sent back as `X-Request-Id`).
+    pub request_id: String,
+    /// The id of the API key used; `None` when the server runs without keys.
+    pub key_id: Option<String>,
+    /// `http`, `mcp-http` or `mcp-stdio`.
+    pub interface: &'static str,
+    pub peer: Option<SocketAddr>,
+}
+
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    request_id: &'a str,
+    key_id: Option<&'a str>,
+    interface: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peer: Option<String>,
+    language: &'a str,
+    code_sha256: String,
+    code_bytes: usize,
+    input_files: usize,
+    limits: Option<&'a Limits>,
+    /// What a refused request asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requested_limits: Option<&'a LimitOverrides>,
+    /// `ok`, a verdict category, or the API category of a refusal.
+    category: &'a str,
+    exit_code: Option<i32>,
+    duration_seconds: f64,
+}
+
+impl AuditLog {
+    /// Opens (creates, appends to) a file log with mode 0640.
+    pub fn open(target: &AuditTarget) -> std::io::Result<AuditLog> {
+        let out = match target {
+            AuditTarget::Stderr => Out::Stderr,
+            AuditTarget::Off => Out::Off,
+            AuditTarget::File(p) => Out::File(open_append(p)?),
+        };
+        Ok(AuditLog {
+            out: Mutex::new(out),
+        })
+    }
+
+    pub fn off() -> AuditLog {
+        AuditLog {
+            out: Mutex::new(Out::Off),
+        }
+    }
+
+    /// Log one execution: its verdict, or the API category it was refused with.
+    pub fn record(
+        &self,
+        caller: &Caller,
+        req: &ExecRequest,
+        outcome: Result<&Verdict, &'static str>,
+        duration_seconds: f64,
+    ) {
+        let (category, exit_code, limits) = match outcome {
+            Ok(v) => (
+                v.error.as_ref().map_or("ok", |e| e.category.as_str()),
+                v.exit_code,
+                v.limits.as_ref(),
+            ),
+            Err(category) => (category, None, None),
+        };
+        let line = Line {
+            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            request_id: &caller.request_id,
+            key_id: caller.key_id.as_deref(),
+            interface: caller.interface,
+            peer: caller.peer.map(|p| p.to_string()),
+            language: crate::metrics::language_label(&req.language),
+            code_sha256: hex(&Sha256::digest(req.code.as_bytes())),
+            code_bytes: req.code.len(),
+            input_files: req.files.len(),
+            limits,
+            requested_limits: outcome.is_err().then_some(&req.limits),
+            category,
+            exit_code,
+            duration_seconds: (duration_seconds * 1000.0).round() / 1000.0,
+        };
+        let Ok(mut text) = serde_json::to_string(&line) else {
+            return;
+        };
+        text.push('\n');
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let written = match &mut *out {
+            Out::Off => Ok(()),
+            Out::Stderr => std::io::stderr().lock().write_all(text.as_bytes()),
+            Out::File(f) => f.write_all(text.as_bytes()),
+        };
+        if let Err(e) = written {
+            // The log must not take the server down, but it must not fail silently either.
+            eprintln!("runcell serve: cannot write the audit log: {e}");
+        }
+    }
+}
+
+fn open_append(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        // The audit file is never reached through a symlink someone planted.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runcell_core::verdict::ErrorCategory;
+
+    #[test]
+    fn a_line_per_execution_without_code_or_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&AuditTarget::File(path.clone())).unwrap();
+        let caller = Caller {
+            request_id: "r1".into(),
+            key_id: Some("team-a".into()),
+            interface: "http",
+            peer: Some("127.0.0.1:5000".parse().unwrap()),
+        };
+        let req = ExecRequest {
+            language: "py".into(),
+            code: "print('secret')".into(),
+            stdin: None,
+            limits: Default::default(),
+            files: vec![],
+        };
+        let mut v = Verdict::failed(ErrorCategory::Timeout, "slow");
+        v.exit_code = Some(124);
+        v.limits = Some(Limits::DEFAULT);
+        log.record(&caller, &req, Ok(&v), 1.23456);
+        log.record(&caller, &req, Err("invalid_request"), 0.0);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        let l = &lines[0];
+        assert_eq!(l["request_id"], "r1");
+        assert_eq!(l["key_id"], "team-a");
+        assert_eq!(l["language"], "python");
+        assert_eq!(l["category"], "timeout");
+        assert_eq!(l["exit_code"], 124);
+        assert_eq!(l["duration_seconds"], 1.235);
+        assert_eq!(l["limits"]["timeout_ms"], 30_000);
+        assert_eq!(
+            l["code_sha256"],
+            hex(&Sha256::digest(b"print('secret')")).as_str()
+        );
+        assert!(l["time"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(lines[1]["category"], "invalid_request");
+        assert!(lines[1]["exit_code"].is_null());
+        assert!(lines[1]["requested_limits"].is_object());
+        assert!(lines[0].get("requested_limits").is_none());
+        assert!(!text.contains("secret"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+    }
+
+    #[test]
+    fn a_symlinked_log_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("audit.jsonl");
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &link).unwrap();
+        assert!(AuditLog::open(&AuditTarget::File(link)).is_err());
+    }
+}

@@ -1,0 +1,484 @@
+//! The server's configuration: command-line flags, then environment variables (both read by
+//! the binary's argument parser), then an optional TOML file, in that order of precedence.
+//!
+//! ```toml
+//! listen = "0.0.0.0:8080"
+//! max_concurrent = 4          # sandboxes at once (default: cores)
+//! max_queue = 16              # waiting beyond those (default: 4 x max_concurrent)
+//! max_body = "64M"            # larger request bodies get 413
+//! shutdown_grace = "30s"
+//! strict = true               # refuse to run when an isolation layer is missing
+//! audit_log = "/var/log/runcell/audit.jsonl"   # or "stderr" (default) or "off"
+//!
+//! [[api_keys]]
+//! id = "team-a"               # what the audit log shows
+//! key = "..."
+//!
+//! [limits.default]            # what a request gets when it does not ask
+//! timeout = "10s"
+//! memory = "256M"
+//!
+//! [limits.max]                # the most a request may ask for
+//! timeout = "2m"
+//! memory = "2G"
+//! cpus = 2
+//!
+//! [caps]                      # sizes and counts of code, stdin and files
+//! code = "1M"
+//! input_total = "64M"
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use runcell_core::limits::{LimitOverrides, Limits, Policy};
+use runcell_core::units::{parse_duration, parse_size};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::audit::AuditTarget;
+use crate::auth::ApiKey;
+use crate::body::{api_name, limit_overrides};
+use crate::{ServerConfig, ServerError};
+
+/// The TOML file. Unknown keys are an error: a misspelt limit must not be ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    #[serde(default)]
+    pub api_keys: Vec<FileKey>,
+    pub max_concurrent: Option<usize>,
+    pub max_queue: Option<usize>,
+    pub max_body: Option<toml::Value>,
+    pub shutdown_grace: Option<toml::Value>,
+    pub strict: Option<bool>,
+    pub audit_log: Option<String>,
+    #[serde(default)]
+    pub limits: FileLimits,
+    #[serde(default)]
+    pub caps: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    #[serde(default)]
+    pub default: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    pub max: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileKey {
+    pub id: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for FileKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileKey({}, redacted)", self.id)
+    }
+}
+
+impl FileConfig {
+    /// Read and parse a config file. A file that holds API keys and is readable by others
+    /// than its owner is refused, as ssh refuses such a private key.
+    pub fn load(path: &Path) -> Result<FileConfig, ServerError> {
+        let bad = |m: String| ServerError::Config(format!("{}: {m}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let config: FileConfig = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if !config.api_keys.is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path)
+                .map_err(|e| bad(e.to_string()))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(bad(format!(
+                    "the file holds API keys but its mode is {:o}: make it readable by its \
+                     owner only (chmod 600)",
+                    mode & 0o777
+                )));
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// What flags and environment variables set (the parser already let a flag win over its
+/// variable). `None` and empty lists mean "not set here".
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub api_keys: Vec<String>,
+    pub max_concurrent: Option<usize>,
+    pub max_queue: Option<usize>,
+    pub max_body: Option<String>,
+    pub shutdown_grace: Option<String>,
+    pub strict: bool,
+    pub audit_log: Option<String>,
+    /// `NAME=VALUE`, e.g. `timeout=10s`.
+    pub default_limits: Vec<String>,
+    pub max_limits: Vec<String>,
+    pub caps: Vec<String>,
+}
+
+fn toml_to_json(v: &toml::Value) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn split_pair(pair: &str) -> Result<(String, Value), ServerError> {
+    let (name, value) = pair.split_once('=').ok_or_else(|| {
+        ServerError::Config(format!("'{pair}' is not NAME=VALUE (e.g. timeout=10s)"))
+    })?;
+    Ok((
+        name.trim().to_string(),
+        Value::String(value.trim().to_string()),
+    ))
+}
+
+/// Later entries win: the file's values first, then the flags'.
+fn merged(
+    file: &BTreeMap<String, toml::Value>,
+    flags: &[String],
+) -> Result<Vec<(String, Value)>, ServerError> {
+    let mut out: BTreeMap<String, Value> = file
+        .iter()
+        .map(|(k, v)| (k.clone(), toml_to_json(v)))
+        .collect();
+    for pair in flags {
+        let (k, v) = split_pair(pair)?;
+        out.insert(k, v);
+    }
+    Ok(out.into_iter().collect())
+}
+
+fn apply_limits(
+    base: Limits,
+    pairs: &[(String, Value)],
+    which: &str,
+) -> Result<Limits, ServerError> {
+    let o = limit_overrides(pairs)
+        .map_err(|e| ServerError::Config(format!("{which} limits: {}", e.message)))?;
+    let LimitOverrides {
+        timeout_ms,
+        compile_timeout_ms,
+        memory_bytes,
+        cpu_millis,
+        pids,
+        disk_bytes,
+        output_bytes,
+        open_files,
+    } = o;
+    Ok(Limits {
+        timeout_ms: timeout_ms.unwrap_or(base.timeout_ms),
+        compile_timeout_ms: compile_timeout_ms.unwrap_or(base.compile_timeout_ms),
+        memory_bytes: memory_bytes.unwrap_or(base.memory_bytes),
+        cpu_millis: cpu_millis.unwrap_or(base.cpu_millis),
+        pids: pids.unwrap_or(base.pids),
+        disk_bytes: disk_bytes.unwrap_or(base.disk_bytes),
+        output_bytes: output_bytes.unwrap_or(base.output_bytes),
+        open_files: open_files.unwrap_or(base.open_files),
+    })
+}
+
+/// The names `[caps]` and `--cap` accept, and the policy field each sets.
+pub const CAP_NAMES: &str = "code, stdin, input_file, input_total, input_files, output_files, \
+                             output_file, output_total";
+
+fn apply_caps(policy: &mut Policy, pairs: &[(String, Value)]) -> Result<(), ServerError> {
+    for (name, v) in pairs {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => {
+                return Err(ServerError::Config(format!(
+                    "cap {name}: expected a size or a count"
+                )))
+            }
+        };
+        let count = || {
+            text.trim()
+                .parse::<u64>()
+                .map_err(|_| ServerError::Config(format!("cap {name}: '{text}' is not a count")))
+        };
+        let size =
+            || parse_size(&text).map_err(|e| ServerError::Config(format!("cap {name}: {e}")));
+        match name.as_str() {
+            "code" => policy.max_code_bytes = size()?,
+            "stdin" => policy.max_stdin_bytes = size()?,
+            "input_file" => policy.max_input_file_bytes = size()?,
+            "input_total" => policy.max_input_total_bytes = size()?,
+            "input_files" => policy.max_input_files = count()?,
+            "output_files" => policy.max_output_files = count()?,
+            "output_file" => policy.max_output_file_bytes = size()?,
+            "output_total" => policy.max_output_total_bytes = size()?,
+            other => {
+                return Err(ServerError::Config(format!(
+                    "unknown cap '{other}'; the caps are: {CAP_NAMES}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn size_setting(name: &str, v: &Value) -> Result<usize, ServerError> {
+    let bytes = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => parse_size(s).ok(),
+        _ => None,
+    }
+    .ok_or_else(|| ServerError::Config(format!("{name} must be a size such as 64M")))?;
+    Ok(usize::try_from(bytes).unwrap_or(usize::MAX))
+}
+
+fn duration_setting(name: &str, v: &Value) -> Result<Duration, ServerError> {
+    match v {
+        Value::Number(n) => n
+            .as_f64()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64),
+        Value::String(s) => parse_duration(s).ok(),
+        _ => None,
+    }
+    .ok_or_else(|| ServerError::Config(format!("{name} must be a duration such as 30s")))
+}
+
+/// The server configuration from the three sources, validated.
+pub fn build(
+    o: Overrides,
+    file: FileConfig,
+    mut engine: runcell_core::EngineConfig,
+) -> Result<ServerConfig, ServerError> {
+    // Limits and caps first: the default body cap follows from them.
+    let policy = &mut engine.policy;
+    policy.defaults = apply_limits(
+        policy.defaults,
+        &merged(&file.limits.default, &o.default_limits)?,
+        "default",
+    )?;
+    policy.max = apply_limits(
+        policy.max,
+        &merged(&file.limits.max, &o.max_limits)?,
+        "maximum",
+    )?;
+    apply_caps(policy, &merged(&file.caps, &o.caps)?)?;
+    // Every default must lie between the minimum and the operator's maximum.
+    policy.resolve(&LimitOverrides::default()).map_err(|e| {
+        let name = api_name(e.limit);
+        let detail = e.message.strip_prefix(e.limit).unwrap_or(&e.message);
+        ServerError::Config(format!("the default {name}{detail}"))
+    })?;
+    engine.strict = o.strict || file.strict.unwrap_or(false);
+
+    let mut c = ServerConfig::new(engine);
+    if let Some(listen) = o.listen {
+        c.listen = listen;
+    } else if let Some(s) = &file.listen {
+        c.listen = s.parse().map_err(|_| {
+            ServerError::Config(format!(
+                "listen: '{s}' is not an address such as 127.0.0.1:8080"
+            ))
+        })?;
+    }
+    c.api_keys = if !o.api_keys.is_empty() {
+        o.api_keys
+            .iter()
+            .map(|k| k.trim())
+            .filter(|k| !k.is_empty())
+            .enumerate()
+            .map(|(i, k)| ApiKey::new(format!("key-{}", i + 1), k))
+            .collect()
+    } else {
+        file.api_keys
+            .iter()
+            .map(|k| ApiKey::new(k.id.clone(), k.key.trim()))
+            .collect()
+    };
+    let mut ids = std::collections::HashSet::new();
+    for k in &c.api_keys {
+        if k.key().is_empty() {
+            return Err(ServerError::Config(format!("API key '{}' is empty", k.id)));
+        }
+        if k.key().len() < 16 {
+            return Err(ServerError::Config(format!(
+                "API key '{}' is shorter than 16 characters: use a long random key \
+                 (e.g. `openssl rand -hex 32`)",
+                k.id
+            )));
+        }
+        if !ids.insert(k.id.clone()) {
+            return Err(ServerError::Config(format!(
+                "API key id '{}' is used twice",
+                k.id
+            )));
+        }
+    }
+    if let Some(n) = o.max_concurrent.or(file.max_concurrent) {
+        if n == 0 {
+            return Err(ServerError::Config(
+                "max_concurrent must be at least 1".into(),
+            ));
+        }
+        c.max_concurrent = n;
+        c.max_queue = 4 * n;
+    }
+    if let Some(n) = o.max_queue.or(file.max_queue) {
+        c.max_queue = n;
+    }
+    if let Some(v) = o
+        .max_body
+        .map(Value::String)
+        .or(file.max_body.as_ref().map(toml_to_json))
+    {
+        c.max_body_bytes = size_setting("max_body", &v)?;
+    }
+    if let Some(v) = o
+        .shutdown_grace
+        .map(Value::String)
+        .or(file.shutdown_grace.as_ref().map(toml_to_json))
+    {
+        c.shutdown_grace = duration_setting("shutdown_grace", &v)?;
+    }
+    if let Some(s) = o.audit_log.or(file.audit_log) {
+        c.audit = AuditTarget::parse(&s);
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> runcell_core::EngineConfig {
+        let mut e = runcell_core::EngineConfig::for_host();
+        e.policy = Policy::for_host(8 << 30, 2);
+        e
+    }
+
+    fn file(text: &str) -> FileConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    const FULL: &str = r#"
+        listen = "0.0.0.0:9000"
+        max_concurrent = 3
+        max_body = "10M"
+        shutdown_grace = 5
+        strict = true
+        audit_log = "/var/log/runcell.jsonl"
+        [[api_keys]]
+        id = "team-a"
+        key = "0123456789abcdef0123"
+        [limits.default]
+        timeout = "10s"
+        memory = "128M"
+        [limits.max]
+        timeout = 60
+        memory = "1G"
+        cpus = 1.5
+        [caps]
+        code = "64K"
+        output_files = 10
+    "#;
+
+    #[test]
+    fn the_file_sets_everything() {
+        let c = build(Overrides::default(), file(FULL), engine()).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:9000".parse().unwrap());
+        assert_eq!(c.max_concurrent, 3);
+        assert_eq!(c.max_queue, 12);
+        assert_eq!(c.max_body_bytes, 10 << 20);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(5));
+        assert!(c.engine.strict);
+        assert_eq!(c.audit, AuditTarget::File("/var/log/runcell.jsonl".into()));
+        assert_eq!(c.api_keys.len(), 1);
+        assert_eq!(c.api_keys[0].id, "team-a");
+        let p = &c.engine.policy;
+        assert_eq!(p.defaults.timeout_ms, 10_000);
+        assert_eq!(p.defaults.memory_bytes, 128 << 20);
+        assert_eq!(p.max.timeout_ms, 60_000);
+        assert_eq!(p.max.memory_bytes, 1 << 30);
+        assert_eq!(p.max.cpu_millis, 1500);
+        assert_eq!(p.max_code_bytes, 64 << 10);
+        assert_eq!(p.max_output_files, 10);
+    }
+
+    #[test]
+    fn flags_and_environment_win_over_the_file() {
+        let o = Overrides {
+            listen: Some("127.0.0.1:1234".parse().unwrap()),
+            api_keys: vec!["ffffffffffffffffffff".into(), "eeeeeeeeeeeeeeeeeeee".into()],
+            max_queue: Some(2),
+            max_limits: vec!["timeout=30".into()],
+            default_limits: vec!["memory=64M".into()],
+            caps: vec!["code=1K".into()],
+            audit_log: Some("off".into()),
+            ..Overrides::default()
+        };
+        let c = build(o, file(FULL), engine()).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:1234".parse().unwrap());
+        assert_eq!(c.max_concurrent, 3, "from the file");
+        assert_eq!(c.max_queue, 2);
+        let ids: Vec<_> = c.api_keys.iter().map(|k| k.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["key-1", "key-2"],
+            "the flags' keys replace the file's"
+        );
+        let p = &c.engine.policy;
+        assert_eq!(p.max.timeout_ms, 30_000);
+        assert_eq!(p.max.memory_bytes, 1 << 30, "from the file");
+        assert_eq!(p.defaults.memory_bytes, 64 << 20);
+        assert_eq!(p.defaults.timeout_ms, 10_000, "from the file");
+        assert_eq!(p.max_code_bytes, 1024);
+        assert_eq!(c.audit, AuditTarget::Off);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_a_reason() {
+        let cases: [(&str, Overrides, &str); 7] = [
+            ("", Overrides { default_limits: vec!["timeout=2h".into()], ..Default::default() },
+             "the default timeout is 120 min, above the maximum of 60 min"),
+            ("", Overrides { max_limits: vec!["memry=1G".into()], ..Default::default() },
+             "memry"),
+            ("", Overrides { max_limits: vec!["timeout".into()], ..Default::default() },
+             "NAME=VALUE"),
+            ("", Overrides { caps: vec!["cod=1".into()], ..Default::default() }, "unknown cap"),
+            ("", Overrides { api_keys: vec!["short".into()], ..Default::default() },
+             "shorter than 16"),
+            ("[limits.max]\ntimeout = \"1s\"\n", Overrides::default(),
+             "the default timeout is 30 s, above the maximum of 1 s"),
+            ("[[api_keys]]\nid = \"a\"\nkey = \"0123456789abcdef0\"\n[[api_keys]]\nid = \"a\"\nkey = \"0123456789abcdef1\"\n",
+             Overrides::default(), "used twice"),
+        ];
+        for (toml_text, o, needle) in cases {
+            let e = build(o, file(toml_text), engine()).unwrap_err().to_string();
+            assert!(e.contains(needle), "expected '{needle}' in: {e}");
+        }
+        assert!(toml::from_str::<FileConfig>("listn = \"x\"").is_err());
+        assert!(toml::from_str::<FileConfig>("[limits.maximum]\ntimeout = 1").is_err());
+    }
+
+    #[test]
+    fn a_readable_file_with_keys_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runcell.toml");
+        std::fs::write(
+            &path,
+            "[[api_keys]]\nid = \"a\"\nkey = \"0123456789abcdef0\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = FileConfig::load(&path).unwrap_err().to_string();
+        assert!(e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(FileConfig::load(&path).unwrap().api_keys.len(), 1);
+    }
+}
