@@ -732,6 +732,9 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
 
 #[derive(Args)]
 struct McpArgs {
+    /// The `runcell serve` TOML file whose limits, caps and strictness apply here too.
+    #[arg(long, env = "RUNCELL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Refuse to run code when any isolation layer is missing on this host.
     #[arg(long, env = "RUNCELL_STRICT")]
     strict: bool,
@@ -739,6 +742,9 @@ struct McpArgs {
 
 #[derive(Args)]
 struct ToolsArgs {
+    /// The `runcell serve` TOML file: the tools then state that server's limits.
+    #[arg(long, env = "RUNCELL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// anthropic: [{name, description, input_schema}] for the Messages API; openai:
     /// [{type: "function", function: {name, description, parameters}}] for Chat Completions;
     /// mcp: the tools/list entries. Each call's input, with "language" added, is the body of
@@ -758,9 +764,8 @@ enum ToolsFormat {
 /// everything else goes to stderr.
 fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
     use runcell_mcp::{Catalog, LocalExecutor, McpServer};
-    let mut config = EngineConfig::for_host();
-    config.host = host;
-    config.strict = args.strict;
+    let mut config = configured_engine(args.config.as_deref(), host)?;
+    config.strict |= args.strict;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -797,9 +802,23 @@ fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
 }
 
 /// `runcell tools`: the MCP tools of this host in another tool-calling format.
+/// The engine as `runcell serve` would configure it from its TOML file (limits, caps,
+/// strictness), or the host's defaults without one.
+fn configured_engine(
+    file: Option<&std::path::Path>,
+    host: runcell_runtimes::Host,
+) -> anyhow::Result<EngineConfig> {
+    use runcell_server::config::{build, FileConfig, Overrides};
+    let mut engine = EngineConfig::for_host();
+    engine.host = host;
+    let Some(path) = file else {
+        return Ok(engine);
+    };
+    Ok(build(Overrides::default(), FileConfig::load(path)?, engine)?.engine)
+}
+
 fn tools(args: ToolsArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
-    let mut config = EngineConfig::for_host();
-    config.host = host;
+    let config = configured_engine(args.config.as_deref(), host)?;
     let catalog = runcell_mcp::Catalog::for_host(&config);
     let format = match args.format {
         ToolsFormat::Anthropic => runcell_mcp::Format::Anthropic,

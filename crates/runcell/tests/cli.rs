@@ -504,3 +504,49 @@ fn a_missing_runtime_is_runtime_unavailable_with_an_install_hint() {
     // Still there for everyone else.
     assert!(std::fs::metadata("/usr/bin/ruby").unwrap().is_file());
 }
+
+/// `runcell tools --config` states the limits of the server configured by that file.
+#[test]
+fn tools_state_the_configured_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runcell.toml");
+    std::fs::write(
+        &path,
+        "[limits.default]\ntimeout = 10\n[limits.max]\ntimeout = \"2m\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(runcell_bin())
+        .args(["tools", "--format", "anthropic", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tools: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bash = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "code_exec_bash")
+        .expect("bash is always installed");
+    assert_eq!(
+        bash["input_schema"]["properties"]["timeout"]["maximum"],
+        120
+    );
+    let d = bash["input_schema"]["properties"]["timeout"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(d.contains("default 10, at most 120"), "{d}");
+    // A bad file is an error, not silently the defaults.
+    std::fs::write(&path, "[limits.max]\ntimeot = 5\n").unwrap();
+    let out = std::process::Command::new(runcell_bin())
+        .args(["tools", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timeot"));
+}
