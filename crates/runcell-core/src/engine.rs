@@ -170,6 +170,20 @@ impl Engine {
                 content,
             });
         }
+        // A file cannot also be a directory of another one (nor of the program's own file):
+        // "a" and "a/b" would fail while the sandbox is set up, as if the host were at fault.
+        for rel in seen
+            .iter()
+            .map(String::as_str)
+            .chain([language.source_file()])
+        {
+            let mut dirs = rel.match_indices('/').map(|(i, _)| &rel[..i]);
+            if let Some(dir) = dirs.find(|d| seen.contains(*d) || *d == language.source_file()) {
+                return Err(format!(
+                    "Invalid file: {dir} is a file, so it cannot also be the directory of {rel}."
+                ));
+            }
+        }
         let cap = p.max_input_total_bytes.min(limits.disk_bytes);
         if total > cap {
             return Err(format!(
@@ -522,5 +536,37 @@ mod tests {
         assert_eq!(err.category, ErrorCategory::InvalidRequest);
         assert!(err.message.contains("memory_bytes"), "{}", err.message);
         assert_eq!(v.exit_code, None);
+    }
+
+    #[test]
+    fn input_files_that_cannot_all_exist_are_invalid_requests() {
+        let e = engine();
+        let file = |path: &str| crate::request::InputFile::text(path, "x");
+        for paths in [
+            vec!["a", "a/b"],
+            vec!["a/b/c", "a/b"],
+            vec!["a", "a/./b/c"],
+            vec!["main.py/x"],
+            // Longer than allowed, and cut (in the message) inside a character: no panic.
+            vec![&*format!("a{}", "\u{e9}".repeat(600))],
+        ] {
+            let mut r = ExecRequest::new("python", "print(1)");
+            r.files = paths.iter().map(|p| file(p)).collect();
+            let v = e.execute(&r, &mut runcell_jail::NoSink, None);
+            assert_eq!(
+                v.category(),
+                Some(ErrorCategory::InvalidRequest),
+                "{paths:?}: {:?}",
+                v.error
+            );
+        }
+        // Files side by side in a directory are fine.
+        let mut r = ExecRequest::new("python", "print(1)");
+        r.files = vec![file("d/a"), file("d/b"), file("d2")];
+        assert_eq!(
+            e.validate_files(&r, Language::Python, &Limits::DEFAULT)
+                .map(|f| f.len()),
+            Ok(3)
+        );
     }
 }

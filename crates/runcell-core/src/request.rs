@@ -66,7 +66,12 @@ pub fn workspace_path(path: &str) -> Result<String, String> {
         return Err("a file path is empty".into());
     }
     if path.len() > 1024 {
-        return Err(format!("the file path '{}…' is too long", &path[..40]));
+        // The first 40 bytes, or fewer: never cut a character in two.
+        let mut end = 40;
+        while !path.is_char_boundary(end) {
+            end -= 1;
+        }
+        return Err(format!("the file path '{}…' is too long", &path[..end]));
     }
     if path.starts_with('/') {
         return Err(format!(

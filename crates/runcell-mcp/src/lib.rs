@@ -27,4 +27,6 @@ pub use executor::{Caller, Executor, LocalExecutor, Rejection};
 pub use formats::{render, Format};
 pub use server::McpServer;
 pub use tokio_util::sync::CancellationToken;
-pub use transport::{http_service, serve_stdio, HttpEndpoint, HttpOptions, HttpService, McpError};
+pub use transport::{
+    http_service, serve_stdio, HttpEndpoint, HttpOptions, HttpService, McpError, TOO_MANY_SESSIONS,
+};

@@ -108,10 +108,14 @@ pub struct BoundedSessions {
     max: usize,
 }
 
+/// What the error of a refused `initialize` says when the session cap is reached (rmcp answers
+/// it as a 500 with this text; the HTTP server turns that into a 429).
+pub const TOO_MANY_SESSIONS: &str = "too many MCP sessions are open";
+
 /// Why a session operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    #[error("too many MCP sessions are open ({0}); retry when one has ended")]
+    #[error("{TOO_MANY_SESSIONS} ({0}); retry when one has ended")]
     TooMany(usize),
     #[error(transparent)]
     Local(#[from] LocalSessionManagerError),

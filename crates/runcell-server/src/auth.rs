@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header::AUTHORIZATION;
-use axum::http::HeaderMap;
+use axum::http::header::{AUTHORIZATION, HOST, ORIGIN};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
@@ -97,11 +97,72 @@ fn presented(headers: &HeaderMap) -> Option<&[u8]> {
     headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii())
 }
 
+fn is_loopback_name(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Without keys the server listens on loopback only, but a web page the user visits can
+/// still reach it: by DNS rebinding (its own name resolving to 127.0.0.1, so its requests
+/// carry its own `Host`) or by a cross-origin "simple" request (a `text/plain` POST needs no
+/// CORS preflight). Both are refused: the `Host` must be a loopback name and a browser's
+/// `Origin`, when there is one, a loopback origin (`null`, from sandboxed frames and files,
+/// is not).
+pub fn loopback_request(headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
+    let forbidden = |what: &str| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "This server has no API key and only answers local clients: the {what} must \
+                 be localhost, 127.0.0.1 or [::1]."
+            ),
+        )
+    };
+    let host = match headers.get(HOST) {
+        Some(v) => {
+            let v = v.to_str().map_err(|_| forbidden("Host"))?;
+            Some(
+                v.parse::<axum::http::uri::Authority>()
+                    .map_err(|_| forbidden("Host"))?
+                    .host()
+                    .to_string(),
+            )
+        }
+        None => uri.authority().map(|a| a.host().to_string()),
+    };
+    // Browsers always send a Host; a request without one is not a browser's.
+    if host.is_some_and(|h| !is_loopback_name(&h)) {
+        return Err(forbidden("Host"));
+    }
+    if let Some(origin) = headers.get(ORIGIN) {
+        let ok = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.parse::<Uri>().ok())
+            .is_some_and(|o| {
+                matches!(o.scheme_str(), Some("http" | "https"))
+                    && o.host().is_some_and(is_loopback_name)
+            });
+        if !ok {
+            return Err(forbidden("Origin"));
+        }
+    }
+    Ok(())
+}
+
 /// Middleware for every route but /healthz. Without configured keys (loopback only, enforced
-/// at start-up) everything is let through.
+/// at start-up) everything from a local client is let through.
 pub async fn require_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let keys = &state.inner.keys;
     if keys.is_empty() {
+        if let Err(e) = loopback_request(req.headers(), req.uri()) {
+            state.inner.metrics.rejected(e.category);
+            return e.into_response();
+        }
         req.extensions_mut().insert(KeyId(None));
         return next.run(req).await;
     }
@@ -137,6 +198,48 @@ mod tests {
         assert_eq!(Keys::new(&[]).check(b""), None);
         assert!(!format!("{keys:?}").contains("alpha"));
         assert!(!format!("{:?}", ApiKey::new("a", "alpha")).contains("alpha"));
+    }
+
+    #[test]
+    fn without_keys_only_local_hosts_and_origins_pass() {
+        let check = |host: Option<&str>, origin: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = host {
+                h.insert(HOST, v.parse().unwrap());
+            }
+            if let Some(v) = origin {
+                h.insert(ORIGIN, v.parse().unwrap());
+            }
+            loopback_request(&h, &Uri::from_static("/v1/execute")).is_ok()
+        };
+        for host in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]:8080",
+            "127.0.0.2",
+        ] {
+            assert!(check(Some(host), None), "{host}");
+        }
+        assert!(check(None, None), "no Host: not a browser");
+        assert!(check(Some("localhost:8080"), Some("http://localhost:8080")));
+        assert!(check(Some("127.0.0.1:8080"), Some("https://[::1]:3000")));
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "0.0.0.0",
+        ] {
+            assert!(!check(Some(host), None), "{host}");
+        }
+        for origin in [
+            "http://evil.example",
+            "null",
+            "file://",
+            "http://127.0.0.1.evil.example",
+        ] {
+            assert!(!check(Some("127.0.0.1:8080"), Some(origin)), "{origin}");
+        }
     }
 
     #[test]

@@ -240,9 +240,13 @@ impl ExecuteBody {
 /// input files are checked by the engine only.
 pub fn precheck(policy: &Policy, req: &ExecRequest) -> Result<(), ApiError> {
     if Language::parse(&req.language).is_none() {
+        // Named back, but not at any length: the field can be as large as the body.
+        let mut name: String = req.language.chars().take(64).collect();
+        if name.len() < req.language.len() {
+            name.push('…');
+        }
         return Err(ApiError::invalid(format!(
-            "Unknown language '{}'. Use one of: {}.",
-            req.language,
+            "Unknown language '{name}'. Use one of: {}.",
             Language::accepted_names()
         )));
     }
@@ -351,7 +355,10 @@ mod tests {
         assert!(precheck(&policy, &req)
             .unwrap_err()
             .message
-            .contains("Unknown language"));
+            .contains("Unknown language 'cobol'"));
+        let long = format!(r#"{{"language":"{}","code":""}}"#, "é".repeat(100_000));
+        let e = precheck(&policy, &parse(&long).unwrap()).unwrap_err();
+        assert!(e.message.len() < 1000, "{}", e.message.len());
         let req = parse(r#"{"language":"python","code":"print(1)","timeout":5}"#).unwrap();
         precheck(&policy, &req).unwrap();
     }

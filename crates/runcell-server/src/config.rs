@@ -320,15 +320,22 @@ pub fn build(
         }
     }
     if let Some(n) = o.max_concurrent.or(file.max_concurrent) {
-        if n == 0 {
-            return Err(ServerError::Config(
-                "max_concurrent must be at least 1".into(),
-            ));
+        if n == 0 || n > crate::MAX_SLOTS {
+            return Err(ServerError::Config(format!(
+                "max_concurrent must be between 1 and {}",
+                crate::MAX_SLOTS
+            )));
         }
         c.max_concurrent = n;
         c.max_queue = 4 * n;
     }
     if let Some(n) = o.max_queue.or(file.max_queue) {
+        if n > crate::MAX_SLOTS {
+            return Err(ServerError::Config(format!(
+                "max_queue must be at most {}",
+                crate::MAX_SLOTS
+            )));
+        }
         c.max_queue = n;
     }
     if let Some(v) = o
@@ -442,7 +449,11 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused_with_a_reason() {
-        let cases: [(&str, Overrides, &str); 7] = [
+        let cases: [(&str, Overrides, &str); 9] = [
+            ("", Overrides { max_concurrent: Some(usize::MAX), ..Default::default() },
+             "max_concurrent must be between 1 and"),
+            ("max_queue = 18446744073709551615\n", Overrides::default(),
+             "max_queue must be at most"),
             ("", Overrides { default_limits: vec!["timeout=2h".into()], ..Default::default() },
              "the default timeout is 120 min, above the maximum of 60 min"),
             ("", Overrides { max_limits: vec!["memry=1G".into()], ..Default::default() },

@@ -11,8 +11,9 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
-    /// Machine-readable: invalid_request, unauthorized, not_found, method_not_allowed,
-    /// payload_too_large, rate_limited, unavailable, internal.
+    /// Machine-readable: invalid_request, unauthorized, forbidden, not_found,
+    /// method_not_allowed, request_timeout, payload_too_large, rate_limited, unavailable,
+    /// internal.
     pub category: &'static str,
     pub message: String,
     /// The limit (as named in the request body) an invalid_request is about.
@@ -92,8 +93,8 @@ pub struct ErrorBody {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// invalid_request, unauthorized, not_found, method_not_allowed, request_timeout,
-    /// payload_too_large, rate_limited, unavailable or internal.
+    /// invalid_request, unauthorized, forbidden, not_found, method_not_allowed,
+    /// request_timeout, payload_too_large, rate_limited, unavailable or internal.
     pub category: String,
     /// What went wrong and what to do about it.
     pub message: String,

@@ -15,6 +15,7 @@ pub mod audit;
 pub mod auth;
 pub mod body;
 pub mod config;
+pub mod deliver;
 pub mod error;
 pub mod mcp;
 pub mod metrics;
@@ -22,7 +23,6 @@ pub mod stream;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -51,6 +51,7 @@ pub use crate::audit::{AuditLog, AuditTarget, Caller};
 use crate::auth::Keys;
 pub use crate::auth::{ApiKey, KeyId};
 use crate::body::ExecuteBody;
+pub use crate::deliver::Hold;
 pub use crate::error::{ApiError, ErrorBody};
 pub use crate::metrics::Metrics;
 use crate::stream::{ChannelSink, Message};
@@ -237,6 +238,9 @@ struct Inner {
     max_concurrent: usize,
     max_queue: usize,
     max_body_bytes: usize,
+    /// Bytes of MCP request bodies being received at once (their room in memory, like the
+    /// bodies of `max_concurrent + max_queue` executions); beyond it, 429.
+    body_budget: Arc<Semaphore>,
     runs: RunRegistry,
     keep_alive: Duration,
     metrics: Metrics,
@@ -248,19 +252,25 @@ struct Inner {
 
 impl AppState {
     pub fn new(config: &ServerConfig, audit: AuditLog) -> AppState {
-        let max_concurrent = config.max_concurrent.max(1);
+        let max_concurrent = config.max_concurrent.clamp(1, MAX_SLOTS);
+        let max_queue = config.max_queue.min(MAX_SLOTS);
+        let body_budget = (max_concurrent + max_queue)
+            .max(1)
+            .saturating_mul(config.max_body_bytes)
+            .min(Semaphore::MAX_PERMITS);
         AppState {
             inner: Arc::new(Inner {
                 engine: Engine::new(config.engine.clone()),
                 keys: Keys::new(&config.api_keys),
-                admission: Arc::new(Semaphore::new(max_concurrent + config.max_queue)),
+                admission: Arc::new(Semaphore::new(max_concurrent + max_queue)),
                 running: Arc::new(Semaphore::new(max_concurrent)),
                 max_concurrent,
-                max_queue: config.max_queue,
+                max_queue,
                 max_body_bytes: config.max_body_bytes,
+                body_budget: Arc::new(Semaphore::new(body_budget)),
                 runs: RunRegistry::default(),
                 keep_alive: Duration::from_secs(1),
-                metrics: Metrics::new(max_concurrent, config.max_queue),
+                metrics: Metrics::new(max_concurrent, max_queue),
                 audit,
                 runtimes: Mutex::new(None),
                 shutdown: runcell_mcp::CancellationToken::new(),
@@ -354,6 +364,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The most sandboxes or queued requests the server counts (a semaphore's limit is lower than
+/// `usize::MAX`); far beyond anything a host can run.
+pub const MAX_SLOTS: usize = 1 << 20;
+
 /// A place in line, before the request is known.
 pub struct Reservation {
     state: AppState,
@@ -372,7 +386,7 @@ impl Reservation {
         }
         Ok(Admitted {
             state: self.state,
-            permit: self.permit,
+            permit: Arc::new(self.permit),
             req,
             caller,
             admitted: Instant::now(),
@@ -383,13 +397,21 @@ impl Reservation {
 /// A request that may run: it waits for a sandbox slot, runs, and is counted and audited.
 pub struct Admitted {
     state: AppState,
-    permit: OwnedSemaphorePermit,
+    /// Also kept by the response until it is delivered (see [`Admitted::hold_until_delivered`]).
+    permit: Arc<OwnedSemaphorePermit>,
     req: ExecRequest,
     caller: Caller,
     admitted: Instant,
 }
 
 impl Admitted {
+    /// Keep this request's place in line until the response of the HTTP request that carries
+    /// `hold` has been delivered (or dropped), and not only until the run is over: a response
+    /// waiting for a client that reads slowly holds the verdict in memory.
+    pub fn hold_until_delivered(&self, hold: &Hold) {
+        hold.keep(self.permit.clone());
+    }
+
     /// Wait for a slot and run. Dropping the future (a client that went away, a cancelled
     /// MCP call) kills the sandbox; the run is still counted and audited, as `cancelled`.
     pub async fn run(self, mut sink: Box<dyn OutputSink + Send>) -> Result<Verdict, ApiError> {
@@ -451,11 +473,13 @@ async fn request_meta(mut req: Request, next: Next) -> Response {
         request_id: request_id.clone(),
         peer,
     });
+    let hold = Hold::default();
+    req.extensions_mut().insert(hold.clone());
     let mut res = next.run(req).await;
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         res.headers_mut().insert("x-request-id", v);
     }
-    res
+    deliver::guard(res, hold)
 }
 
 /// Who is calling, from the request's extensions.
@@ -697,7 +721,16 @@ fn wants_events(headers: &HeaderMap) -> bool {
 /// How long a request body may take to arrive.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+/// Read a request body: 413 beyond `limit` (from `Content-Length` at once, otherwise once the
+/// cap is crossed), 408 if it takes longer than [`BODY_READ_TIMEOUT`]. With a `budget`, the
+/// bytes received take permits from it while the body is read; 429 when it is exhausted (many
+/// large bodies arriving at once, or trickling in).
+pub(crate) async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    budget: Option<&Arc<Semaphore>>,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -705,24 +738,52 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
+    let collect = async {
+        let mut body = Limited::new(body, limit);
+        let mut buf = Vec::new();
+        let mut held: Option<OwnedSemaphorePermit> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = match frame {
+                Ok(f) => f,
+                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                    return Err(ApiError::too_large(limit))
+                }
+                Err(e) => {
+                    return Err(ApiError::invalid(format!(
+                        "The request body could not be read: {e}."
+                    )))
+                }
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if let Some(budget) = budget {
+                let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+                let permit = budget.clone().try_acquire_many_owned(n).map_err(|_| {
+                    ApiError::rate_limited(
+                        "The server is receiving too many request bodies at once. Retry shortly.",
+                    )
+                })?;
+                match &mut held {
+                    Some(h) => h.merge(permit),
+                    None => held = Some(permit),
+                }
+            }
+            buf.extend_from_slice(&data);
+        }
+        Ok(Bytes::from(buf))
+    };
     // A body trickled in slowly would hold its place in line: it gets a deadline.
-    let read = tokio::time::timeout(BODY_READ_TIMEOUT, Limited::new(body, limit).collect());
-    let Ok(collected) = read.await else {
-        return Err(ApiError::new(
+    match tokio::time::timeout(BODY_READ_TIMEOUT, collect).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "request_timeout",
             format!(
                 "The request body did not arrive within {} s.",
                 BODY_READ_TIMEOUT.as_secs()
             ),
-        ));
-    };
-    match collected {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
-        Err(e) => Err(ApiError::invalid(format!(
-            "The request body could not be read: {e}."
-        ))),
+        )),
     }
 }
 
@@ -782,12 +843,15 @@ impl Drop for AbortOnDrop {
 async fn execute(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
     let reservation = state.reserve()?;
-    let parsed = match read_body(body, &parts.headers, state.inner.max_body_bytes).await {
+    let parsed = match read_body(body, &parts.headers, state.inner.max_body_bytes, None).await {
         Ok(bytes) => parse_body(&bytes),
         Err(e) => Err(e),
     };
     let req = parsed.inspect_err(|e| state.inner.metrics.rejected(e.category))?;
     let admitted = reservation.admit(req, caller_of(&parts, "http"))?;
+    if let Some(hold) = parts.extensions.get::<Hold>() {
+        admitted.hold_until_delivered(hold);
+    }
 
     if !wants_events(&parts.headers) {
         return Ok(verdict_response(admitted.run(Box::new(NoSink)).await?));
@@ -878,6 +942,150 @@ async fn signalled(mut rx: tokio::sync::watch::Receiver<u32>, times: u32) {
     }
 }
 
+/// How long a client may take to send the head of a request, and how long a kept-alive
+/// connection may sit idle before its next one.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serve `router` on the connections `listener` accepts until `stop` completes; then stop
+/// accepting and return once the requests in flight are answered. A connection that does not
+/// send a complete request head within [`HEADER_READ_TIMEOUT`] is closed: without that, idle
+/// or trickling connections (no key needed to open them) would pile up until the process runs
+/// out of file descriptors. So is one whose writes make no progress for [`WRITE_STALL`].
+pub async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    use std::io::ErrorKind::*;
+                    if !matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset) {
+                        // Out of file descriptors, most likely: do not spin.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(peer));
+            tower::ServiceExt::oneshot(router.clone(), req)
+        });
+        let io = hyper_util::rt::TokioIo::new(WriteStall::new(stream));
+        let conn = http.serve_connection(io, service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// How long a write to a client may make no progress at all before the connection is closed.
+pub const WRITE_STALL: Duration = Duration::from_secs(60);
+
+/// A connection whose writes fail once they have made no progress for [`WRITE_STALL`]: a
+/// client that stops reading would otherwise keep its connection, and what is buffered for
+/// it, for as long as it likes.
+struct WriteStall<T> {
+    io: T,
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> WriteStall<T> {
+    fn new(io: T) -> Self {
+        WriteStall { io, stalled: None }
+    }
+
+    fn progress<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<std::io::Result<R>>,
+    ) -> std::task::Poll<std::io::Result<R>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_STALL)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteStall<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteStall<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_write(cx, buf);
+        this.progress(cx, r)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.progress(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_flush(cx);
+        this.progress(cx, r)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_shutdown(cx);
+        this.progress(cx, r)
+    }
+}
+
 /// Listen and serve until SIGTERM or SIGINT; then stop accepting, let running executions
 /// finish within the grace period, kill the rest and return once their sandboxes are gone.
 pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
@@ -890,16 +1098,8 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
         ServerError::Config(format!("cannot open the audit log {:?}: {e}", config.audit))
     })?;
     let state = AppState::new(&config, audit);
-    if !state.auth_enabled() {
-        if !config.listen.ip().is_loopback() {
-            return Err(ServerError::NoKeyOnPublicAddress(config.listen));
-        }
-        eprintln!(
-            "runcell serve: WARNING: NO API KEY IS SET. Anyone who can reach {} can run code \
-             on this host.\nruncell serve: WARNING: this is only allowed on loopback; set \
-             RUNCELL_API_KEY for any other use.",
-            config.listen
-        );
+    if !state.auth_enabled() && !config.listen.ip().is_loopback() {
+        return Err(ServerError::NoKeyOnPublicAddress(config.listen));
     }
     let signals = signals()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -909,6 +1109,13 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
             source,
         })?;
     let addr = listener.local_addr()?;
+    if !state.auth_enabled() {
+        eprintln!(
+            "runcell serve: WARNING: NO API KEY IS SET. Anyone who can reach {addr} can run \
+             code on this host.\nruncell serve: WARNING: this is only allowed on loopback; set \
+             RUNCELL_API_KEY for any other use."
+        );
+    }
     eprintln!(
         "runcell serve: listening on http://{addr} ({} at once, {} queued, bodies up to {}, {})",
         config.max_concurrent,
@@ -938,12 +1145,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
     );
     let runs = state.runs().clone();
     let shutdown = state.shutdown_token();
-    let server = axum::serve(
-        listener,
-        app(state).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(signalled(signals.clone(), 1))
-    .into_future();
+    let server = serve_connections(listener, app(state), signalled(signals.clone(), 1));
     tokio::pin!(server);
     let grace = config.shutdown_grace;
     let grace_over = async {
@@ -959,7 +1161,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
         }
     };
     tokio::select! {
-        r = &mut server => r?,
+        _ = &mut server => {}
         _ = grace_over => {
             let n = runs.kill_all();
             shutdown.cancel();

@@ -2,9 +2,11 @@
 //! keys, and run through the same admission control (429 becomes an `isError` result that
 //! says to retry), policy check, metrics and audit log as `POST /v1/execute`.
 
+use axum::body::Body;
+use axum::extract::{Request, State};
 use axum::http::header::{ALLOW, CONTENT_TYPE};
-use axum::http::StatusCode;
-use axum::middleware;
+use axum::http::{Method, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any_service, MethodRouter};
 use futures_util::future::BoxFuture;
@@ -13,7 +15,7 @@ use runcell_core::{ExecRequest, Verdict};
 use runcell_jail::OutputSink;
 use runcell_mcp::{Executor, HttpEndpoint, HttpOptions, Rejection};
 
-use crate::{caller_of, ApiError, AppState, Caller};
+use crate::{caller_of, ApiError, AppState, Caller, Hold};
 
 fn rejection(e: ApiError) -> Rejection {
     Rejection::new(e.category, e.message)
@@ -28,6 +30,10 @@ impl Executor for AppState {
     ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
         // The HTTP request that carried the call holds what the middleware found out: the
         // request id, the peer and the API key's id.
+        let hold = caller
+            .http
+            .as_ref()
+            .and_then(|p| p.extensions.get::<Hold>().cloned());
         let caller = match &caller.http {
             Some(parts) => caller_of(parts, caller.interface),
             None => Caller {
@@ -36,6 +42,11 @@ impl Executor for AppState {
             },
         };
         let admitted = self.admit(req, caller);
+        // The result travels in the response of the HTTP request that carried the call: the
+        // place in line is kept until it is delivered, as for `POST /v1/execute`.
+        if let (Ok(admitted), Some(hold)) = (&admitted, &hold) {
+            admitted.hold_until_delivered(hold);
+        }
         Box::pin(async move {
             admitted
                 .map_err(rejection)?
@@ -62,7 +73,30 @@ pub fn endpoint(state: &AppState) -> MethodRouter<AppState> {
         options,
         state.shutdown_token(),
     );
-    any_service(mcp).layer(middleware::map_response(json_error))
+    any_service(mcp)
+        .layer(middleware::map_response(json_error))
+        .layer(middleware::from_fn_with_state(state.clone(), buffered))
+}
+
+/// A JSON-RPC message is read here, not by rmcp: with the same deadline as a body of
+/// `POST /v1/execute` (408), and within the server's budget for bodies being received (429),
+/// so that bodies trickled in (or never finished) cannot pile up in memory.
+async fn buffered(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let s = &state.inner;
+    match crate::read_body(body, &parts.headers, s.max_body_bytes, Some(&s.body_budget)).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(e) => {
+            s.metrics.rejected(e.category);
+            e.into_response()
+        }
+    }
 }
 
 /// rmcp answers transport-level refusals (403 for a foreign `Host` or `Origin`, 406, 415,
@@ -85,6 +119,17 @@ async fn json_error(res: Response) -> Response {
         Ok(c) => String::from_utf8_lossy(&c.to_bytes()).trim().to_string(),
         Err(_) => String::new(),
     };
+    // The session cap (handshake-era clients) is a full server, not a failure: 429.
+    if status.is_server_error() && text.contains(runcell_mcp::TOO_MANY_SESSIONS) {
+        return ApiError::rate_limited(text).into_response();
+    }
+    // rmcp answers a body that is not JSON (or not JSON-RPC) with a 415; it is a 400.
+    if status == StatusCode::UNSUPPORTED_MEDIA_TYPE && text.starts_with("fail to deserialize") {
+        return ApiError::invalid(format!(
+            "The request body is not a JSON-RPC message: {text}"
+        ))
+        .into_response();
+    }
     let category = match status {
         StatusCode::BAD_REQUEST => "invalid_request",
         StatusCode::FORBIDDEN => "forbidden",
@@ -132,5 +177,42 @@ mod tests {
 
         let ok = Response::new(Body::from("data: x\n\n"));
         assert_eq!(json_error(ok).await.status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn malformed_json_rpc_is_400() {
+        let res = (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "fail to deserialize request body recursion limit exceeded at line 1 column 128",
+        )
+            .into_response();
+        let out = json_error(res).await;
+        assert_eq!(out.status(), StatusCode::BAD_REQUEST);
+        // A real 415 (a wrong Content-Type) stays one.
+        let res = (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Unsupported Media Type: Content-Type must be application/json",
+        )
+            .into_response();
+        assert_eq!(
+            json_error(res).await.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+    }
+
+    /// rmcp answers an `initialize` refused by the session cap as a 500; it is a full server.
+    #[tokio::test]
+    async fn the_session_cap_is_429_not_500() {
+        let text = format!(
+            "Encounter an error when create session: {}",
+            runcell_mcp::transport::SessionError::TooMany(1024)
+        );
+        let res = (StatusCode::INTERNAL_SERVER_ERROR, text).into_response();
+        let out = json_error(res).await;
+        assert_eq!(out.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(out.headers()["retry-after"], "1");
+        let body = out.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["category"], "rate_limited");
     }
 }

@@ -83,7 +83,8 @@ impl Metrics {
         registry.register(
             "rejections",
             "Requests refused before running: rate_limited (429), payload_too_large (413), \
-             invalid_request (400), unauthorized (401), unavailable (503)",
+             invalid_request (400), request_timeout (408), unauthorized (401), forbidden (403), \
+             unavailable (503)",
             rejections.clone(),
         );
         let running = Gauge::default();

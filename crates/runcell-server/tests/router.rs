@@ -426,3 +426,219 @@ async fn the_openapi_document_covers_every_route() {
     let schemes = doc["components"]["securitySchemes"].as_object().unwrap();
     assert!(schemes.contains_key("bearer") && schemes.contains_key("api_key"));
 }
+
+/// Without keys the server is for local clients only: a web page the user visits must not be
+/// able to run code through it, by DNS rebinding (its own name as `Host`) or by a
+/// cross-origin "simple" POST (no preflight for `text/plain`).
+#[tokio::test]
+async fn without_a_key_browsers_of_other_sites_are_refused() {
+    let r = router(&config(&[]));
+    let body = r#"{"language":"python","code":"","pids":0}"#;
+    for (host, origin) in [
+        ("evil.example:8080", None),
+        ("127.0.0.1:8080", Some("http://evil.example")),
+        ("localhost:8080", Some("null")),
+    ] {
+        for (method, path) in [
+            ("POST", "/v1/execute"),
+            ("GET", "/v1/runtimes"),
+            ("GET", "/metrics"),
+        ] {
+            let mut req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header("host", host)
+                .header("content-type", "text/plain");
+            if let Some(o) = origin {
+                req = req.header("origin", o);
+            }
+            let (s, _, j) = send(&r, req.body(Body::from(body)).unwrap()).await;
+            assert_eq!(
+                s,
+                StatusCode::FORBIDDEN,
+                "{method} {path} {host} {origin:?}: {j}"
+            );
+            assert_error(&j, "forbidden");
+        }
+    }
+    // Local clients, browsers on a local page included, are served.
+    for (host, origin) in [
+        ("127.0.0.1:8080", None),
+        ("localhost:8080", Some("http://localhost:3000")),
+    ] {
+        let mut req = Request::post("/v1/execute").header("host", host);
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        let (s, _, j) = send(&r, req.body(Body::from(body)).unwrap()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{host}: {j}");
+        assert!(assert_error(&j, "invalid_request").contains("pids"));
+    }
+    // With a key, the key is the guard.
+    let r = router(&config(&["k1"]));
+    let req = Request::get("/v1/runtimes")
+        .header("host", "runcell.example.com")
+        .header("origin", "https://agents.example.com")
+        .header("x-api-key", "k1")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&r, req).await.0, StatusCode::OK);
+}
+
+/// An input file path longer than allowed, made of multi-byte characters, used to panic the
+/// engine (its message cut a character in two): a 500. It is a 400 like any bad path.
+#[tokio::test]
+async fn bad_input_file_paths_are_400_never_500() {
+    let r = router(&config(&[]));
+    for path in [format!("a{}", "é".repeat(600)), "é".repeat(1000)] {
+        let body = serde_json::json!({"language": "bash", "code": "true",
+            "files": [{"path": path, "content": "x"}]});
+        let (s, _, j) = send(&r, post(body.to_string())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
+        assert!(
+            assert_error(&j, "invalid_request").contains("too long"),
+            "{j}"
+        );
+    }
+    let body = r#"{"language":"bash","code":"true","files":[{"path":"a","content":"x"},{"path":"a/b","content":"y"}]}"#;
+    let (s, _, j) = send(&r, post(body)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
+    assert_error(&j, "invalid_request");
+}
+
+fn pending_body() -> (
+    tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    Body,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }));
+    (tx, body)
+}
+
+fn mcp_post(body: Body) -> Request<Body> {
+    Request::post("/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body)
+        .unwrap()
+}
+
+/// A JSON-RPC message that never finishes arriving gets the same deadline as an execute body
+/// (it used to be waited for forever, holding what had arrived).
+#[tokio::test(start_paused = true)]
+async fn mcp_bodies_that_never_finish_get_408() {
+    let r = router(&config(&[]));
+    let (tx, body) = pending_body();
+    tx.send(Ok(Bytes::from_static(b"{\"jsonrpc\":")))
+        .await
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(3600), r.clone().oneshot(mcp_post(body)))
+        .await
+        .expect("the body was waited for forever")
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::REQUEST_TIMEOUT);
+    let j: Value =
+        serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_error(&j, "request_timeout");
+    drop(tx);
+}
+
+/// MCP bodies being received share a budget (the room of `max_concurrent + max_queue` bodies):
+/// beyond it, 429, so that many bodies trickled in cannot fill the server's memory.
+#[tokio::test(start_paused = true)]
+async fn mcp_bodies_being_received_are_bounded() {
+    let mut c = config(&[]);
+    c.max_concurrent = 1;
+    c.max_queue = 0;
+    c.max_body_bytes = 1000;
+    let r = router(&c);
+    let (tx, body) = pending_body();
+    let held = tokio::spawn(r.clone().oneshot(mcp_post(body)));
+    tx.send(Ok(Bytes::from(vec![b' '; 900]))).await.unwrap();
+    // The 900 bytes are taken (the channel has room again once they are read).
+    tx.send(Ok(Bytes::from_static(b" "))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let req = mcp_post(Body::from(vec![b' '; 200]));
+    let (s, h, j) = send(&r, req).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{j}");
+    assert_eq!(h["retry-after"], "1");
+    assert_error(&j, "rate_limited");
+    // Once the first body is over, its room is free again.
+    drop(tx);
+    let _ = held.await.unwrap().unwrap();
+    let (s, _, j) = send(&r, mcp_post(Body::from(vec![b' '; 200]))).await;
+    assert_ne!(s, StatusCode::TOO_MANY_REQUESTS, "{j}");
+}
+
+/// A connection that never completes a request head is closed (it used to stay open forever:
+/// enough of them, no key needed, and the server is out of file descriptors).
+#[tokio::test(start_paused = true)]
+async fn connections_that_never_send_a_request_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = router(&config(&["k1"]));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(runcell_server::serve_connections(listener, r, async {
+        let _ = stop_rx.await;
+    }));
+    // A complete request is answered ...
+    let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
+    ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    ok.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // ... a trickled head and an idle connection are closed.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for conn in [&mut slow, &mut idle] {
+        let mut buf = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(3600), conn.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "the connection was kept open");
+    }
+    stop_tx.send(()).unwrap();
+    server.await.unwrap();
+}
+
+/// A client that stops reading its response has its connection closed once the writes have
+/// made no progress for a while (it used to keep it, and what was buffered for it, forever).
+#[tokio::test(start_paused = true)]
+async fn connections_that_stop_reading_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SIZE: usize = 64 << 20;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = Router::new().route("/big", axum::routing::get(|| async { vec![b'x'; SIZE] }));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(runcell_server::serve_connections(listener, r, async {
+        let _ = stop_rx.await;
+    }));
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut conn = socket.connect(addr).await.unwrap();
+    conn.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // The client reads nothing for ten minutes ...
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    // ... and then gets what was buffered, not the rest.
+    let mut got = 0;
+    let mut buf = vec![0; 1 << 20];
+    loop {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    assert!(got < SIZE, "the whole response was kept for the client");
+    stop_tx.send(()).unwrap();
+    server.await.unwrap();
+}

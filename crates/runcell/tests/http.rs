@@ -828,3 +828,54 @@ fn serve_help_documents_every_setting() {
         );
     }
 }
+
+/// A verdict waiting for a client that does not read it keeps its place in line until it is
+/// delivered: otherwise each such client leaves a response of up to the output caps in the
+/// server's memory and frees its slot for the next one, without bound.
+#[test]
+fn an_undelivered_response_keeps_its_place_in_line() {
+    use std::io::Write;
+    let s = Server::start(&["--max-concurrent", "1", "--max-queue", "0"]);
+    // 48 MiB of output: far more than the sockets' buffers hold.
+    let body = json!({
+        "language": "bash",
+        "code": "head -c 50331648 /dev/zero | tr '\\0' x",
+        "output": "64M",
+    })
+    .to_string();
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/execute HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // The run ends (it is counted) while its response waits for the client.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = client()
+            .get(s.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        if text.contains(
+            "runcell_executions_total{language=\"bash\",category=\"ok\",interface=\"http\"} 1",
+        ) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run did not end: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (st, v) = s.execute(json!({"language": "bash", "code": "true"}));
+    assert_eq!((st, category(&v)), (429, "rate_limited"), "{v}");
+    // Once the client has read its response, the place is free.
+    let mut response = Vec::new();
+    conn.read_to_end(&mut response).unwrap();
+    assert!(response.starts_with(b"HTTP/1.1 200"));
+    assert!(response.len() > 48 << 20, "{}", response.len());
+    let (st, v) = s.execute(json!({"language": "bash", "code": "echo ok"}));
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("ok\n")), "{v}");
+}

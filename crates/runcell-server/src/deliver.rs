@@ -1,0 +1,211 @@
+//! Delivering responses to clients that may stop reading.
+//!
+//! A verdict can be large (up to the output caps of stdout and stderr, JSON-escaped, plus the
+//! files), and an event stream holds what the program wrote until the client reads it. A
+//! client that stops reading would keep all of that in the server's memory for as long as it
+//! keeps its connection open, and opening more such connections would add up. So:
+//!
+//! * the response goes through a small channel fed by a task, [`STALL`] at most per chunk and
+//!   at least [`MIN_RATE`] on average once there is a backlog; a client slower than that is cut
+//!   off: its body is dropped (a stream's run killed) and its connection aborted;
+//! * an execution keeps its place in line (see [`Hold`]) until its response is delivered, so
+//!   responses waiting for slow clients count against `max_concurrent + max_queue` like runs
+//!   do, and the memory they hold is bounded by the server's capacity.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::response::Response;
+use http_body_util::BodyExt;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::time::Instant;
+
+/// How long a chunk may wait for a client that does not read.
+pub const STALL: Duration = Duration::from_secs(30);
+/// The slowest average reading rate accepted while data is waiting (bytes per second).
+pub const MIN_RATE: u64 = 64 * 1024;
+/// Responses are handed over in pieces of at most this size. Smaller complete responses fit
+/// in the socket's buffers and are answered as they are.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Places in line kept until the response of the request that carries this (in its
+/// extensions) has been delivered or dropped.
+#[derive(Clone, Default)]
+pub struct Hold(Arc<Mutex<Vec<Arc<OwnedSemaphorePermit>>>>);
+
+impl Hold {
+    pub fn keep(&self, permit: Arc<OwnedSemaphorePermit>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(permit);
+    }
+}
+
+/// Wrap `res` so that a client that does not read it is cut off, keeping `hold` until the
+/// response is delivered (or dropped).
+pub fn guard(res: Response, hold: Hold) -> Response {
+    let (parts, body) = res.into_parts();
+    let size = body.size_hint();
+    if size.exact().is_some_and(|n| n <= CHUNK as u64) {
+        return Response::from_parts(parts, body);
+    }
+    let (tx, rx) = mpsc::channel(1);
+    let broken = Arc::new(AtomicBool::new(false));
+    tokio::spawn(forward(body, tx, broken.clone(), hold));
+    Response::from_parts(parts, Body::new(Delivered { rx, broken, size }))
+}
+
+async fn forward(mut body: Body, tx: mpsc::Sender<Bytes>, broken: Arc<AtomicBool>, hold: Hold) {
+    let mut hold = Some(hold);
+    // The client is on schedule as long as it has read each chunk by `paid + STALL`.
+    let mut paid = Instant::now();
+    loop {
+        let next = tokio::select! {
+            next = body.frame() => next,
+            // The client is gone: dropping the body ends (and kills) what produces it.
+            _ = tx.closed() => return,
+        };
+        let frame = match next {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(_)) => {
+                broken.store(true, Ordering::SeqCst);
+                return;
+            }
+        };
+        // Trailers are not used by this API.
+        let Ok(mut data) = frame.into_data() else {
+            continue;
+        };
+        let got = Instant::now();
+        while !data.is_empty() {
+            let chunk = data.split_to(data.len().min(CHUNK));
+            if data.is_empty() && body.is_end_stream() {
+                // The last piece: the place in line is free before the client sees the end.
+                hold.take();
+            }
+            paid = paid.max(got) + Duration::from_secs_f64(chunk.len() as f64 / MIN_RATE as f64);
+            match tokio::time::timeout_at(paid + STALL, tx.send(chunk)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    broken.store(true, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+    }
+    drop(hold);
+    drop(body);
+    drop(tx);
+}
+
+/// The body the client gets: the chunks [`forward`] sends; an error (which aborts the
+/// connection) if the client was cut off or the original body failed.
+struct Delivered {
+    rx: mpsc::Receiver<Bytes>,
+    broken: Arc<AtomicBool>,
+    size: http_body::SizeHint,
+}
+
+impl HttpBody for Delivered {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        let this = self.get_mut();
+        match this.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(data)) => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+            Poll::Ready(None) if this.broken.load(Ordering::SeqCst) => {
+                Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the response was not delivered",
+                ))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::Semaphore;
+
+    fn big(n: usize) -> Response {
+        Response::new(Body::from(vec![b'x'; n]))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_does_not_read_is_cut_off_and_frees_its_place() {
+        let line = Arc::new(Semaphore::new(1));
+        let hold = Hold::default();
+        hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
+        let res = guard(big(4 * CHUNK), hold);
+        assert_eq!(res.body().size_hint().exact(), Some(4 * CHUNK as u64));
+        // Nobody reads: the place in line stays taken for a while ...
+        tokio::time::sleep(STALL / 2).await;
+        assert_eq!(line.available_permits(), 0);
+        // ... and is given back once the client has stalled for too long.
+        tokio::time::sleep(STALL).await;
+        assert_eq!(line.available_permits(), 1);
+        // What the client would still read ends in an error, never in a clean end.
+        let mut body = res.into_body();
+        let mut got = 0;
+        let end = loop {
+            match body.frame().await {
+                Some(Ok(f)) => got += f.into_data().map_or(0, |d| d.len()),
+                other => break other,
+            }
+        };
+        assert!(matches!(end, Some(Err(_))), "{end:?}");
+        assert!(got < 4 * CHUNK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reading_client_gets_everything_and_the_place_is_freed() {
+        let line = Arc::new(Semaphore::new(1));
+        let hold = Hold::default();
+        hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
+        let res = guard(big(3 * CHUNK + 5), hold);
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes.len(), 3 * CHUNK + 5);
+        assert_eq!(line.available_permits(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_response_frees_its_place() {
+        let line = Arc::new(Semaphore::new(1));
+        let hold = Hold::default();
+        hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
+        // A stream that never ends (an event stream of a run still going).
+        let body =
+            Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
+        let res = guard(Response::new(body), hold);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(line.available_permits(), 0);
+        drop(res);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(line.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn small_responses_are_left_alone() {
+        let res = guard(big(100), Hold::default());
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes.len(), 100);
+    }
+}
