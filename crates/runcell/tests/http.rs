@@ -5,18 +5,29 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{assert_host_clean, assert_marker_gone, marker, runcell_bin, wait_for_marker};
+use common::{
+    assert_host_clean, assert_marker_gone, marker, runcell_bin, wait_for_marker, ServeProcess,
+};
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 
-struct Server {
-    child: Child,
-    base: String,
-    log: Arc<Mutex<String>>,
+/// The server under test, with the API's requests.
+struct Server(ServeProcess);
+
+impl std::ops::Deref for Server {
+    type Target = ServeProcess;
+    fn deref(&self) -> &ServeProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut ServeProcess {
+        &mut self.0
+    }
 }
 
 impl Server {
@@ -25,50 +36,7 @@ impl Server {
     }
 
     fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(runcell_bin());
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env_remove("RUNCELL_API_KEY")
-            .env_remove("RUNCELL_LISTEN")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start runcell serve");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
-                }
-                log2.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("server did not start: {}", log.lock().unwrap()));
-        Server {
-            child,
-            base: format!("http://{addr}"),
-            log,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        Server(ServeProcess::start(args, env))
     }
 
     fn execute(&self, body: Value) -> (u16, Value) {
@@ -95,37 +63,6 @@ impl Server {
         Events {
             reader: BufReader::new(res),
         }
-    }
-
-    /// SIGTERM, then the exit status (within `within`).
-    fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server did not exit: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let log = self.log();
-        assert!(!log.contains("panicked"), "the server panicked: {log}");
     }
 }
 

@@ -15,10 +15,12 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{assert_host_clean, assert_marker_gone, assert_no_panic, marker, runcell_bin};
+use common::{
+    assert_host_clean, assert_marker_gone, assert_no_panic, marker, runcell_bin, ServeProcess,
+};
 use reqwest::blocking::Client;
 use runcell_runtimes::Language;
 use serde_json::{json, Value};
@@ -362,84 +364,33 @@ fn stdio_with_the_python_sdk() {
     assert_host_clean(pid);
 }
 
-/// `runcell serve` as a child process, on a free loopback port.
-struct Server {
-    child: Child,
-    base: String,
-    log: Arc<Mutex<String>>,
-}
+/// `runcell serve` as a child process, on a free loopback port, with these API keys.
+struct Server(ServeProcess);
 
 impl Server {
     fn start(keys: &[&str]) -> Server {
-        let mut cmd = Command::new(runcell_bin());
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
-            .env_remove("RUNCELL_API_KEY")
-            .env_remove("RUNCELL_LISTEN")
-            .env_remove("RUNCELL_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for k in keys {
-            cmd.args(["--api-key", k]);
-        }
-        let mut child = cmd.spawn().expect("start runcell serve");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
-                }
-                log2.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("server did not start: {}", log.lock().unwrap()));
-        Server {
-            child,
-            base: format!("http://{addr}"),
-            log,
-        }
+        let args: Vec<&str> = keys.iter().flat_map(|k| ["--api-key", k]).collect();
+        Server(ServeProcess::start(&args, &[]))
     }
 
     fn url(&self) -> String {
-        format!("{}/mcp", self.base)
+        self.0.url("/mcp")
     }
 
     fn port(&self) -> &str {
-        self.base.rsplit(':').next().unwrap()
+        self.0.port()
     }
 
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.0.log()
     }
 
     /// SIGTERM, wait, and check nothing of its runs is left.
     fn stop(mut self) {
-        let pid = self.child.id();
-        let ok = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-        let status = wait_or_kill(&mut self.child, Duration::from_secs(60), "runcell serve");
+        let pid = self.0.pid();
+        let status = self.0.terminate(Duration::from_secs(60));
         assert!(status.success(), "{status}: {}", self.log());
         assert_host_clean(pid);
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let log = self.log();
-        assert!(!log.contains("panicked"), "the server panicked: {log}");
     }
 }
 

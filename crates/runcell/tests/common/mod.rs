@@ -493,3 +493,107 @@ def sc(label, nr, *args):
 pub fn py(body: &str) -> String {
     format!("{PY}\n{body}")
 }
+
+/// `runcell serve` as a child process on a free loopback port (`--listen 127.0.0.1:0`, the
+/// port read from its log), with its stderr collected. Killed when dropped; a panic in its log
+/// fails the test.
+pub struct ServeProcess {
+    pub child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl ServeProcess {
+    /// Start it with `args`, in an environment without runcell's server variables plus `env`.
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        use std::io::{BufRead, BufReader};
+        let mut cmd = Command::new(runcell_bin());
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(args);
+        for var in [
+            "RUNCELL_API_KEY",
+            "RUNCELL_LISTEN",
+            "RUNCELL_CONFIG",
+            "RUNCELL_MAX_LIMITS",
+            "RUNCELL_DEFAULT_LIMITS",
+            "RUNCELL_CAPS",
+            "RUNCELL_AUDIT_LOG",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start runcell serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send(addr);
+                }
+                log2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("server did not start: {}", log.lock().unwrap()));
+        ServeProcess {
+            child,
+            base: format!("http://{addr}"),
+            log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn port(&self) -> &str {
+        self.base.rsplit(':').next().unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// SIGTERM, then its exit status (panics if it takes longer than `within`).
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not exit: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = self.log();
+        assert!(!log.contains("panicked"), "the server panicked: {log}");
+    }
+}
