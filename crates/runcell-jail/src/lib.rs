@@ -23,6 +23,6 @@ mod sys;
 pub use config::{Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 pub use protocol::{ExitStatus, LandlockStatus};
 pub use supervisor::{
-    CgroupRequest, End, Enforcement, InputFile, KillSwitch, NoSink, Outcome, OutputSink, Program,
-    Sandbox, SandboxError, SandboxSpec, Stream,
+    CgroupRequest, End, Enforcement, InputFile, KillOnDrop, KillSwitch, NoSink, Outcome,
+    OutputSink, Program, Sandbox, SandboxError, SandboxSpec, Stream,
 };

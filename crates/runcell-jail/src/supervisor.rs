@@ -256,8 +256,34 @@ impl KillSwitch {
     pub fn trigger(&self) {
         let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
     }
+
+    /// A guard that triggers this switch when dropped, unless disarmed first: hold it in the
+    /// future that waits for the run, so that dropping the future (a client that went away, a
+    /// cancelled call) kills the sandbox.
+    pub fn kill_on_drop(&self) -> KillOnDrop {
+        KillOnDrop(Some(self.clone()))
+    }
     fn fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
+    }
+}
+
+/// See [`KillSwitch::kill_on_drop`].
+#[derive(Debug)]
+pub struct KillOnDrop(Option<KillSwitch>);
+
+impl KillOnDrop {
+    /// The run ended: dropping the guard no longer kills anything.
+    pub fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(ks) = self.0.take() {
+            ks.trigger();
+        }
     }
 }
 

@@ -104,24 +104,6 @@ impl LocalExecutor {
     }
 }
 
-/// Triggers the kill switch when dropped armed: the call's future was dropped before the run
-/// ended (cancelled, or the client went away).
-struct KillOnDrop(Option<KillSwitch>);
-
-impl KillOnDrop {
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(ks) = self.0.take() {
-            ks.trigger();
-        }
-    }
-}
-
 impl Executor for LocalExecutor {
     fn execute(
         &self,
@@ -142,7 +124,7 @@ impl Executor for LocalExecutor {
                     format!("The server cannot start a run right now ({e}). Retry shortly."),
                 )
             })?;
-            let mut guard = KillOnDrop(Some(ks.clone()));
+            let mut guard = ks.kill_on_drop();
             let verdict = tokio::task::spawn_blocking(move || {
                 // The slot is held until the sandbox is gone, also when the call was
                 // cancelled and nobody waits for the verdict any more.

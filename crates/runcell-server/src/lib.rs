@@ -204,24 +204,6 @@ impl RunRegistry {
     }
 }
 
-/// Triggers the kill switch when dropped armed: the handler's future (or the event stream)
-/// was dropped before the run ended, i.e. the client went away.
-struct CancelOnDrop(Option<KillSwitch>);
-
-impl CancelOnDrop {
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(ks) = self.0.take() {
-            ks.trigger();
-        }
-    }
-}
-
 /// Shared by every handler.
 #[derive(Clone)]
 pub struct AppState {
@@ -435,7 +417,7 @@ impl Admitted {
             ApiError::unavailable(format!("The server cannot start a run right now ({e})."))
         })?;
         let entry = s.runs.register(ks.clone());
-        let mut guard = CancelOnDrop(Some(ks.clone()));
+        let mut guard = ks.kill_on_drop();
         let st = state.clone();
         let verdict = tokio::task::spawn_blocking(move || {
             let _slot = (permit, running, entry);
