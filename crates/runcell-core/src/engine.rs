@@ -11,8 +11,9 @@ use runcell_jail::{
 };
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
-use crate::limits::{Limits, Policy};
-use crate::request::ExecRequest;
+use crate::limits::{Limit, LimitError, Limits, Policy};
+use crate::request::{workspace_path, ExecRequest, PathError};
+use crate::units::format_size;
 use crate::verdict::{classify, lossy, EnforcementReport, ErrorCategory, Phase, Usage, Verdict};
 
 /// How the engine runs.
@@ -54,12 +55,97 @@ pub struct Engine {
     config: EngineConfig,
 }
 
-/// A request that passed validation.
-struct Validated {
+/// A request that passed [`Engine::validate`]: everything it asks is within the policy, its
+/// input files are decoded, and it can run.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
     language: Language,
     limits: Limits,
+    code: String,
+    stdin: Option<Vec<u8>>,
     /// The input files, decoded, at their sandbox paths.
     files: Vec<InputFile>,
+}
+
+impl ValidRequest {
+    pub fn language(&self) -> Language {
+        self.language
+    }
+
+    /// The limits the run gets.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
+
+/// What a request got wrong, found before anything runs. The `Display` text is a message a
+/// model (or a person) can act on; front ends build their own answers from the fields.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    /// The name is cut to 64 characters: it can be as large as the request.
+    #[error("Unknown language '{0}'. Use one of: {accepted}.", accepted = Language::accepted_names())]
+    UnknownLanguage(String),
+    #[error("The code is {bytes} bytes, more than the {max} byte limit. Send a shorter program.")]
+    CodeTooLarge { bytes: u64, max: u64 },
+    #[error("The code contains a NUL byte.")]
+    CodeHasNul,
+    #[error("stdin is {bytes} bytes, more than the {max} byte limit.")]
+    StdinTooLarge { bytes: u64, max: u64 },
+    /// A limit outside its range: which limit, its value, the minimum and the maximum.
+    #[error("Invalid limit: {0}.")]
+    Limit(LimitError),
+    #[error("{count} input files is more than the limit of {max}.")]
+    TooManyFiles { count: u64, max: u64 },
+    #[error("Invalid file: {0}.")]
+    FilePath(PathError),
+    #[error("Invalid file: {0} is where the code itself is written; give the file another name.")]
+    FileIsSource(String),
+    #[error("Invalid file: {0} is given twice.")]
+    FileTwice(String),
+    #[error("Invalid file: {0} needs exactly one of content and content_base64.")]
+    FileContent(String),
+    #[error("Invalid file: {path}: content_base64 is not valid base64 ({reason}).")]
+    FileBase64 { path: String, reason: String },
+    #[error("Invalid file: {path} is {}, more than the limit of {} per file.", format_size(*.bytes), format_size(*.max))]
+    FileTooLarge { path: String, bytes: u64, max: u64 },
+    #[error("Invalid file: {dir} is a file, so it cannot also be the directory of {path}.")]
+    FileUnderFile { dir: String, path: String },
+    #[error("The input files total {}, more than {} (the {}).", format_size(*.total), format_size(*.cap),
+        if *.disk_bound { "disk limit of the run" } else { "limit for input files" })]
+    InputTooLarge {
+        total: u64,
+        cap: u64,
+        disk_bound: bool,
+    },
+}
+
+impl ValidationError {
+    /// The limit the error is about, if it is about one.
+    pub fn limit(&self) -> Option<Limit> {
+        match self {
+            ValidationError::Limit(e) => Some(e.limit),
+            _ => None,
+        }
+    }
+}
+
+impl From<LimitError> for ValidationError {
+    fn from(e: LimitError) -> Self {
+        ValidationError::Limit(e)
+    }
+}
+
+/// A language as the host has it: available with its version (and, for Python, the data
+/// stack's packages), or unavailable and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeStatus {
+    pub language: Language,
+    pub version: Option<String>,
+    /// Python only: the installed distributions (name, version), when `runcell setup` has
+    /// installed the data stack.
+    pub packages: Option<Vec<(String, String)>>,
+    /// Why it cannot run here; `None` when it can.
+    pub unavailable: Option<String>,
 }
 
 impl Engine {
@@ -71,43 +157,69 @@ impl Engine {
         &self.config
     }
 
-    /// Check a request against the policy without running anything. The error is the
-    /// message of an `invalid_request` verdict.
-    fn validate(&self, req: &ExecRequest) -> Result<Validated, String> {
-        let language = Language::parse(&req.language).ok_or_else(|| {
-            format!(
-                "Unknown language '{}'. Use one of: {}.",
-                req.language,
-                Language::accepted_names()
+    pub fn policy(&self) -> &Policy {
+        &self.config.policy
+    }
+
+    /// Every language and whether this host can run it. Asking a runtime its version runs
+    /// host programs: call it from a blocking context.
+    pub fn runtimes(&self) -> Vec<RuntimeStatus> {
+        Language::ALL
+            .iter()
+            .map(
+                |&language| match runcell_runtimes::locate(language, &self.config.host) {
+                    Ok(rt) => RuntimeStatus {
+                        language,
+                        version: rt.version(),
+                        packages: rt.python_stack.clone(),
+                        unavailable: None,
+                    },
+                    Err(e) => RuntimeStatus {
+                        language,
+                        version: None,
+                        packages: None,
+                        unavailable: Some(e.to_string()),
+                    },
+                },
             )
+            .collect()
+    }
+
+    /// Check a request against the policy without running anything: the language, the sizes
+    /// of code and stdin, every limit, and the input files (decoded here, once).
+    pub fn validate(&self, req: &ExecRequest) -> Result<ValidRequest, ValidationError> {
+        let language = Language::parse(&req.language).ok_or_else(|| {
+            let mut name = crate::request::prefix(&req.language, 64).to_string();
+            if name.len() < req.language.len() {
+                name.push('…');
+            }
+            ValidationError::UnknownLanguage(name)
         })?;
         let p = &self.config.policy;
         if req.code.len() as u64 > p.max_code_bytes {
-            return Err(format!(
-                "The code is {} bytes, more than the {} byte limit. Send a shorter program.",
-                req.code.len(),
-                p.max_code_bytes
-            ));
+            return Err(ValidationError::CodeTooLarge {
+                bytes: req.code.len() as u64,
+                max: p.max_code_bytes,
+            });
         }
         if req.code.contains('\0') {
-            return Err("The code contains a NUL byte.".into());
+            return Err(ValidationError::CodeHasNul);
         }
         if let Some(s) = &req.stdin {
             if s.len() as u64 > p.max_stdin_bytes {
-                return Err(format!(
-                    "stdin is {} bytes, more than the {} byte limit.",
-                    s.len(),
-                    p.max_stdin_bytes
-                ));
+                return Err(ValidationError::StdinTooLarge {
+                    bytes: s.len() as u64,
+                    max: p.max_stdin_bytes,
+                });
             }
         }
-        let limits = p
-            .resolve(&req.limits)
-            .map_err(|e| format!("Invalid limit: {}.", e.message))?;
+        let limits = p.resolve(&req.limits)?;
         let files = self.validate_files(req, language, &limits)?;
-        Ok(Validated {
+        Ok(ValidRequest {
             language,
             limits,
+            code: req.code.clone(),
+            stdin: req.stdin.clone().map(String::into_bytes),
             files,
         })
     }
@@ -119,49 +231,42 @@ impl Engine {
         req: &ExecRequest,
         language: Language,
         limits: &Limits,
-    ) -> Result<Vec<InputFile>, String> {
+    ) -> Result<Vec<InputFile>, ValidationError> {
         use base64::Engine as _;
         let p = &self.config.policy;
         if req.files.len() as u64 > p.max_input_files {
-            return Err(format!(
-                "{} input files is more than the limit of {}.",
-                req.files.len(),
-                p.max_input_files
-            ));
+            return Err(ValidationError::TooManyFiles {
+                count: req.files.len() as u64,
+                max: p.max_input_files,
+            });
         }
         let mut seen = std::collections::HashSet::new();
         let mut total = 0u64;
         let mut out = Vec::with_capacity(req.files.len());
         for f in &req.files {
-            let rel = crate::request::workspace_path(&f.path)
-                .map_err(|e| format!("Invalid file: {e}."))?;
+            let rel = workspace_path(&f.path).map_err(ValidationError::FilePath)?;
             if rel == language.source_file() {
-                return Err(format!(
-                    "Invalid file: {rel} is where the code itself is written; give the file another name."
-                ));
+                return Err(ValidationError::FileIsSource(rel));
             }
             if !seen.insert(rel.clone()) {
-                return Err(format!("Invalid file: {rel} is given twice."));
+                return Err(ValidationError::FileTwice(rel));
             }
             let content = match (&f.content, &f.content_base64) {
                 (Some(text), None) => text.clone().into_bytes(),
                 (None, Some(b64)) => base64::engine::general_purpose::STANDARD
                     .decode(b64.trim())
-                    .map_err(|e| {
-                        format!("Invalid file: {rel}: content_base64 is not valid base64 ({e}).")
+                    .map_err(|e| ValidationError::FileBase64 {
+                        path: rel.clone(),
+                        reason: e.to_string(),
                     })?,
-                _ => {
-                    return Err(format!(
-                        "Invalid file: {rel} needs exactly one of content and content_base64."
-                    ))
-                }
+                _ => return Err(ValidationError::FileContent(rel)),
             };
             if content.len() as u64 > p.max_input_file_bytes {
-                return Err(format!(
-                    "Invalid file: {rel} is {}, more than the limit of {} per file.",
-                    crate::units::format_size(content.len() as u64),
-                    crate::units::format_size(p.max_input_file_bytes)
-                ));
+                return Err(ValidationError::FileTooLarge {
+                    path: rel,
+                    bytes: content.len() as u64,
+                    max: p.max_input_file_bytes,
+                });
             }
             total += content.len() as u64;
             out.push(InputFile {
@@ -179,39 +284,45 @@ impl Engine {
         {
             let mut dirs = rel.match_indices('/').map(|(i, _)| &rel[..i]);
             if let Some(dir) = dirs.find(|d| seen.contains(*d) || *d == language.source_file()) {
-                return Err(format!(
-                    "Invalid file: {dir} is a file, so it cannot also be the directory of {rel}."
-                ));
+                return Err(ValidationError::FileUnderFile {
+                    dir: dir.to_string(),
+                    path: rel.to_string(),
+                });
             }
         }
-        let cap = p.max_input_total_bytes.min(limits.disk_bytes);
+        let cap = p.max_input_total_bytes.min(limits.disk.0);
         if total > cap {
-            return Err(format!(
-                "The input files total {}, more than {} (the {}).",
-                crate::units::format_size(total),
-                crate::units::format_size(cap),
-                if cap == limits.disk_bytes {
-                    "disk limit of the run"
-                } else {
-                    "limit for input files"
-                }
-            ));
+            return Err(ValidationError::InputTooLarge {
+                total,
+                cap,
+                disk_bound: cap == limits.disk.0,
+            });
         }
         Ok(out)
     }
 
-    /// Run a request and return its verdict. Never panics on bad input: every failure is a
-    /// verdict with a category.
+    /// Validate and run a request. Never panics on bad input: every failure is a verdict with
+    /// a category (an invalid request is an `invalid_request` verdict).
     pub fn execute(
         &self,
         req: &ExecRequest,
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
     ) -> Verdict {
-        let v = match self.validate(req) {
-            Ok(v) => v,
-            Err(message) => return Verdict::failed(ErrorCategory::InvalidRequest, message),
-        };
+        match self.validate(req) {
+            Ok(v) => self.execute_valid(&v, sink, cancel),
+            Err(e) => Verdict::failed(ErrorCategory::InvalidRequest, e.to_string()),
+        }
+    }
+
+    /// Run a validated request: find the runtime, build a sandbox, compile where needed, run,
+    /// collect the output files and tear the sandbox down.
+    pub fn execute_valid(
+        &self,
+        v: &ValidRequest,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> Verdict {
         let runtime = match runcell_runtimes::locate(v.language, &self.config.host) {
             Ok(r) => r,
             Err(e) => {
@@ -237,7 +348,7 @@ impl Engine {
                 );
             }
         }
-        let mut verdict = self.run(req, &v, &runtime, sink, cancel);
+        let mut verdict = self.run(v, &runtime, sink, cancel);
         verdict.language = Some(v.language.name().into());
         verdict.limits = Some(v.limits);
         verdict
@@ -247,14 +358,14 @@ impl Engine {
         SandboxSpec {
             hostname: self.config.hostname.clone(),
             root: runtime.root_entries(),
-            scratch_bytes: limits.disk_bytes,
+            scratch_bytes: limits.disk.0,
             // One inode per 4 KiB of space, within sane bounds: enough for real work, not
             // enough for a million empty files.
-            scratch_inodes: (limits.disk_bytes / 4096).clamp(1024, 1_000_000),
+            scratch_inodes: (limits.disk.0 / 4096).clamp(1024, 1_000_000),
             cgroup: CgroupRequest {
-                memory_bytes: limits.memory_bytes,
-                pids: limits.pids,
-                cpu_millis: limits.cpu_millis,
+                memory_bytes: limits.memory.0,
+                pids: limits.pids.0,
+                cpu_millis: limits.cpus.0,
             },
             setup_timeout: self.config.setup_timeout,
             helper_exe: self.config.helper_exe.clone(),
@@ -271,14 +382,9 @@ impl Engine {
         files: Vec<InputFile>,
         stdin: Option<Vec<u8>>,
     ) -> Program {
-        // RLIMIT_CPU is a backstop for the wall clock: the CPU seconds the program could burn
-        // at its CPU share over the whole timeout, plus one.
-        let cpu_seconds = (timeout.as_secs_f64() * (limits.cpu_millis as f64 / 1000.0).max(1.0))
-            .ceil() as u64
-            + 1;
         let address_space_bytes = (!enforcement.cgroup_limits.memory
             && runtime.tolerates_address_space_limit())
-        .then_some(limits.memory_bytes);
+        .then_some(limits.memory.0);
         Program {
             argv: inv.argv.clone(),
             env: inv.env.clone(),
@@ -286,30 +392,29 @@ impl Engine {
             files,
             stdin,
             rlimits: Rlimits {
-                cpu_seconds,
-                open_files: limits.open_files,
+                cpu_seconds: limits.cpu_rlimit_seconds(timeout),
+                open_files: limits.open_files.0,
                 // The sandbox's pid 1 runs as the same uid and counts too. With a pids cgroup
                 // the rlimit sits one above it: the kernel checks the rlimit first, and only a
                 // refusal by the cgroup is counted (pids.events), which is how a fork bomb is
                 // told apart from a program that failed for another reason.
                 processes: if enforcement.cgroup_limits.pids {
-                    limits.pids + 2
+                    limits.pids.0 + 2
                 } else {
-                    limits.pids + 1
+                    limits.pids.0 + 1
                 },
-                file_size_bytes: limits.disk_bytes,
+                file_size_bytes: limits.disk.0,
                 address_space_bytes,
             },
             wall_timeout: timeout,
-            stdout_cap: limits.output_bytes,
-            stderr_cap: limits.output_bytes,
+            stdout_cap: limits.output.0,
+            stderr_cap: limits.output.0,
         }
     }
 
     fn run(
         &self,
-        req: &ExecRequest,
-        v: &Validated,
+        v: &ValidRequest,
         runtime: &Runtime,
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
@@ -318,12 +423,7 @@ impl Engine {
         let spec = self.sandbox_spec(limits, runtime);
         let mut sandbox = match Sandbox::create(&spec) {
             Ok(s) => s,
-            Err(e) => {
-                return Verdict::failed(
-                    ErrorCategory::SandboxFailure,
-                    format!("The sandbox could not be set up ({e}). This is a problem with the host, not with the program."),
-                )
-            }
+            Err(e) => return sandbox_failure("could not be set up", &e),
         };
         // Strict mode checks what this sandbox really got, not only what the host offers:
         // a cgroup hierarchy without the pids controller, swap without accounting, ...
@@ -346,7 +446,7 @@ impl Engine {
         let source = InputFile {
             path: plan.source_path.clone(),
             mode: 0o644,
-            content: req.code.clone().into_bytes(),
+            content: v.code.clone().into_bytes(),
         };
         let enforcement = sandbox.enforcement().clone();
 
@@ -394,7 +494,7 @@ impl Engine {
             runtime,
             &enforcement,
             files,
-            req.stdin.clone().map(String::into_bytes),
+            v.stdin.clone(),
         );
         let outcome = match sandbox.run(&program, sink, cancel) {
             Ok(o) => o,
@@ -404,8 +504,7 @@ impl Engine {
         let mut verdict = verdict_from(&outcome, code, error, &sandbox);
         verdict.compile_time = compile_time;
         verdict
-            .enforcement
-            .missing
+            .warnings
             .extend(memory_fallback_note(&sandbox, runtime));
         // Every process of the run is dead now (pid 1 killed and reaped them before it
         // reported); what they left in /workspace is the output. A sandbox killed outright
@@ -416,7 +515,9 @@ impl Engine {
         if let Err(e) = sandbox.destroy() {
             // The run itself is complete; a teardown problem is the host's to fix, but it must
             // not pass unnoticed.
-            verdict.enforcement.missing.push(format!("teardown: {e}"));
+            verdict
+                .warnings
+                .push(format!("teardown: {}", crate::error::chain(&e)));
         }
         verdict
     }
@@ -429,7 +530,7 @@ impl Engine {
             max_total_bytes: p.max_output_total_bytes,
             max_entries: 100_000,
             // All the data a run can hold fits in its disk limit; anything beyond is holes.
-            max_read_bytes: limits.disk_bytes,
+            max_read_bytes: limits.disk.0,
             deadline_ms: 10_000,
         }
     }
@@ -444,13 +545,26 @@ impl Engine {
             v.enforcement = EnforcementReport::from(sandbox.enforcement());
             return v;
         }
-        let mut v = Verdict::failed(
-            ErrorCategory::SandboxFailure,
-            format!("The sandbox failed while running the program ({e}). This is a problem with the host, not with the program."),
-        );
+        let mut v = sandbox_failure("failed while running the program", &e);
         v.enforcement = EnforcementReport::from(sandbox.enforcement());
         v
     }
+}
+
+/// A `sandbox_failure` verdict: the host's problem, with the whole chain of causes in the
+/// message and the OS error behind it (EACCES, EBUSY, ...) in `error.os_error`.
+fn sandbox_failure(what: &str, e: &runcell_jail::SandboxError) -> Verdict {
+    let mut v = Verdict::failed(
+        ErrorCategory::SandboxFailure,
+        format!(
+            "The sandbox {what} ({}). This is a problem with the host, not with the program.",
+            crate::error::chain(e)
+        ),
+    );
+    if let Some(err) = v.error.as_mut() {
+        err.os_error = crate::error::os_error(e);
+    }
+    v
 }
 
 /// What limits memory when the cgroup cannot: RLIMIT_AS per process for runtimes that
@@ -493,6 +607,7 @@ fn verdict_from(
         language: None,
         compile_time: None,
         limits: None,
+        warnings: Vec::new(),
     }
 }
 
@@ -503,6 +618,7 @@ fn round_secs(d: Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{Bytes, Limit};
 
     fn engine() -> Engine {
         let mut c = EngineConfig::for_host();
@@ -522,20 +638,33 @@ mod tests {
         assert!(v.error.unwrap().message.contains("python, node"));
 
         let big = "x".repeat((1 << 20) + 1);
-        let v = e.execute(
-            &ExecRequest::new("python", big),
-            &mut runcell_jail::NoSink,
-            None,
-        );
-        assert_eq!(v.category(), Some(ErrorCategory::InvalidRequest));
+        assert!(matches!(
+            e.validate(&ExecRequest::new("python", big)),
+            Err(ValidationError::CodeTooLarge { .. })
+        ));
 
         let mut r = ExecRequest::new("python", "print(1)");
-        r.limits.memory_bytes = Some(1 << 40);
+        r.limits.memory = Some(Bytes(1 << 40));
+        let err = e.validate(&r).unwrap_err();
+        assert_eq!(err.limit(), Some(Limit::Memory));
+        let ValidationError::Limit(l) = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!((l.value, l.maximum), (1 << 40, 8 << 30));
+        assert_eq!(
+            err.to_string(),
+            "Invalid limit: memory is 1 TiB, above the maximum of 8 GiB."
+        );
         let v = e.execute(&r, &mut runcell_jail::NoSink, None);
-        let err = v.error.unwrap();
-        assert_eq!(err.category, ErrorCategory::InvalidRequest);
-        assert!(err.message.contains("memory_bytes"), "{}", err.message);
+        assert_eq!(v.category(), Some(ErrorCategory::InvalidRequest));
         assert_eq!(v.exit_code, None);
+    }
+
+    #[test]
+    fn long_language_names_are_cut_in_the_message() {
+        let name = "\u{e9}".repeat(100_000);
+        let err = engine().validate(&ExecRequest::new(name, "")).unwrap_err();
+        assert!(err.to_string().len() < 1000);
     }
 
     #[test]
@@ -552,21 +681,11 @@ mod tests {
         ] {
             let mut r = ExecRequest::new("python", "print(1)");
             r.files = paths.iter().map(|p| file(p)).collect();
-            let v = e.execute(&r, &mut runcell_jail::NoSink, None);
-            assert_eq!(
-                v.category(),
-                Some(ErrorCategory::InvalidRequest),
-                "{paths:?}: {:?}",
-                v.error
-            );
+            assert!(e.validate(&r).is_err(), "{paths:?}");
         }
         // Files side by side in a directory are fine.
         let mut r = ExecRequest::new("python", "print(1)");
         r.files = vec![file("d/a"), file("d/b"), file("d2")];
-        assert_eq!(
-            e.validate_files(&r, Language::Python, &Limits::DEFAULT)
-                .map(|f| f.len()),
-            Ok(3)
-        );
+        assert_eq!(e.validate(&r).map(|v| v.files.len()), Ok(3));
     }
 }

@@ -46,7 +46,7 @@ pub fn write_all(dir: &Path, files: &[OutputFile]) -> Result<Vec<PathBuf>, Strin
         let Some(b64) = &f.content_base64 else {
             continue;
         };
-        let rel = crate::request::workspace_path(&f.path)?;
+        let rel = crate::request::workspace_path(&f.path).map_err(|e| e.to_string())?;
         let content = base64::engine::general_purpose::STANDARD
             .decode(b64)
             .map_err(|e| format!("{}: {e}", f.path))?;

@@ -1,16 +1,39 @@
 //! runcell-core: the shared vocabulary (request, limits policy, verdict) and the engine that
 //! the CLI, the HTTP API and the MCP server all call.
+//!
+//! This is the boundary front ends use: they build an [`ExecRequest`], have the engine
+//! [`Engine::validate`] it against the operator's [`Policy`] (a typed [`ValidationError`]
+//! otherwise), and run it with [`Engine::execute_valid`] (or [`Engine::execute_blocking`] from
+//! async code), passing an [`OutputSink`] for live output and a [`KillSwitch`] to stop it.
+//! Nothing above this crate reaches into the jail.
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod error;
+pub mod exec;
 pub mod files;
 pub mod limits;
 pub mod request;
+pub mod schema;
 pub mod stream;
 pub mod units;
 pub mod verdict;
 
-pub use engine::{Engine, EngineConfig};
-pub use limits::{LimitOverrides, Limits, Policy};
+pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationError};
+pub use exec::ExecutionFailed;
+pub use limits::{Limit, LimitOverrides, Limits, Policy};
 pub use request::{ExecRequest, InputFile};
 pub use verdict::{ErrorCategory, Verdict, VerdictError};
+
+/// What the engine needs from a front end while a program runs, and what it offers to stop
+/// one: re-exported from the jail so that front ends depend on this crate only.
+pub use runcell_jail::{KillOnDrop, KillSwitch, NoSink, OutputSink, Stream};
+pub use runcell_runtimes::{python_stack, Language};
+
+/// The isolation layers this host provides (for `runcell doctor` and strict mode).
+pub use runcell_jail::probe::{layers as isolation_layers, Layer as IsolationLayer};
+
+/// The sandbox helper role of the runcell binary: the supervisor exec's the binary with
+/// [`HELPER_ARG`] as its first argument, and `main` must hand over to [`helper_main`] before
+/// anything else (no threads, no shared state).
+pub use runcell_jail::init::{helper_main, HELPER_ARG};

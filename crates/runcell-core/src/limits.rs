@@ -1,126 +1,633 @@
 //! Resource limits: what a request may ask for, the operator's defaults and maxima, and the
-//! validation that turns one into the other before anything is started.
+//! check that turns one into the other before anything is started.
+//!
+//! Every limit is declared once, in the [`limits!`] table below: its name on the wire (the
+//! same in requests, verdicts, `/v1/runtimes`, the TOML configuration, OpenAPI and the MCP
+//! schemas), the kind of value it takes, its default and its minimum. Everything else (the
+//! request and verdict fields, parsing from JSON, TOML and the command line, the schemas, the
+//! range check) is generated from that table, so adding a limit is one entry here plus the
+//! place in the engine that enforces it.
+//!
+//! Values have one wire form in both directions, so a verdict's `limits` can be sent back as
+//! a request: durations are seconds (a number; requests may also say `"500ms"`, `"2m"`),
+//! sizes are bytes (a whole number; requests may also say `"256M"`, `"1G"`), CPU is cores (a
+//! number, may be fractional), counts are whole numbers.
 
-use serde::{Deserialize, Serialize};
-
-use crate::units::{format_duration, format_size};
+use std::fmt;
 use std::time::Duration;
 
-/// The limits one run gets. Units are in the field names.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-    utoipa::ToSchema,
-)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    /// Wall-clock time of the program.
-    pub timeout_ms: u64,
-    /// Wall-clock time of the compile step (Go).
-    pub compile_timeout_ms: u64,
-    /// Memory, swap included.
-    pub memory_bytes: u64,
-    /// CPU bandwidth in thousandths of a core (1000 = one full core).
-    pub cpu_millis: u64,
-    /// Processes and threads.
-    pub pids: u64,
-    /// /tmp + /workspace + /dev/shm together.
-    pub disk_bytes: u64,
-    /// Each of stdout and stderr.
-    pub output_bytes: u64,
-    /// Open file descriptors per process.
-    pub open_files: u64,
+use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{json, Value};
+
+use crate::units::{format_duration, format_size, parse_duration, parse_size};
+
+/// The kind of value a limit takes; it fixes the wire form and the unit of the raw value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Raw unit: milliseconds. Wire: seconds, or a string with a unit.
+    Time,
+    /// Raw unit: bytes. Wire: bytes, or a string with a unit.
+    Bytes,
+    /// Raw unit: thousandths of a core. Wire: cores, may be fractional.
+    Cores,
+    /// Raw unit: one. Wire: a whole number.
+    Count,
 }
 
-/// Limits a request asks for; every field is optional and falls back to the policy default.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-    utoipa::ToSchema,
-)]
-#[serde(deny_unknown_fields)]
-pub struct LimitOverrides {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compile_timeout_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_millis: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pids: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub open_files: Option<u64>,
+/// A duration limit, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Millis(pub u64);
+/// A size limit, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bytes(pub u64);
+/// A CPU limit, in thousandths of a core (1000 = one full core).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MilliCpus(pub u64);
+/// A count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Count(pub u64);
+
+impl Millis {
+    pub const fn secs(s: u64) -> Millis {
+        Millis(s * 1000)
+    }
+    pub fn duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
+}
+
+/// The raw value of a limit and the kind that says its unit.
+trait Raw: Copy {
+    const KIND: Kind;
+    fn raw(self) -> u64;
+    fn from_raw(raw: u64) -> Self;
+}
+
+macro_rules! raw {
+    ($($ty:ident => $kind:ident),*) => {$(
+        impl Raw for $ty {
+            const KIND: Kind = Kind::$kind;
+            fn raw(self) -> u64 {
+                self.0
+            }
+            fn from_raw(raw: u64) -> Self {
+                $ty(raw)
+            }
+        }
+    )*};
+}
+raw!(Millis => Time, Bytes => Bytes, MilliCpus => Cores, Count => Count);
+
+impl Kind {
+    /// A raw value in words: "30 s", "256 MiB", "0.5 CPU", "64".
+    pub fn describe(self, raw: u64) -> String {
+        match self {
+            Kind::Time => format_duration(Duration::from_millis(raw)),
+            Kind::Bytes => format_size(raw),
+            Kind::Cores => format!("{} CPU", raw as f64 / 1000.0),
+            Kind::Count => raw.to_string(),
+        }
+    }
+
+    /// A raw value in its wire form: seconds, bytes, cores or a count.
+    pub fn to_wire(self, raw: u64) -> Value {
+        match self {
+            Kind::Time | Kind::Cores if raw.is_multiple_of(1000) => json!(raw / 1000),
+            Kind::Time | Kind::Cores => json!(raw as f64 / 1000.0),
+            Kind::Bytes | Kind::Count => json!(raw),
+        }
+    }
+
+    /// A value as the command line and the configuration write it: `10s`, `0.5`, `256M`, `64`.
+    pub fn parse_text(self, text: &str) -> Result<u64, String> {
+        let t = text.trim();
+        match self {
+            Kind::Time => parse_duration(t).map(|d| d.as_millis().min(u64::MAX as u128) as u64),
+            Kind::Bytes => parse_size(t),
+            Kind::Cores => match t.parse::<f64>() {
+                Ok(c) => cores_to_raw(c).ok_or(()),
+                Err(_) => Err(()),
+            }
+            .map_err(|()| format!("'{text}' is not a positive number of cores")),
+            Kind::Count => t
+                .parse::<u64>()
+                .map_err(|_| format!("'{text}' is not a whole number ≥ 0")),
+        }
+    }
+
+    /// What a request may send for a limit of this kind (JSON Schema, also valid OpenAPI 3.1).
+    fn request_schema(self, doc: &str) -> Value {
+        match self {
+            Kind::Time => json!({
+                "description": format!("{doc} Seconds (a number), or a string with a unit: ms, s, m, h (\"500ms\", \"2m\")."),
+                "oneOf": [
+                    {"type": "number", "minimum": 0},
+                    {"type": "string", "examples": ["500ms", "10s", "2m"]},
+                    {"type": "null"}
+                ]
+            }),
+            Kind::Bytes => json!({
+                "description": format!("{doc} Bytes (a whole number), or a string with a unit: K, M, G, T, powers of 1024 (\"256M\", \"1G\")."),
+                "oneOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "examples": ["64K", "256M", "1G"]},
+                    {"type": "null"}
+                ]
+            }),
+            Kind::Cores => json!({
+                "description": format!("{doc} CPU cores, may be fractional (0.5)."),
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0
+            }),
+            Kind::Count => json!({
+                "description": doc,
+                "type": ["integer", "null"],
+                "minimum": 0
+            }),
+        }
+    }
+
+    /// How a verdict reports a limit of this kind.
+    fn output_schema(self, doc: &str) -> Value {
+        match self {
+            Kind::Time => {
+                json!({"description": format!("{doc} Seconds."), "type": "number", "minimum": 0})
+            }
+            Kind::Bytes => {
+                json!({"description": format!("{doc} Bytes."), "type": "integer", "minimum": 0})
+            }
+            Kind::Cores => {
+                json!({"description": format!("{doc} CPU cores."), "type": "number", "minimum": 0})
+            }
+            Kind::Count => json!({"description": doc, "type": "integer", "minimum": 0}),
+        }
+    }
+
+    /// The message for a JSON value that cannot be a limit of this kind at all.
+    fn expecting(self, name: &str) -> String {
+        match self {
+            Kind::Time => format!(
+                "{name} must be a number of seconds (e.g. 10 or 0.5) or a string with a unit (e.g. \"500ms\", \"2m\")"
+            ),
+            Kind::Bytes => format!(
+                "{name} must be a whole number of bytes or a string with a unit (e.g. \"256M\", \"1G\")"
+            ),
+            Kind::Cores => format!("{name} must be a positive number of cores"),
+            Kind::Count => format!("{name} must be a whole number"),
+        }
+    }
+}
+
+fn cores_to_raw(c: f64) -> Option<u64> {
+    (c.is_finite() && c > 0.0 && c < 1e9).then(|| (c * 1000.0).round().max(1.0) as u64)
+}
+
+/// Declares every limit. Each entry: doc comment, enum variant, field name (the wire name),
+/// value type, the name verdicts used before the names were unified (still written, for one
+/// release), the default and the minimum. See the module documentation.
+macro_rules! limits {
+    ($(
+        $(#[doc = $doc:literal])+
+        $variant:ident $field:ident: $ty:ident, legacy $legacy:literal,
+            default $default:expr, minimum $min:expr;
+    )+) => {
+        /// One limit of a run.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Limit {
+            $($(#[doc = $doc])+ $variant),+
+        }
+
+        impl Limit {
+            /// Every limit, in the order documentation lists them.
+            pub const ALL: &'static [Limit] = &[$(Limit::$variant),+];
+
+            /// The name in requests, verdicts, the configuration and the schemas.
+            pub fn name(self) -> &'static str {
+                match self { $(Limit::$variant => stringify!($field)),+ }
+            }
+
+            /// The name verdicts and `/v1/runtimes` used before (`timeout_ms`, ...); still
+            /// written next to the new one for one release.
+            pub fn legacy_name(self) -> &'static str {
+                match self { $(Limit::$variant => $legacy),+ }
+            }
+
+            pub fn kind(self) -> Kind {
+                match self { $(Limit::$variant => <$ty as Raw>::KIND),+ }
+            }
+
+            /// What the limit bounds, in one sentence.
+            pub fn doc(self) -> &'static str {
+                match self { $(Limit::$variant => concat!($($doc),+).trim_ascii()),+ }
+            }
+
+            pub fn from_name(name: &str) -> Option<Limit> {
+                match name { $(stringify!($field) => Some(Limit::$variant),)+ _ => None }
+            }
+        }
+
+        /// The limits one run gets.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct Limits {
+            $($(#[doc = $doc])+ pub $field: $ty,)+
+        }
+
+        impl Limits {
+            /// runcell's defaults.
+            pub const DEFAULT: Limits = Limits { $($field: $default),+ };
+            /// The smallest values that still let a runtime start.
+            pub const MINIMUM: Limits = Limits { $($field: $min),+ };
+
+            /// A limit's raw value (its unit is its kind's).
+            pub fn get(&self, limit: Limit) -> u64 {
+                match limit { $(Limit::$variant => self.$field.raw()),+ }
+            }
+
+            pub fn set(&mut self, limit: Limit, raw: u64) {
+                match limit { $(Limit::$variant => self.$field = <$ty as Raw>::from_raw(raw)),+ }
+            }
+        }
+
+        /// Limits a request asks for; each left out falls back to the operator's default.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct LimitOverrides {
+            $($(#[doc = $doc])+ pub $field: Option<$ty>,)+
+        }
+
+        impl LimitOverrides {
+            pub fn get(&self, limit: Limit) -> Option<u64> {
+                match limit { $(Limit::$variant => self.$field.map(Raw::raw)),+ }
+            }
+
+            pub fn set(&mut self, limit: Limit, raw: Option<u64>) {
+                match limit { $(Limit::$variant => self.$field = raw.map(<$ty as Raw>::from_raw)),+ }
+            }
+        }
+    };
+}
+
+limits! {
+    /// Wall-clock time of the program.
+    Timeout timeout: Millis, legacy "timeout_ms",
+        default Millis::secs(30), minimum Millis(10);
+    /// Wall-clock time of the compile step (Go).
+    CompileTimeout compile_timeout: Millis, legacy "compile_timeout_ms",
+        default Millis::secs(60), minimum Millis(100);
+    /// Memory, swap included.
+    Memory memory: Bytes, legacy "memory_bytes",
+        default Bytes(256 << 20), minimum Bytes(16 << 20);
+    /// CPU bandwidth.
+    Cpus cpus: MilliCpus, legacy "cpu_millis",
+        default MilliCpus(1000), minimum MilliCpus(10);
+    /// Processes and threads.
+    Pids pids: Count, legacy "pids",
+        default Count(64), minimum Count(1);
+    /// Disk space of /tmp, /workspace and /dev/shm together.
+    Disk disk: Bytes, legacy "disk_bytes",
+        default Bytes(64 << 20), minimum Bytes(1 << 20);
+    /// Cap of each of stdout and stderr.
+    Output output: Bytes, legacy "output_bytes",
+        default Bytes(1 << 20), minimum Bytes(1);
+    /// Open file descriptors per process.
+    OpenFiles open_files: Count, legacy "open_files",
+        default Count(1024), minimum Count(16);
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The limits' names, as requests and the configuration spell them: "timeout, memory, ...".
+pub fn limit_names() -> String {
+    Limit::ALL
+        .iter()
+        .map(|l| l.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Limits {
-    /// runcell's defaults: 30 s, 1 CPU, 256 MiB, 64 processes, 64 MiB of disk, 1 MiB of output.
-    pub const DEFAULT: Limits = Limits {
-        timeout_ms: 30_000,
-        compile_timeout_ms: 60_000,
-        memory_bytes: 256 << 20,
-        cpu_millis: 1000,
-        pids: 64,
-        disk_bytes: 64 << 20,
-        output_bytes: 1 << 20,
-        open_files: 1024,
-    };
-
-    /// The smallest values that still let a runtime start.
-    pub const MINIMUM: Limits = Limits {
-        timeout_ms: 10,
-        compile_timeout_ms: 100,
-        memory_bytes: 16 << 20,
-        cpu_millis: 10,
-        pids: 1,
-        disk_bytes: 1 << 20,
-        output_bytes: 1,
-        open_files: 16,
-    };
-
     pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
+        self.timeout.duration()
     }
+
     pub fn compile_timeout(&self) -> Duration {
-        Duration::from_millis(self.compile_timeout_ms)
+        self.compile_timeout.duration()
     }
 
     /// RLIMIT_CPU (soft) for a phase with this timeout: a backstop behind the wall clock, the
     /// CPU seconds the program could burn at its CPU share over the whole timeout, plus one.
     pub fn cpu_rlimit_seconds(&self, timeout: Duration) -> u64 {
-        (timeout.as_secs_f64() * (self.cpu_millis as f64 / 1000.0).max(1.0)).ceil() as u64 + 1
+        (timeout.as_secs_f64() * (self.cpus.0 as f64 / 1000.0).max(1.0)).ceil() as u64 + 1
+    }
+
+    /// The limits in their wire form, keyed by name (no legacy names).
+    pub fn to_wire(&self) -> serde_json::Map<String, Value> {
+        Limit::ALL
+            .iter()
+            .map(|&l| (l.name().to_string(), l.kind().to_wire(self.get(l))))
+            .collect()
     }
 }
 
-/// A limit that a request got wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct LimitError {
-    /// The limit's field name.
-    pub limit: &'static str,
-    pub message: String,
+/// Written with the wire names, and (for one release) also with the names verdicts used
+/// before: `timeout_ms`, `memory_bytes`, `cpu_millis`, ... in their raw units.
+impl Serialize for Limits {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for &l in Limit::ALL {
+            map.serialize_entry(l.name(), &l.kind().to_wire(self.get(l)))?;
+        }
+        for &l in Limit::ALL {
+            if l.legacy_name() != l.name() {
+                map.serialize_entry(l.legacy_name(), &self.get(l))?;
+            }
+        }
+        map.end()
+    }
 }
 
-/// One range check: field name, value, minimum, maximum, how to print a value.
-type Check<'a> = (&'static str, u64, u64, u64, &'a dyn Fn(u64) -> String);
+/// Every limit must be present; legacy names are ignored (they repeat the new ones).
+impl<'de> Deserialize<'de> for Limits {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let o = d.deserialize_map(OverridesVisitor {
+            ignore_legacy: true,
+        })?;
+        let mut l = Limits::DEFAULT;
+        for &limit in Limit::ALL {
+            let raw = o
+                .get(limit)
+                .ok_or_else(|| de::Error::missing_field(limit.name()))?;
+            l.set(limit, raw);
+        }
+        Ok(l)
+    }
+}
+
+impl Serialize for LimitOverrides {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for &l in Limit::ALL {
+            if let Some(raw) = self.get(l) {
+                map.serialize_entry(l.name(), &l.kind().to_wire(raw))?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// Each limit's value as its kind allows (see the module documentation); `null` is "not
+/// asked". Unknown names are an error. When a request is deserialized, the request's own
+/// fields are taken first (the limits are flattened into it).
+impl<'de> Deserialize<'de> for LimitOverrides {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_struct(
+            "LimitOverrides",
+            NAMES,
+            OverridesVisitor {
+                ignore_legacy: false,
+            },
+        )
+    }
+}
+
+/// The wire names, for serde's `deserialize_struct` (a flattened struct takes only these).
+const NAMES: &[&str] = &[
+    "timeout",
+    "compile_timeout",
+    "memory",
+    "cpus",
+    "pids",
+    "disk",
+    "output",
+    "open_files",
+];
+
+struct OverridesVisitor {
+    ignore_legacy: bool,
+}
+
+impl<'de> Visitor<'de> for OverridesVisitor {
+    type Value = LimitOverrides;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "limits ({})", limit_names())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LimitOverrides, A::Error> {
+        let mut o = LimitOverrides::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match Limit::from_name(&key) {
+                Some(limit) => {
+                    if o.get(limit).is_some() {
+                        return Err(de::Error::duplicate_field(limit.name()));
+                    }
+                    o.set(limit, map.next_value_seed(ValueSeed(limit))?);
+                }
+                None if self.ignore_legacy => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+                None => return Err(de::Error::unknown_field(&key, NAMES)),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// One limit's value from JSON or TOML, with messages that name the limit.
+struct ValueSeed(Limit);
+
+impl<'de> DeserializeSeed<'de> for ValueSeed {
+    type Value = Option<u64>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<u64>, D::Error> {
+        d.deserialize_any(ValueVisitor(self.0))
+    }
+}
+
+struct ValueVisitor(Limit);
+
+impl ValueVisitor {
+    fn bad<E: de::Error>(&self) -> E {
+        E::custom(self.0.kind().expecting(self.0.name()))
+    }
+}
+
+impl<'de> Visitor<'de> for ValueVisitor {
+    type Value = Option<u64>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.kind().expecting(self.0.name()))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<u64>, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Option<u64>, E> {
+        match self.0.kind() {
+            // Seconds; `as` saturates, and the policy then names the maximum.
+            Kind::Time => Ok(Some(v.saturating_mul(1000))),
+            Kind::Bytes | Kind::Count => Ok(Some(v)),
+            Kind::Cores => cores_to_raw(v as f64).map(Some).ok_or_else(|| self.bad()),
+        }
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Option<u64>, E> {
+        match u64::try_from(v) {
+            Ok(v) => self.visit_u64(v),
+            Err(_) => Err(self.bad()),
+        }
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Option<u64>, E> {
+        match self.0.kind() {
+            Kind::Time if v.is_finite() && v >= 0.0 => Ok(Some((v * 1000.0).round() as u64)),
+            Kind::Cores => cores_to_raw(v).map(Some).ok_or_else(|| self.bad()),
+            // Sizes and counts are whole numbers: 1.5 bytes is a mistake, not a rounding.
+            _ => Err(self.bad()),
+        }
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<u64>, E> {
+        match self.0.kind() {
+            Kind::Time | Kind::Bytes => self
+                .0
+                .kind()
+                .parse_text(v)
+                .map(Some)
+                .map_err(|e| E::custom(format!("{}: {e}", self.0.name()))),
+            // A count or a number of cores is a JSON number: "2" is a mistake worth naming.
+            Kind::Cores | Kind::Count => Err(self.bad()),
+        }
+    }
+}
+
+impl LimitOverrides {
+    /// Set a limit from the text of a flag or a `NAME=VALUE` setting (`10s`, `256M`, `0.5`).
+    pub fn set_text(&mut self, limit: Limit, text: &str) -> Result<(), String> {
+        let raw = limit.kind().parse_text(text)?;
+        self.set(limit, Some(raw));
+        Ok(())
+    }
+
+    /// Overrides on top of `base`.
+    pub fn apply_to(&self, base: Limits) -> Limits {
+        let mut l = base;
+        for &limit in Limit::ALL {
+            if let Some(raw) = self.get(limit) {
+                l.set(limit, raw);
+            }
+        }
+        l
+    }
+
+    /// The JSON Schema properties of the limits a request may send, keyed by name.
+    pub fn schema_properties() -> serde_json::Map<String, Value> {
+        Limit::ALL
+            .iter()
+            .map(|&l| (l.name().to_string(), l.kind().request_schema(l.doc())))
+            .collect()
+    }
+}
+
+/// The JSON Schema of a verdict's `limits` (and of `/v1/runtimes`' defaults and maxima): the
+/// wire names, and the legacy names marked deprecated.
+pub fn limits_output_schema() -> Value {
+    let mut props = serde_json::Map::new();
+    for &l in Limit::ALL {
+        props.insert(l.name().into(), l.kind().output_schema(l.doc()));
+    }
+    for &l in Limit::ALL {
+        if l.legacy_name() != l.name() {
+            props.insert(
+                l.legacy_name().into(),
+                json!({
+                    "type": "integer",
+                    "minimum": 0,
+                    "deprecated": true,
+                    "description": format!("Deprecated: use `{}`. The same limit in its raw unit; removed in the next release.", l.name())
+                }),
+            );
+        }
+    }
+    let required: Vec<&str> = Limit::ALL.iter().map(|l| l.name()).collect();
+    json!({"type": "object", "properties": props, "required": required})
+}
+
+impl schemars::JsonSchema for Limits {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Limits".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::Schema::try_from(limits_output_schema()).unwrap_or_default()
+    }
+}
+
+impl utoipa::PartialSchema for Limits {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::schema::openapi(limits_output_schema())
+    }
+}
+
+impl utoipa::ToSchema for Limits {}
+
+impl schemars::JsonSchema for LimitOverrides {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LimitOverrides".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::Schema::try_from(json!({
+            "type": "object",
+            "properties": LimitOverrides::schema_properties(),
+            "additionalProperties": false
+        }))
+        .unwrap_or_default()
+    }
+}
+
+/// A limit outside its range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct LimitError {
+    pub limit: Limit,
+    /// Raw values, in the unit of the limit's kind.
+    pub value: u64,
+    pub minimum: u64,
+    pub maximum: u64,
+}
+
+impl fmt::Display for LimitError {
+    /// "memory is 1 TiB, above the maximum of 8 GiB".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let k = self.limit.kind();
+        if self.value < self.minimum {
+            write!(
+                f,
+                "{} is {}, below the minimum of {}",
+                self.limit,
+                k.describe(self.value),
+                k.describe(self.minimum)
+            )
+        } else {
+            write!(
+                f,
+                "{} is {}, above the maximum of {}",
+                self.limit,
+                k.describe(self.value),
+                k.describe(self.maximum)
+            )
+        }
+    }
+}
 
 /// The operator's policy: defaults and the most a request may ask for.
 #[derive(
@@ -152,14 +659,14 @@ impl Policy {
         Policy {
             defaults: Limits::DEFAULT,
             max: Limits {
-                timeout_ms: 3_600_000,
-                compile_timeout_ms: 600_000,
-                memory_bytes: host_memory_bytes.max(Limits::DEFAULT.memory_bytes),
-                cpu_millis: host_cpus.max(1) * 1000,
-                pids: 4096,
-                disk_bytes: 16 << 30,
-                output_bytes: 64 << 20,
-                open_files: 65_536,
+                timeout: Millis::secs(3600),
+                compile_timeout: Millis::secs(600),
+                memory: Bytes(host_memory_bytes.max(Limits::DEFAULT.memory.0)),
+                cpus: MilliCpus(host_cpus.max(1) * 1000),
+                pids: Count(4096),
+                disk: Bytes(16 << 30),
+                output: Bytes(64 << 20),
+                open_files: Count(65_536),
             },
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 16 << 20,
@@ -175,84 +682,19 @@ impl Policy {
     /// Apply a request's overrides to the defaults and check every value against the minimum
     /// and the maximum. Nothing is clamped silently: out of range is an error naming the limit.
     pub fn resolve(&self, o: &LimitOverrides) -> Result<Limits, LimitError> {
-        let d = self.defaults;
-        let l = Limits {
-            timeout_ms: o.timeout_ms.unwrap_or(d.timeout_ms),
-            compile_timeout_ms: o.compile_timeout_ms.unwrap_or(d.compile_timeout_ms),
-            memory_bytes: o.memory_bytes.unwrap_or(d.memory_bytes),
-            cpu_millis: o.cpu_millis.unwrap_or(d.cpu_millis),
-            pids: o.pids.unwrap_or(d.pids),
-            disk_bytes: o.disk_bytes.unwrap_or(d.disk_bytes),
-            output_bytes: o.output_bytes.unwrap_or(d.output_bytes),
-            open_files: o.open_files.unwrap_or(d.open_files),
-        };
-        let (min, max) = (Limits::MINIMUM, self.max);
-        let ms = |v: u64| format_duration(Duration::from_millis(v));
-        let cores = |v: u64| format!("{} CPU", v as f64 / 1000.0);
-        let plain = |v: u64| v.to_string();
-        let checks: [Check<'_>; 8] = [
-            (
-                "timeout_ms",
-                l.timeout_ms,
-                min.timeout_ms,
-                max.timeout_ms,
-                &ms,
-            ),
-            (
-                "compile_timeout_ms",
-                l.compile_timeout_ms,
-                min.compile_timeout_ms,
-                max.compile_timeout_ms,
-                &ms,
-            ),
-            (
-                "memory_bytes",
-                l.memory_bytes,
-                min.memory_bytes,
-                max.memory_bytes,
-                &format_size,
-            ),
-            (
-                "cpu_millis",
-                l.cpu_millis,
-                min.cpu_millis,
-                max.cpu_millis,
-                &cores,
-            ),
-            ("pids", l.pids, min.pids, max.pids, &plain),
-            (
-                "disk_bytes",
-                l.disk_bytes,
-                min.disk_bytes,
-                max.disk_bytes,
-                &format_size,
-            ),
-            (
-                "output_bytes",
-                l.output_bytes,
-                min.output_bytes,
-                max.output_bytes,
-                &format_size,
-            ),
-            (
-                "open_files",
-                l.open_files,
-                min.open_files,
-                max.open_files,
-                &plain,
-            ),
-        ];
-        for (name, v, lo, hi, fmt) in checks {
-            if v < lo {
+        let l = o.apply_to(self.defaults);
+        for &limit in Limit::ALL {
+            let (value, minimum, maximum) = (
+                l.get(limit),
+                Limits::MINIMUM.get(limit),
+                self.max.get(limit),
+            );
+            if value < minimum || value > maximum {
                 return Err(LimitError {
-                    limit: name,
-                    message: format!("{name} is {}, below the minimum of {}", fmt(v), fmt(lo)),
-                });
-            }
-            if v > hi {
-                return Err(LimitError {
-                    limit: name,
-                    message: format!("{name} is {}, above the maximum of {}", fmt(v), fmt(hi)),
+                    limit,
+                    value,
+                    minimum,
+                    maximum,
                 });
             }
         }
@@ -276,6 +718,20 @@ mod tests {
         Policy::for_host(8 << 30, 2)
     }
 
+    fn overrides(json: &str) -> Result<LimitOverrides, String> {
+        serde_json::from_str(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_table_names_match_the_deserializer() {
+        let names: Vec<&str> = Limit::ALL.iter().map(|l| l.name()).collect();
+        assert_eq!(names, NAMES);
+        for &l in Limit::ALL {
+            assert_eq!(Limit::from_name(l.name()), Some(l));
+            assert!(!l.doc().is_empty() && !l.doc().starts_with(' '));
+        }
+    }
+
     #[test]
     fn defaults_apply_when_nothing_is_asked() {
         assert_eq!(
@@ -287,46 +743,116 @@ mod tests {
     #[test]
     fn overrides_within_range_are_taken() {
         let l = policy()
-            .resolve(&LimitOverrides {
-                timeout_ms: Some(5000),
-                memory_bytes: Some(512 << 20),
-                ..Default::default()
-            })
+            .resolve(&overrides(r#"{"timeout": 5, "memory": "512M"}"#).unwrap())
             .unwrap();
-        assert_eq!(l.timeout_ms, 5000);
-        assert_eq!(l.memory_bytes, 512 << 20);
-        assert_eq!(l.pids, 64);
+        assert_eq!(l.timeout, Millis(5000));
+        assert_eq!(l.memory, Bytes(512 << 20));
+        assert_eq!(l.pids, Count(64));
+    }
+
+    #[test]
+    fn wire_values_in_each_kind() {
+        let o = overrides(
+            r#"{"timeout": 2.5, "compile_timeout": "90s", "memory": 1048576, "disk": "1K",
+                "cpus": 0.5, "pids": 8, "open_files": null}"#,
+        )
+        .unwrap();
+        assert_eq!(o.timeout, Some(Millis(2500)));
+        assert_eq!(o.compile_timeout, Some(Millis(90_000)));
+        assert_eq!(o.memory, Some(Bytes(1 << 20)));
+        assert_eq!(o.disk, Some(Bytes(1024)));
+        assert_eq!(o.cpus, Some(MilliCpus(500)));
+        assert_eq!(o.pids, Some(Count(8)));
+        assert_eq!(o.open_files, None);
+        for bad in [
+            r#"{"timeout": -1}"#,
+            r#"{"timeout": "soon"}"#,
+            r#"{"timeout": [1]}"#,
+            r#"{"memory": "12 parsecs"}"#,
+            r#"{"memory": 1.5}"#,
+            r#"{"memory": -5}"#,
+            r#"{"cpus": 0}"#,
+            r#"{"cpus": "2"}"#,
+            r#"{"pids": -1}"#,
+            r#"{"pids": "8"}"#,
+            r#"{"timeout_ms": 5}"#,
+            r#"{"timeout": 1, "timeout": 2}"#,
+        ] {
+            assert!(overrides(bad).is_err(), "{bad} must be refused");
+        }
+        let e = overrides(r#"{"memory": "12 parsecs"}"#).unwrap_err();
+        assert!(e.starts_with("memory: "), "{e}");
+        let e = overrides(r#"{"timeout": -1}"#).unwrap_err();
+        assert!(e.starts_with("timeout must be a number of seconds"), "{e}");
+    }
+
+    #[test]
+    fn limits_round_trip_and_keep_the_legacy_names() {
+        let v = serde_json::to_value(Limits::DEFAULT).unwrap();
+        assert_eq!(v["timeout"], json!(30));
+        assert_eq!(v["timeout_ms"], json!(30_000));
+        assert_eq!(v["memory"], json!(256 << 20));
+        assert_eq!(v["memory_bytes"], json!(256 << 20));
+        assert_eq!(v["cpus"], json!(1));
+        assert_eq!(v["cpu_millis"], json!(1000));
+        let back: Limits = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(back, Limits::DEFAULT);
+        // What a verdict reports can be sent back as a request.
+        let mut wire = Limits::DEFAULT.to_wire();
+        wire.insert("cpus".into(), json!(0.25));
+        let o: LimitOverrides = serde_json::from_value(Value::Object(wire)).unwrap();
+        assert_eq!(o.cpus, Some(MilliCpus(250)));
+        assert_eq!(o.timeout, Some(Millis(30_000)));
+    }
+
+    #[test]
+    fn text_values_from_flags_and_configuration() {
+        let mut o = LimitOverrides::default();
+        o.set_text(Limit::Timeout, "500ms").unwrap();
+        o.set_text(Limit::Cpus, "0.5").unwrap();
+        o.set_text(Limit::Pids, " 8 ").unwrap();
+        o.set_text(Limit::Memory, "1G").unwrap();
+        assert_eq!(o.timeout, Some(Millis(500)));
+        assert_eq!(o.cpus, Some(MilliCpus(500)));
+        assert_eq!(o.pids, Some(Count(8)));
+        assert_eq!(o.memory, Some(Bytes(1 << 30)));
+        assert!(o.set_text(Limit::Cpus, "0").is_err());
+        assert!(o.set_text(Limit::Pids, "-1").is_err());
+        assert!(o.set_text(Limit::Timeout, "soon").is_err());
     }
 
     #[test]
     fn out_of_range_names_the_limit_and_the_bound() {
         let e = policy()
-            .resolve(&LimitOverrides {
-                memory_bytes: Some(64 << 30),
-                ..Default::default()
-            })
+            .resolve(&overrides(r#"{"memory": "64G"}"#).unwrap())
             .unwrap_err();
-        assert_eq!(e.limit, "memory_bytes");
-        assert!(
-            e.message.contains("above the maximum of 8 GiB"),
-            "{}",
-            e.message
+        assert_eq!(e.limit, Limit::Memory);
+        assert_eq!((e.value, e.maximum), (64 << 30, 8 << 30));
+        assert_eq!(
+            e.to_string(),
+            "memory is 64 GiB, above the maximum of 8 GiB"
         );
         let e = policy()
-            .resolve(&LimitOverrides {
-                cpu_millis: Some(8000),
-                ..Default::default()
-            })
+            .resolve(&overrides(r#"{"cpus": 8}"#).unwrap())
             .unwrap_err();
-        assert!(e.message.contains("2 CPU"), "{}", e.message);
+        assert!(e.to_string().contains("2 CPU"), "{e}");
         let e = policy()
-            .resolve(&LimitOverrides {
-                timeout_ms: Some(0),
-                ..Default::default()
-            })
+            .resolve(&overrides(r#"{"timeout": 0}"#).unwrap())
             .unwrap_err();
-        assert_eq!(e.limit, "timeout_ms");
-        assert!(e.message.contains("below the minimum"));
+        assert_eq!(e.limit, Limit::Timeout);
+        assert!(e.to_string().contains("below the minimum"));
+    }
+
+    #[test]
+    fn schemas_cover_every_limit() {
+        let props = LimitOverrides::schema_properties();
+        assert_eq!(props.len(), Limit::ALL.len());
+        let out = limits_output_schema();
+        for &l in Limit::ALL {
+            assert!(out["properties"][l.name()].is_object());
+            assert!(out["properties"][l.legacy_name()].is_object());
+        }
+        assert!(!out.to_string().contains("uint64"));
     }
 
     #[test]

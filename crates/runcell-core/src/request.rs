@@ -1,14 +1,16 @@
-//! The one request type that the CLI, the HTTP API and MCP all fill in.
+//! The one request type: the HTTP API deserializes it, MCP deserializes a tool call's
+//! arguments into it, the CLI builds it from its flags, and the agent loop and sessions will
+//! do the same. Its limits are flattened into it under their wire names (`timeout`,
+//! `memory`, `cpus`, ...; see [`crate::limits`]).
 
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 use crate::limits::LimitOverrides;
 
 /// Run `code` in `language`. Unknown fields are rejected, so a typo in a limit name is an
 /// error rather than a silently ignored limit.
-#[derive(
-    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
-)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// python, node (or javascript), ruby, go, bash.
@@ -18,12 +20,12 @@ pub struct ExecRequest {
     /// Bytes fed to the program's standard input (otherwise it reads /dev/null).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
-    /// Limits to change from the operator's defaults.
-    #[serde(default)]
-    pub limits: LimitOverrides,
     /// Files to place in /workspace before the program starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<InputFile>,
+    /// Limits to change from the operator's defaults.
+    #[serde(flatten)]
+    pub limits: LimitOverrides,
 }
 
 /// A file for /workspace: `path` is relative to it; the content is given either as UTF-8 text
@@ -33,9 +35,12 @@ pub struct ExecRequest {
 )]
 #[serde(deny_unknown_fields)]
 pub struct InputFile {
+    /// Path relative to /workspace, e.g. data.csv or input/a.txt.
     pub path: String,
+    /// The file's content as UTF-8 text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The file's content, base64-encoded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_base64: Option<String>,
 }
@@ -59,37 +64,58 @@ impl InputFile {
     }
 }
 
+/// Why a path cannot be a file in /workspace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("a file path is empty")]
+    Empty,
+    #[error("the file path '{0}…' is too long")]
+    TooLong(String),
+    #[error("the file path '{0}' is absolute; give a path relative to /workspace")]
+    Absolute(String),
+    #[error("the file path '{0}' leaves /workspace ('..')")]
+    Escapes(String),
+    #[error("a file path contains a NUL byte")]
+    Nul,
+    #[error("a component of '{0}' is too long")]
+    ComponentTooLong(String),
+    #[error("the file path '{0}' names no file")]
+    NoFile(String),
+}
+
+/// At most `max` bytes of `s`, never cutting a character in two.
+pub(crate) fn prefix(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Check a relative path for /workspace: plain components only, no `..`, not absolute, no
 /// empty or `.` components, no NUL, bounded length. Returns the components joined by '/'.
-pub fn workspace_path(path: &str) -> Result<String, String> {
+pub fn workspace_path(path: &str) -> Result<String, PathError> {
     if path.is_empty() {
-        return Err("a file path is empty".into());
+        return Err(PathError::Empty);
     }
     if path.len() > 1024 {
-        // The first 40 bytes, or fewer: never cut a character in two.
-        let mut end = 40;
-        while !path.is_char_boundary(end) {
-            end -= 1;
-        }
-        return Err(format!("the file path '{}…' is too long", &path[..end]));
+        return Err(PathError::TooLong(prefix(path, 40).to_string()));
     }
     if path.starts_with('/') {
-        return Err(format!(
-            "the file path '{path}' is absolute; give a path relative to /workspace"
-        ));
+        return Err(PathError::Absolute(path.into()));
     }
     let mut parts = Vec::new();
     for part in path.split('/') {
         match part {
             "" | "." => continue,
-            ".." => return Err(format!("the file path '{path}' leaves /workspace ('..')")),
-            p if p.contains('\0') => return Err("a file path contains a NUL byte".into()),
-            p if p.len() > 255 => return Err(format!("a component of '{path}' is too long")),
+            ".." => return Err(PathError::Escapes(path.into())),
+            p if p.contains('\0') => return Err(PathError::Nul),
+            p if p.len() > 255 => return Err(PathError::ComponentTooLong(path.into())),
             p => parts.push(p),
         }
     }
     if parts.is_empty() {
-        return Err(format!("the file path '{path}' names no file"));
+        return Err(PathError::NoFile(path.into()));
     }
     Ok(parts.join("/"))
 }
@@ -104,11 +130,82 @@ impl ExecRequest {
             files: Vec::new(),
         }
     }
+
+    /// The JSON Schema of a request, the limits' properties included.
+    pub fn schema() -> Value {
+        let files = crate::schema::inline_json_schema::<Vec<InputFile>>();
+        let mut props = serde_json::Map::new();
+        props.insert(
+            "language".into(),
+            json!({"type": "string", "description": "python, node (or javascript), ruby, go or bash."}),
+        );
+        props.insert(
+            "code".into(),
+            json!({"type": "string", "description": "The program's source."}),
+        );
+        props.insert(
+            "stdin".into(),
+            json!({"type": ["string", "null"], "description": "Text fed to the program's standard input."}),
+        );
+        let mut files = files;
+        if let Value::Object(f) = &mut files {
+            f.insert(
+                "description".into(),
+                json!(
+                    "Files placed in /workspace (the working directory) before the program starts."
+                ),
+            );
+        }
+        props.insert("files".into(), files);
+        props.extend(LimitOverrides::schema_properties());
+        json!({
+            "type": "object",
+            "properties": props,
+            "required": ["language", "code"],
+            "additionalProperties": false,
+        })
+    }
+}
+
+impl schemars::JsonSchema for ExecRequest {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ExecRequest".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::Schema::try_from(ExecRequest::schema()).unwrap_or_default()
+    }
+}
+
+impl utoipa::PartialSchema for ExecRequest {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let mut s = ExecRequest::schema();
+        s["examples"] = json!([{"language": "python", "code": "print(6 * 7)", "timeout": 10, "memory": "256M"}]);
+        // The document lists InputFile once, as a component.
+        s["properties"]["files"]["items"] = json!({"$ref": "#/components/schemas/InputFile"});
+        crate::schema::openapi(s)
+    }
+}
+
+impl utoipa::ToSchema for ExecRequest {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push((InputFile::name().into_owned(), InputFile::schema()));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{Bytes, Count, MilliCpus, Millis};
+
+    fn parse(json: &str) -> Result<ExecRequest, String> {
+        serde_json::from_str(json).map_err(|e| e.to_string())
+    }
 
     #[test]
     fn workspace_paths_cannot_escape() {
@@ -127,11 +224,14 @@ mod tests {
             assert!(workspace_path(bad).is_err(), "{bad:?} must be rejected");
         }
         assert!(workspace_path(&"x".repeat(300)).is_err());
+        // Cut inside a character: no panic.
+        let long = format!("a{}", "\u{e9}".repeat(600));
+        assert!(matches!(workspace_path(&long), Err(PathError::TooLong(_))));
     }
 
     #[test]
     fn input_files_take_text_or_base64() {
-        let r: ExecRequest = serde_json::from_str(
+        let r = parse(
             r#"{"language":"python","code":"","files":[{"path":"a.txt","content":"hi"},{"path":"b.bin","content_base64":"AAE="}]}"#,
         )
         .unwrap();
@@ -140,19 +240,60 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_rejected() {
-        let ok: ExecRequest = serde_json::from_str(
-            r#"{"language":"python","code":"print(1)","limits":{"timeout_ms":500}}"#,
+    fn limits_are_flattened_into_the_request() {
+        let r = parse(
+            r#"{"language":"python","code":"print(1)","timeout":2.5,"memory":"128M","disk":1048576,
+               "output":"1K","cpus":0.5,"pids":8,"open_files":64,"compile_timeout":"90s",
+               "stdin":"x","files":[{"path":"a.txt","content":"hi"}]}"#,
         )
         .unwrap();
-        assert_eq!(ok.limits.timeout_ms, Some(500));
-        assert!(serde_json::from_str::<ExecRequest>(
-            r#"{"language":"python","code":"","timeot":5}"#
-        )
-        .is_err());
-        assert!(serde_json::from_str::<ExecRequest>(
-            r#"{"language":"python","code":"","limits":{"memory":5}}"#
-        )
-        .is_err());
+        let l = r.limits;
+        assert_eq!(l.timeout, Some(Millis(2500)));
+        assert_eq!(l.compile_timeout, Some(Millis(90_000)));
+        assert_eq!(l.memory, Some(Bytes(128 << 20)));
+        assert_eq!(l.disk, Some(Bytes(1 << 20)));
+        assert_eq!(l.output, Some(Bytes(1024)));
+        assert_eq!(l.cpus, Some(MilliCpus(500)));
+        assert_eq!(l.pids, Some(Count(8)));
+        assert_eq!(l.open_files, Some(Count(64)));
+        assert_eq!(r.stdin.as_deref(), Some("x"));
+        // And back: the same names.
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["timeout"], json!(2.5));
+        assert_eq!(back["memory"], json!(128 << 20));
+        assert_eq!(parse(&back.to_string()).unwrap(), r);
+        let r = parse(r#"{"language":"bash","code":"true","timeout":null}"#).unwrap();
+        assert_eq!(r.limits, LimitOverrides::default());
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        for body in [
+            r#"{"language":"python"}"#,
+            r#"{"language":"python","code":"","timeot":5}"#,
+            r#"{"language":"python","code":"","timeout_ms":5}"#,
+            r#"{"language":"python","code":"","limits":{"timeout":5}}"#,
+            r#"{"language":"python","code":"","timeout":-1}"#,
+            r#"{"language":"python","code":"","timeout":"soon"}"#,
+            r#"{"language":"python","code":"","memory":1.5}"#,
+            r#"{"language":"python","code":"","cpus":"2"}"#,
+            r#"{"language":1,"code":""}"#,
+            r#"{"language":"python","code":"","files":[{"path":"a","contents":"x"}]}"#,
+        ] {
+            assert!(parse(body).is_err(), "{body} must be refused");
+        }
+        let e = parse(r#"{"language":"python","code":"","timeot":5}"#).unwrap_err();
+        assert!(e.contains("unknown field `timeot`"), "{e}");
+    }
+
+    #[test]
+    fn the_schema_lists_every_field() {
+        let s = ExecRequest::schema();
+        for name in [
+            "language", "code", "stdin", "files", "timeout", "memory", "cpus",
+        ] {
+            assert!(s["properties"][name].is_object(), "{name}");
+        }
+        assert_eq!(s["additionalProperties"], json!(false));
     }
 }

@@ -90,6 +90,9 @@ pub struct VerdictError {
     pub retryable: bool,
     /// One or two sentences a model can act on.
     pub message: String,
+    /// The OS error behind a `sandbox_failure` (EACCES, EBUSY, ...), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_error: Option<crate::error::OsError>,
 }
 
 impl VerdictError {
@@ -98,6 +101,7 @@ impl VerdictError {
             category,
             retryable: category.retryable(),
             message: message.into(),
+            os_error: None,
         }
     }
 }
@@ -219,6 +223,11 @@ pub struct Verdict {
     /// The limits the run had.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// What the operator should know although the run itself is complete: a memory limit that
+    /// could only be enforced per process, a teardown step that failed. Isolation layers that
+    /// are missing are in `enforcement.missing`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl Verdict {
@@ -239,6 +248,7 @@ impl Verdict {
             language: None,
             compile_time: None,
             limits: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -368,7 +378,7 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
         format!(
             "{what} hit the limit of {} processes and threads (fork or thread creation failed). \
              Use fewer processes or threads, and make sure it does not spawn them in a loop.",
-            limits.pids
+            limits.pids.0
         )
     };
     match outcome.end {
@@ -406,7 +416,7 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
                     format!(
                         "{what} wrote more than {} to {name} and was stopped; the output shown is \
                  truncated. Print less: summaries, counts or the first rows instead of everything.",
-                        format_size(limits.output_bytes)
+                        format_size(limits.output.0)
                     ),
                 )),
             )
@@ -433,7 +443,7 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
                     "{what} was killed because it used more than the {} memory limit (swap \
                      included). Use less memory: process data in chunks, use smaller types, \
                      avoid holding everything in lists.",
-                    format_size(limits.memory_bytes)
+                    format_size(limits.memory.0)
                 ),
                     )),
                 );
@@ -446,7 +456,7 @@ pub fn classify(outcome: &Outcome, limits: &Limits, phase: Phase) -> (i32, Optio
                         format!(
                     "{what} ran out of disk space: /tmp, /workspace and /dev/shm share {}. \
                      Write less data or smaller files.",
-                    format_size(limits.disk_bytes)
+                    format_size(limits.disk.0)
                 ),
                     )),
                 );

@@ -1,6 +1,6 @@
 //! The tools, defined once: one `code_exec_<language>` per runtime installed on this host,
 //! each with a description built from the runtime's real version, the packages really
-//! installed and the operator's limits, an input schema from [`CodeExecInput`], and the
+//! installed and the operator's limits, an input schema cut from the engine's request, and the
 //! verdict's schema as output schema. MCP serves this list; `runcell tools` renders the same
 //! list for Anthropic and OpenAI tool calling (see [`crate::formats`]).
 
@@ -10,55 +10,18 @@ use std::time::Duration;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use runcell_core::limits::Limits;
 use runcell_core::units::{format_duration, format_size};
-use runcell_core::{EngineConfig, ExecRequest, InputFile, LimitOverrides, Policy, Verdict};
-use runcell_runtimes::{python_stack, Host, Language};
-use schemars::generate::SchemaSettings;
-use schemars::JsonSchema;
-use serde::Deserialize;
+#[cfg(test)]
+use runcell_core::InputFile;
+use runcell_core::{python_stack, Engine, ExecRequest, Language, Policy, RuntimeStatus, Verdict};
 use serde_json::{json, Value};
 
-/// The arguments of every `code_exec_*` tool.
-#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CodeExecInput {
-    /// The complete program to run.
-    pub code: String,
-    /// Wall-clock time limit in seconds.
-    #[serde(default)]
-    pub timeout: Option<f64>,
-    /// Files to write into /workspace (the working directory) before the program starts.
-    #[serde(default)]
-    pub files: Vec<InputFile>,
-}
+/// The arguments a `code_exec_*` tool takes: these fields of the engine's request (the
+/// language is the tool's). Other limits stay the operator's defaults: a model is not the
+/// party that should size its own sandbox.
+pub const ARGUMENTS: [&str; 3] = ["code", "timeout", "files"];
 
-/// What the catalog needs to know about one installed runtime.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeInfo {
-    pub language: Language,
-    /// The version the host binary reports (`3.11.2`, `20.20.2`, `go1.19.8`...).
-    pub version: Option<String>,
-    /// Python only: the installed distributions (name, version), when `runcell setup` has
-    /// installed the data stack.
-    pub packages: Option<Vec<(String, String)>>,
-}
-
-impl RuntimeInfo {
-    /// The runtimes installed on this host, in `Language::ALL` order. Runs each runtime's
-    /// binary to ask its version: call it from a blocking context.
-    pub fn locate_all(host: &Host) -> Vec<RuntimeInfo> {
-        Language::ALL
-            .iter()
-            .filter_map(|&language| {
-                let rt = runcell_runtimes::locate(language, host).ok()?;
-                Some(RuntimeInfo {
-                    language,
-                    version: rt.version(),
-                    packages: rt.python_stack.clone(),
-                })
-            })
-            .collect()
-    }
-}
+/// An installed runtime, as the catalog describes it.
+pub type RuntimeInfo = RuntimeStatus;
 
 /// One tool.
 #[derive(Debug, Clone)]
@@ -77,7 +40,6 @@ pub struct ToolDef {
 pub struct Catalog {
     tools: Vec<ToolDef>,
     output_schema: Arc<JsonObject>,
-    policy: Policy,
 }
 
 /// The tool name of a language.
@@ -85,28 +47,16 @@ pub fn tool_name(language: Language) -> String {
     format!("code_exec_{}", language.name())
 }
 
-/// A schema for `T` with every subschema inlined: no `$defs`/`$ref`, which some tool-calling
-/// APIs do not resolve and which models read less well.
-fn schema_of<T: JsonSchema>(settings: SchemaSettings) -> JsonObject {
-    let schema = settings
-        .with(|s| s.inline_subschemas = true)
-        .into_generator()
-        .into_root_schema_for::<T>();
-    match serde_json::to_value(schema) {
-        Ok(Value::Object(mut object)) => {
-            // The Rust type's name and doc comment are noise to a model.
-            object.remove("$schema");
-            object.remove("title");
-            object.remove("description");
-            object
-        }
+fn object(v: Value) -> JsonObject {
+    match v {
+        Value::Object(o) => o,
         _ => JsonObject::new(),
     }
 }
 
 /// The schema of `structuredContent`: the verdict as it is serialised.
 pub fn output_schema() -> JsonObject {
-    schema_of::<Verdict>(SchemaSettings::draft2020_12().for_serialize())
+    object(runcell_core::schema::inline_output_schema::<Verdict>())
 }
 
 fn seconds(ms: u64) -> String {
@@ -123,10 +73,14 @@ fn cores(cpu_millis: u64) -> String {
     format!("{n} CPU core{}", if n == "1" { "" } else { "s" })
 }
 
-/// The input schema of one tool: the structure from [`CodeExecInput`], the descriptions and
-/// bounds from this language and this operator's policy.
+/// The input schema of one tool: the request's schema cut to [`ARGUMENTS`], the
+/// descriptions and bounds from this language and this operator's policy.
 fn input_schema(language: Language, policy: &Policy) -> JsonObject {
-    let mut schema = schema_of::<CodeExecInput>(SchemaSettings::draft2020_12().for_deserialize());
+    let mut schema = object(ExecRequest::schema());
+    if let Some(Value::Object(props)) = schema.get_mut("properties") {
+        props.retain(|k, _| ARGUMENTS.contains(&k.as_str()));
+    }
+    schema.insert("required".into(), json!(["code"]));
     let code = match language {
         Language::Python => "The complete Python program. Print what you want to see.",
         Language::Node => "The complete JavaScript program (a CommonJS script run by node).",
@@ -134,7 +88,7 @@ fn input_schema(language: Language, policy: &Policy) -> JsonObject {
         Language::Go => "The complete Go program: package main with a func main().",
         Language::Bash => "The bash script.",
     };
-    let max_s = policy.max.timeout_ms as f64 / 1000.0;
+    let max_s = policy.max.timeout.0 as f64 / 1000.0;
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
         if let Some(Value::Object(p)) = props.get_mut("code") {
             p.insert("description".into(), json!(code));
@@ -144,10 +98,10 @@ fn input_schema(language: Language, policy: &Policy) -> JsonObject {
             json!({
                 "type": "number",
                 "exclusiveMinimum": 0,
-                "maximum": if max_s.fract() == 0.0 { json!(policy.max.timeout_ms / 1000) } else { json!(max_s) },
+                "maximum": if max_s.fract() == 0.0 { json!(policy.max.timeout.0 / 1000) } else { json!(max_s) },
                 "description": format!(
                     "Wall-clock time limit in seconds (default {}, at most {}).",
-                    policy.defaults.timeout_ms as f64 / 1000.0,
+                    policy.defaults.timeout.0 as f64 / 1000.0,
                     max_s
                 ),
             }),
@@ -281,7 +235,7 @@ fn description(rt: &RuntimeInfo, policy: &Policy) -> (String, String) {
                  library is available; no modules can be downloaded.\n\
                  - It is compiled with go build first (up to {}, not counted in `timeout`); \
                  compiler errors come back with the error category compile_error.\n",
-                seconds(d.compile_timeout_ms)
+                seconds(d.compile_timeout.0)
             ),
         ),
         Language::Bash => (
@@ -312,13 +266,13 @@ fn description(rt: &RuntimeInfo, policy: &Policy) -> (String, String) {
          timeout, memory_limit, ...) and what to change.",
         policy.max_output_files,
         format_size(policy.max_output_file_bytes),
-        seconds(d.timeout_ms),
-        seconds(policy.max.timeout_ms),
-        format_size(d.memory_bytes),
-        cores(d.cpu_millis),
-        d.pids,
-        format_size(d.disk_bytes),
-        format_size(d.output_bytes),
+        seconds(d.timeout.0),
+        seconds(policy.max.timeout.0),
+        format_size(d.memory.0),
+        cores(d.cpus.0),
+        d.pids.0,
+        format_size(d.disk.0),
+        format_size(d.output.0),
     );
     (title, text)
 }
@@ -329,6 +283,7 @@ impl Catalog {
     pub fn new(policy: &Policy, runtimes: &[RuntimeInfo]) -> Catalog {
         let tools = runtimes
             .iter()
+            .filter(|rt| rt.unavailable.is_none())
             .map(|rt| {
                 let (title, description) = description(rt, policy);
                 ToolDef {
@@ -343,14 +298,13 @@ impl Catalog {
         Catalog {
             tools,
             output_schema: Arc::new(output_schema()),
-            policy: policy.clone(),
         }
     }
 
     /// The catalog of this host: the runtimes it has and the engine's policy. Runs the
     /// runtimes' binaries: call it from a blocking context.
-    pub fn for_host(config: &EngineConfig) -> Catalog {
-        Catalog::new(&config.policy, &RuntimeInfo::locate_all(&config.host))
+    pub fn for_host(engine: &Engine) -> Catalog {
+        Catalog::new(engine.policy(), &engine.runtimes())
     }
 
     pub fn tools(&self) -> &[ToolDef] {
@@ -389,52 +343,36 @@ impl Catalog {
     }
 
     /// Turn a call's arguments into an engine request, or the message of an
-    /// `invalid_request` result.
+    /// `invalid_request` result. Whether the values are within the policy is the engine's
+    /// validation, done by the executor.
     pub fn request(
         &self,
         def: &ToolDef,
         arguments: Option<JsonObject>,
     ) -> Result<ExecRequest, String> {
-        let args = Value::Object(arguments.unwrap_or_default());
-        let input: CodeExecInput = serde_json::from_value(args).map_err(|e| {
-            format!(
-                "Invalid arguments for {}: {e}. Pass `code` (a string), and optionally \
-                 `timeout` (seconds) and `files` ([{{\"path\", \"content\"}}] or \
-                 [{{\"path\", \"content_base64\"}}]).",
-                def.name
-            )
-        })?;
-        let timeout_ms = match input.timeout {
-            None => None,
-            Some(t) if !t.is_finite() || t <= 0.0 => {
+        let mut args = arguments.unwrap_or_default();
+        const USAGE: &str = "Pass `code` (a string), and optionally `timeout` (seconds) and \
+                             `files` ([{\"path\", \"content\"}] or [{\"path\", \"content_base64\"}]).";
+        if let Some(unknown) = args.keys().find(|k| !ARGUMENTS.contains(&k.as_str())) {
+            return Err(format!(
+                "Invalid arguments for {}: unknown field `{unknown}`, expected one of `code`, \
+                 `timeout`, `files`. {}",
+                def.name, USAGE
+            ));
+        }
+        // The tool's schema says seconds, as a number; the HTTP API's strings with units
+        // ("10s") are not part of it.
+        match args.get("timeout") {
+            None | Some(Value::Null) | Some(Value::Number(_)) => {}
+            Some(other) => {
                 return Err(format!(
-                    "timeout must be a positive number of seconds, not {t}."
+                    "timeout must be a positive number of seconds, not {other}."
                 ))
             }
-            Some(t) => {
-                let ms = (t * 1000.0).round();
-                if ms > self.policy.max.timeout_ms as f64 {
-                    return Err(format!(
-                        "timeout {t} s is more than this server's maximum of {} s. Ask for at \
-                         most {} s.",
-                        self.policy.max.timeout_ms as f64 / 1000.0,
-                        self.policy.max.timeout_ms as f64 / 1000.0
-                    ));
-                }
-                // Below the engine's minimum (10 ms) the policy names the limit.
-                Some(ms as u64)
-            }
-        };
-        Ok(ExecRequest {
-            language: def.language.name().to_string(),
-            code: input.code,
-            stdin: None,
-            limits: LimitOverrides {
-                timeout_ms,
-                ..LimitOverrides::default()
-            },
-            files: input.files,
-        })
+        }
+        args.insert("language".into(), json!(def.language.name()));
+        serde_json::from_value(Value::Object(args))
+            .map_err(|e| format!("Invalid arguments for {}: {e}. {USAGE}", def.name))
     }
 }
 
@@ -456,11 +394,13 @@ mod tests {
                     ("Pillow".into(), "12.0.0".into()),
                     ("matplotlib".into(), "3.11.2".into()),
                 ]),
+                unavailable: None,
             },
             RuntimeInfo {
                 language: Language::Go,
                 version: Some("1.19.8".into()),
                 packages: None,
+                unavailable: None,
             },
         ]
     }
@@ -511,6 +451,7 @@ mod tests {
                 language: Language::Python,
                 version: Some("3.11.2".into()),
                 packages: None,
+                unavailable: None,
             }],
         );
         let d = &bare.tools()[0].description;
@@ -579,12 +520,12 @@ mod tests {
             )
             .unwrap();
         assert_eq!(req.language, "python");
-        assert_eq!(req.limits.timeout_ms, Some(2500));
+        assert_eq!(req.limits.timeout, Some(runcell_core::limits::Millis(2500)));
         assert_eq!(req.files, vec![InputFile::text("a.txt", "hi")]);
         let req = c
             .request(def, obj(json!({"code": "x", "timeout": null})))
             .unwrap();
-        assert_eq!(req.limits.timeout_ms, None);
+        assert_eq!(req.limits.timeout, None);
     }
 
     #[test]
@@ -598,12 +539,18 @@ mod tests {
                 obj(json!({"code": "x", "language": "go"})),
                 "unknown field `language`",
             ),
-            (obj(json!({"code": "x", "timeout": -1})), "positive number"),
             (
-                obj(json!({"code": "x", "timeout": 1e300})),
-                "maximum of 3600 s",
+                obj(json!({"code": "x", "memory": "1G"})),
+                "unknown field `memory`",
             ),
-            (obj(json!({"code": "x", "timeout": "5"})), "invalid type"),
+            (
+                obj(json!({"code": "x", "timeout": -1})),
+                "timeout must be a number of seconds",
+            ),
+            (
+                obj(json!({"code": "x", "timeout": "5"})),
+                "positive number of seconds",
+            ),
             (
                 obj(json!({"code": "x", "files": [{"path": "a", "mode": 1}]})),
                 "unknown field `mode`",
@@ -613,5 +560,16 @@ mod tests {
             let e = c.request(def, args.clone()).unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
         }
+        // Within the policy or not is the engine's call, made by the executor.
+        let req = c
+            .request(def, obj(json!({"code": "x", "timeout": 1e300})))
+            .unwrap();
+        let engine = runcell_core::Engine::new(runcell_core::EngineConfig {
+            policy: policy(),
+            ..runcell_core::EngineConfig::for_host()
+        });
+        let e = engine.validate(&req).unwrap_err();
+        assert_eq!(e.limit(), Some(runcell_core::Limit::Timeout));
+        assert!(e.to_string().contains("maximum of 60 min"), "{e}");
     }
 }

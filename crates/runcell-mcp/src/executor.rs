@@ -6,8 +6,7 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use runcell_core::{Engine, ExecRequest, Verdict};
-use runcell_jail::{KillSwitch, OutputSink};
+use runcell_core::{Engine, ExecRequest, KillSwitch, OutputSink, Verdict};
 use tokio::sync::Semaphore;
 
 /// Who is calling.
@@ -109,35 +108,31 @@ impl Executor for LocalExecutor {
         &self,
         req: ExecRequest,
         _caller: Caller,
-        mut sink: Box<dyn OutputSink + Send>,
+        sink: Box<dyn OutputSink + Send>,
     ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
         let engine = self.engine.clone();
         let slots = self.slots.clone();
         Box::pin(async move {
+            let req = engine
+                .validate(&req)
+                .map_err(|e| Rejection::new("invalid_request", e.to_string()))?;
             let permit = slots
                 .acquire_owned()
                 .await
                 .map_err(|_| Rejection::new("unavailable", "The server is shutting down."))?;
             let ks = KillSwitch::new().map_err(|e| {
+                tracing::error!(error = %e, "cannot create a kill switch");
                 Rejection::new(
                     "unavailable",
-                    format!("The server cannot start a run right now ({e}). Retry shortly."),
+                    "The server cannot start a run right now. Retry shortly.",
                 )
             })?;
-            let mut guard = ks.kill_on_drop();
-            let verdict = tokio::task::spawn_blocking(move || {
-                // The slot is held until the sandbox is gone, also when the call was
-                // cancelled and nobody waits for the verdict any more.
-                let _permit = permit;
-                let verdict = engine.execute(&req, &mut *sink, Some(&ks));
-                // Flush what the sink held back before the verdict is handed on.
-                drop(sink);
-                verdict
-            })
-            .await
-            .map_err(|_| Rejection::new("internal", "The execution failed unexpectedly."))?;
-            guard.disarm();
-            Ok(verdict)
+            // The slot is held until the sandbox is gone, also when the call was cancelled
+            // and nobody waits for the verdict any more.
+            engine
+                .execute_blocking(req, sink, ks, permit, |_| {})
+                .await
+                .map_err(|_| Rejection::new("internal", "The execution failed unexpectedly."))
         })
     }
 }

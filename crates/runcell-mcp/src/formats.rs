@@ -51,8 +51,7 @@ pub fn render(catalog: &Catalog, format: Format) -> Value {
 mod tests {
     use super::*;
     use crate::catalog::RuntimeInfo;
-    use runcell_core::Policy;
-    use runcell_runtimes::Language;
+    use runcell_core::{Language, Policy};
 
     #[test]
     fn every_format_carries_the_mcp_input_schema() {
@@ -62,6 +61,7 @@ mod tests {
                 language,
                 version: Some("1.0".into()),
                 packages: None,
+                unavailable: None,
             })
             .collect();
         let c = Catalog::new(&Policy::for_host(1 << 30, 1), &rts);

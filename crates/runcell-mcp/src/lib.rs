@@ -22,7 +22,7 @@ pub mod result;
 pub mod server;
 pub mod transport;
 
-pub use catalog::{Catalog, RuntimeInfo, ToolDef};
+pub use catalog::{Catalog, RuntimeInfo, ToolDef, ARGUMENTS};
 pub use executor::{Caller, Executor, LocalExecutor, Rejection};
 pub use formats::{render, Format};
 pub use server::McpServer;

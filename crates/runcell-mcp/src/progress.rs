@@ -14,10 +14,10 @@ use std::time::Duration;
 use rmcp::model::{NotificationMetaObject, ProgressNotificationParam, ProgressToken};
 use rmcp::service::Peer;
 use rmcp::RoleServer;
-use runcell_core::stream::Utf8Chunker;
-use runcell_jail::{OutputSink, Stream};
+use runcell_core::stream::TextSink;
+use runcell_core::Stream;
 use serde_json::json;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// Notifications are rate-limited: what arrives in between is merged.
 const MIN_INTERVAL: Duration = Duration::from_millis(50);
@@ -34,53 +34,18 @@ fn stream_name(s: Stream) -> &'static str {
     }
 }
 
-/// Sends output into the channel as text, never splitting a character. What it still holds
-/// back is flushed when it is dropped, which the executor does when the run is over.
-pub struct ProgressSink {
-    tx: UnboundedSender<(Stream, String)>,
-    stdout: Utf8Chunker,
-    stderr: Utf8Chunker,
-}
+/// The sink the executor writes to: text, never a split character, flushed when the run is
+/// over (see [`TextSink`]).
+pub type ProgressSink = TextSink<Box<dyn FnMut(Stream, String) + Send>>;
 
 /// A sink and the receiving end for [`forward`].
 pub fn channel() -> (ProgressSink, UnboundedReceiver<(Stream, String)>) {
     let (tx, rx) = unbounded_channel();
-    (
-        ProgressSink {
-            tx,
-            stdout: Utf8Chunker::default(),
-            stderr: Utf8Chunker::default(),
-        },
-        rx,
-    )
-}
-
-impl ProgressSink {
-    fn send(&self, stream: Stream, text: String) {
-        if !text.is_empty() {
-            // A closed channel means the call is over or cancelled; nothing to do.
-            let _ = self.tx.send((stream, text));
-        }
-    }
-}
-
-impl OutputSink for ProgressSink {
-    fn output(&mut self, stream: Stream, chunk: &[u8]) {
-        let text = match stream {
-            Stream::Stdout => self.stdout.push(chunk),
-            Stream::Stderr => self.stderr.push(chunk),
-        };
-        self.send(stream, text);
-    }
-}
-
-impl Drop for ProgressSink {
-    fn drop(&mut self) {
-        let out = self.stdout.finish();
-        self.send(Stream::Stdout, out);
-        let err = self.stderr.finish();
-        self.send(Stream::Stderr, err);
-    }
+    let send: Box<dyn FnMut(Stream, String) + Send> = Box::new(move |stream, text| {
+        // A closed channel means the call is over or cancelled; nothing to do.
+        let _ = tx.send((stream, text));
+    });
+    (TextSink::new(send), rx)
 }
 
 /// Merge what is waiting in the channel into at most one message per stream switch, each at
@@ -139,6 +104,7 @@ pub async fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runcell_core::OutputSink;
 
     #[test]
     fn batches_merge_same_stream_chunks_and_keep_order() {

@@ -21,7 +21,7 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
-use runcell_core::EngineConfig;
+use runcell_core::Engine;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::Catalog;
@@ -31,9 +31,9 @@ use crate::server::McpServer;
 /// Why the stdio server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum McpError {
-    #[error("the MCP session could not start: {0}")]
+    #[error("the MCP session could not start")]
     Start(#[from] Box<rmcp::service::ServerInitializeError>),
-    #[error("the MCP session ended abnormally: {0}")]
+    #[error("the MCP session ended abnormally")]
     Join(#[from] tokio::task::JoinError),
 }
 
@@ -243,7 +243,7 @@ pub struct HttpEndpoint<E> {
 
 struct Endpoint<E> {
     executor: E,
-    engine: EngineConfig,
+    engine: Engine,
     options: HttpOptions,
     shutdown: CancellationToken,
     service: tokio::sync::OnceCell<HttpService<E>>,
@@ -258,11 +258,11 @@ impl<E> Clone for HttpEndpoint<E> {
 }
 
 impl<E: Executor + Clone> HttpEndpoint<E> {
-    /// Tools for the runtimes of `engine.host` under `engine.policy`, run by `executor`
+    /// Tools for the runtimes of the engine's host under its policy, run by `executor`
     /// (interface `mcp-http`).
     pub fn new(
         executor: E,
-        engine: EngineConfig,
+        engine: Engine,
         options: HttpOptions,
         shutdown: CancellationToken,
     ) -> HttpEndpoint<E> {
@@ -286,7 +286,7 @@ impl<E: Executor + Clone> HttpEndpoint<E> {
                     .await
                     // Only a panic in the probe gets here: serve no tools rather than none
                     // of MCP.
-                    .unwrap_or_else(|_| Catalog::new(&s.engine.policy, &[]));
+                    .unwrap_or_else(|_| Catalog::new(s.engine.policy(), &[]));
                 let server = McpServer::new(s.executor.clone(), Arc::new(catalog), "mcp-http");
                 http_service(server, &s.options, s.shutdown.clone())
             })

@@ -51,7 +51,7 @@ pub enum SetupError {
         status: ExitStatus,
         output_tail: String,
     },
-    #[error("{step}: {}: {source}", path.display())]
+    #[error("{step}: {}", path.display())]
     Io {
         step: String,
         path: PathBuf,

@@ -66,6 +66,30 @@ pub struct Caller {
     pub peer: Option<SocketAddr>,
 }
 
+/// What the audit log says about a request: never its code, files or stdin (they may hold the
+/// user's data), only their digest and sizes. Taken once, when the request arrives, so that
+/// the request itself need not be kept while it runs.
+#[derive(Debug, Clone)]
+pub struct AuditRequest {
+    language: &'static str,
+    code_sha256: String,
+    code_bytes: usize,
+    input_files: usize,
+    requested: LimitOverrides,
+}
+
+impl From<&ExecRequest> for AuditRequest {
+    fn from(req: &ExecRequest) -> Self {
+        AuditRequest {
+            language: crate::metrics::language_label(&req.language),
+            code_sha256: hex(&Sha256::digest(req.code.as_bytes())),
+            code_bytes: req.code.len(),
+            input_files: req.files.len(),
+            requested: req.limits,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Line<'a> {
     time: String,
@@ -75,7 +99,7 @@ struct Line<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     peer: Option<String>,
     language: &'a str,
-    code_sha256: String,
+    code_sha256: &'a str,
     code_bytes: usize,
     input_files: usize,
     limits: Option<&'a Limits>,
@@ -111,7 +135,7 @@ impl AuditLog {
     pub fn record(
         &self,
         caller: &Caller,
-        req: &ExecRequest,
+        req: &AuditRequest,
         outcome: Result<&Verdict, &'static str>,
         duration_seconds: f64,
     ) {
@@ -129,12 +153,12 @@ impl AuditLog {
             key_id: caller.key_id.as_deref(),
             interface: caller.interface,
             peer: caller.peer.map(|p| p.to_string()),
-            language: crate::metrics::language_label(&req.language),
-            code_sha256: hex(&Sha256::digest(req.code.as_bytes())),
-            code_bytes: req.code.len(),
-            input_files: req.files.len(),
+            language: req.language,
+            code_sha256: &req.code_sha256,
+            code_bytes: req.code_bytes,
+            input_files: req.input_files,
             limits,
-            requested_limits: outcome.is_err().then_some(&req.limits),
+            requested_limits: outcome.is_err().then_some(&req.requested),
             category,
             exit_code,
             duration_seconds: (duration_seconds * 1000.0).round() / 1000.0,
@@ -151,7 +175,7 @@ impl AuditLog {
         };
         if let Err(e) = written {
             // The log must not take the server down, but it must not fail silently either.
-            eprintln!("runcell serve: cannot write the audit log: {e}");
+            tracing::error!(error = %e, "cannot write the audit log");
         }
     }
 }
@@ -200,6 +224,7 @@ mod tests {
         let mut v = Verdict::failed(ErrorCategory::Timeout, "slow");
         v.exit_code = Some(124);
         v.limits = Some(Limits::DEFAULT);
+        let req = AuditRequest::from(&req);
         log.record(&caller, &req, Ok(&v), 1.23456);
         log.record(&caller, &req, Err("invalid_request"), 0.0);
         let text = std::fs::read_to_string(&path).unwrap();

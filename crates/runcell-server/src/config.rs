@@ -33,14 +33,13 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use runcell_core::limits::{LimitOverrides, Limits, Policy};
+use runcell_core::limits::{limit_names, Limit, LimitOverrides, Limits, Policy};
 use runcell_core::units::{parse_duration, parse_size};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::audit::AuditTarget;
 use crate::auth::ApiKey;
-use crate::body::{api_name, limit_overrides};
 use crate::{ServerConfig, ServerError};
 
 /// The TOML file. Unknown keys are an error: a misspelt limit must not be ignored.
@@ -157,33 +156,37 @@ fn merged(
     Ok(out.into_iter().collect())
 }
 
+/// Limits from the file and the flags onto `base`. A value is what a request would send
+/// (`timeout = 10`, `memory = "256M"`, `cpus = 0.5`); from a flag, or as a TOML string, it is
+/// the text a flag takes (`pids=8`, `cpus=0.5`).
 fn apply_limits(
     base: Limits,
     pairs: &[(String, Value)],
     which: &str,
 ) -> Result<Limits, ServerError> {
-    let o = limit_overrides(pairs)
-        .map_err(|e| ServerError::Config(format!("{which} limits: {}", e.message)))?;
-    let LimitOverrides {
-        timeout_ms,
-        compile_timeout_ms,
-        memory_bytes,
-        cpu_millis,
-        pids,
-        disk_bytes,
-        output_bytes,
-        open_files,
-    } = o;
-    Ok(Limits {
-        timeout_ms: timeout_ms.unwrap_or(base.timeout_ms),
-        compile_timeout_ms: compile_timeout_ms.unwrap_or(base.compile_timeout_ms),
-        memory_bytes: memory_bytes.unwrap_or(base.memory_bytes),
-        cpu_millis: cpu_millis.unwrap_or(base.cpu_millis),
-        pids: pids.unwrap_or(base.pids),
-        disk_bytes: disk_bytes.unwrap_or(base.disk_bytes),
-        output_bytes: output_bytes.unwrap_or(base.output_bytes),
-        open_files: open_files.unwrap_or(base.open_files),
-    })
+    let bad = |m: String| ServerError::Config(format!("{which} limits: {m}"));
+    let mut o = LimitOverrides::default();
+    for (name, v) in pairs {
+        let limit = Limit::from_name(name).ok_or_else(|| {
+            bad(format!(
+                "unknown limit '{name}'; the limits are: {}",
+                limit_names()
+            ))
+        })?;
+        match v {
+            Value::String(text) => o
+                .set_text(limit, text)
+                .map_err(|e| bad(format!("{name}: {e}")))?,
+            other => {
+                // One limit as a request would send it, through the request's own parser.
+                let one = serde_json::json!({ name: other });
+                let parsed: LimitOverrides =
+                    serde_json::from_value(one).map_err(|e| bad(e.to_string()))?;
+                o.set(limit, parsed.get(limit));
+            }
+        }
+    }
+    Ok(o.apply_to(base))
 }
 
 /// The names `[caps]` and `--cap` accept, and the policy field each sets.
@@ -269,11 +272,9 @@ pub fn build(
     )?;
     apply_caps(policy, &merged(&file.caps, &o.caps)?)?;
     // Every default must lie between the minimum and the operator's maximum.
-    policy.resolve(&LimitOverrides::default()).map_err(|e| {
-        let name = api_name(e.limit);
-        let detail = e.message.strip_prefix(e.limit).unwrap_or(&e.message);
-        ServerError::Config(format!("the default {name}{detail}"))
-    })?;
+    policy
+        .resolve(&LimitOverrides::default())
+        .map_err(|e| ServerError::Config(format!("the default {e}")))?;
     engine.strict = o.strict || file.strict.unwrap_or(false);
 
     let mut c = ServerConfig::new(engine);
@@ -407,11 +408,11 @@ mod tests {
         assert_eq!(c.api_keys.len(), 1);
         assert_eq!(c.api_keys[0].id, "team-a");
         let p = &c.engine.policy;
-        assert_eq!(p.defaults.timeout_ms, 10_000);
-        assert_eq!(p.defaults.memory_bytes, 128 << 20);
-        assert_eq!(p.max.timeout_ms, 60_000);
-        assert_eq!(p.max.memory_bytes, 1 << 30);
-        assert_eq!(p.max.cpu_millis, 1500);
+        assert_eq!(p.defaults.timeout.0, 10_000);
+        assert_eq!(p.defaults.memory.0, 128 << 20);
+        assert_eq!(p.max.timeout.0, 60_000);
+        assert_eq!(p.max.memory.0, 1 << 30);
+        assert_eq!(p.max.cpus.0, 1500);
         assert_eq!(p.max_code_bytes, 64 << 10);
         assert_eq!(p.max_output_files, 10);
     }
@@ -439,10 +440,10 @@ mod tests {
             "the flags' keys replace the file's"
         );
         let p = &c.engine.policy;
-        assert_eq!(p.max.timeout_ms, 30_000);
-        assert_eq!(p.max.memory_bytes, 1 << 30, "from the file");
-        assert_eq!(p.defaults.memory_bytes, 64 << 20);
-        assert_eq!(p.defaults.timeout_ms, 10_000, "from the file");
+        assert_eq!(p.max.timeout.0, 30_000);
+        assert_eq!(p.max.memory.0, 1 << 30, "from the file");
+        assert_eq!(p.defaults.memory.0, 64 << 20);
+        assert_eq!(p.defaults.timeout.0, 10_000, "from the file");
         assert_eq!(p.max_code_bytes, 1024);
         assert_eq!(c.audit, AuditTarget::Off);
     }

@@ -7,6 +7,12 @@ use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+impl From<runcell_core::ValidationError> for ApiError {
+    fn from(e: runcell_core::ValidationError) -> Self {
+        ApiError::validation(&e)
+    }
+}
+
 /// An error answered to the client. Never carries an API key.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -35,6 +41,15 @@ impl ApiError {
 
     pub fn invalid(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// A request the engine's validation refused: the message is built from the typed error,
+    /// and `limit` names the limit it is about.
+    pub fn validation(e: &runcell_core::ValidationError) -> Self {
+        ApiError {
+            limit: e.limit().map(runcell_core::Limit::name),
+            ..ApiError::invalid(e.to_string())
+        }
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
@@ -173,6 +188,6 @@ pub async fn json_errors(res: Response) -> Response {
 /// For `tower_http::catch_panic`: a panic in a handler is a JSON 500, never a dropped
 /// connection. The panic's payload is not echoed to the client.
 pub fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    eprintln!("runcell serve: a request handler panicked");
+    tracing::error!("a request handler panicked");
     ApiError::internal("The server failed to handle the request.").into_response()
 }

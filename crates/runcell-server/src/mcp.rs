@@ -11,11 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any_service, MethodRouter};
 use futures_util::future::BoxFuture;
 use http_body_util::{BodyExt, Limited};
+use runcell_core::OutputSink;
 use runcell_core::{ExecRequest, Verdict};
-use runcell_jail::OutputSink;
 use runcell_mcp::{Executor, HttpEndpoint, HttpOptions, Rejection};
 
-use crate::{caller_of, ApiError, AppState, Caller, Hold};
+use crate::middleware::caller_of;
+use crate::{ApiError, AppState, Caller, Hold};
 
 fn rejection(e: ApiError) -> Rejection {
     Rejection::new(e.category, e.message)
@@ -41,7 +42,8 @@ impl Executor for AppState {
                 ..Caller::default()
             },
         };
-        let admitted = self.admit(req, caller);
+        let admitted = self.admit(&req, caller);
+        drop(req);
         // The result travels in the response of the HTTP request that carried the call: the
         // place in line is kept until it is delivered, as for `POST /v1/execute`.
         if let (Ok(admitted), Some(hold)) = (&admitted, &hold) {
@@ -69,7 +71,7 @@ pub fn endpoint(state: &AppState) -> MethodRouter<AppState> {
     };
     let mcp = HttpEndpoint::new(
         state.clone(),
-        state.engine().config().clone(),
+        state.engine().clone(),
         options,
         state.shutdown_token(),
     );
@@ -87,7 +89,14 @@ async fn buffered(State(state): State<AppState>, req: Request, next: Next) -> Re
     }
     let (parts, body) = req.into_parts();
     let s = &state.inner;
-    match crate::read_body(body, &parts.headers, s.max_body_bytes, Some(&s.body_budget)).await {
+    match crate::routes::execute::read_body(
+        body,
+        &parts.headers,
+        s.max_body_bytes,
+        Some(&s.body_budget),
+    )
+    .await
+    {
         Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await

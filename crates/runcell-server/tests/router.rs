@@ -175,7 +175,7 @@ async fn limits_above_the_maximum_name_the_limit_and_the_maximum() {
         (
             format!(
                 r#"{{"language":"python","code":"","memory":{}}}"#,
-                max.memory_bytes + 1
+                max.memory.0 + 1
             ),
             "memory",
         ),
@@ -400,7 +400,7 @@ async fn the_openapi_document_covers_every_route() {
     // The schemas the handlers use are in it, generated from the types.
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for name in [
-        "ExecuteBody",
+        "ExecRequest",
         "Verdict",
         "ErrorBody",
         "RuntimesResponse",
@@ -421,8 +421,26 @@ async fn the_openapi_document_covers_every_route() {
     ] {
         assert!(verdict.get(field).is_some(), "Verdict.{field} missing");
     }
-    let body = &schemas["ExecuteBody"];
+    let body = &schemas["ExecRequest"];
     assert_eq!(body["required"], serde_json::json!(["language", "code"]));
+    // The limits are the request's own fields, with the names verdicts use.
+    for limit in [
+        "timeout",
+        "memory",
+        "cpus",
+        "pids",
+        "disk",
+        "output",
+        "open_files",
+    ] {
+        assert!(body["properties"][limit].is_object(), "ExecRequest.{limit}");
+    }
+    assert_eq!(
+        body["properties"]["files"]["items"]["$ref"],
+        "#/components/schemas/InputFile"
+    );
+    let limits = &schemas["Limits"]["properties"];
+    assert!(limits["memory"].is_object() && limits["memory_bytes"]["deprecated"] == true);
     let schemes = doc["components"]["securitySchemes"].as_object().unwrap();
     assert!(schemes.contains_key("bearer") && schemes.contains_key("api_key"));
 }

@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use runcell_core::limits::{LimitOverrides, Policy};
-use runcell_core::units::{format_size, parse_duration, parse_size};
+use runcell_core::limits::{Limit, Policy};
+use runcell_core::units::format_size;
 use runcell_core::verdict::ErrorCategory;
-use runcell_core::{Engine, EngineConfig, ExecRequest, InputFile, Verdict};
-use runcell_jail::{OutputSink, Stream};
-use runcell_runtimes::Language;
+use runcell_core::{
+    Engine, EngineConfig, ExecRequest, InputFile, Language, NoSink, OutputSink, Stream, Verdict,
+};
 
 /// Run untrusted code in a sandbox and get a structured verdict.
 #[derive(Parser)]
@@ -191,8 +191,8 @@ struct RunArgs {
 fn main() -> ExitCode {
     // The sandbox helper role must start before anything else (no threads, no allocation of
     // shared state): the supervisor exec's this binary with `__jail`.
-    if std::env::args_os().nth(1).as_deref() == Some(runcell_jail::init::HELPER_ARG.as_ref()) {
-        runcell_jail::init::helper_main();
+    if std::env::args_os().nth(1).as_deref() == Some(runcell_core::HELPER_ARG.as_ref()) {
+        runcell_core::helper_main();
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -204,6 +204,9 @@ fn main() -> ExitCode {
             .clone()
             .unwrap_or_else(runcell_runtimes::default_data_dir),
     };
+    if matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
+        init_logging();
+    }
     let result = match cli.command {
         Command::Run(args) => Ok(run(*args, host)),
         Command::Setup => setup(&host),
@@ -219,6 +222,23 @@ fn main() -> ExitCode {
             ExitCode::from(125)
         }
     }
+}
+
+/// Logs of `runcell serve` and `runcell mcp` go to stderr (stdout is MCP's channel) through
+/// `tracing`, filtered by `RUNCELL_LOG` (by default runcell's own `info` and the libraries'
+/// warnings; e.g. `debug`, `runcell_server=debug`). Every line logged while a request is
+/// handled carries its request id. The audit log is separate and unaffected.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    const DEFAULT: &str =
+        "warn,runcell=info,runcell_core=info,runcell_server=info,runcell_mcp=info";
+    let filter = EnvFilter::try_from_env("RUNCELL_LOG").unwrap_or_else(|_| EnvFilter::new(DEFAULT));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 /// A command line clap rejects. With `run --json` the caller expects exactly one JSON verdict,
@@ -283,6 +303,27 @@ impl OutputSink for Passthrough {
     }
 }
 
+/// The flag of a limit: the limit's name with dashes (`--open-files`).
+fn flag_name(limit: Limit) -> String {
+    limit.name().replace('_', "-")
+}
+
+impl RunArgs {
+    /// Every limit flag, with its value if given.
+    fn limits(&self) -> [(Limit, Option<&str>); 8] {
+        [
+            (Limit::Timeout, self.timeout.as_deref()),
+            (Limit::CompileTimeout, self.compile_timeout.as_deref()),
+            (Limit::Memory, self.memory.as_deref()),
+            (Limit::Cpus, self.cpus.as_deref()),
+            (Limit::Pids, self.pids.as_deref()),
+            (Limit::Disk, self.disk.as_deref()),
+            (Limit::Output, self.output.as_deref()),
+            (Limit::OpenFiles, self.open_files.as_deref()),
+        ]
+    }
+}
+
 /// Turn the CLI's arguments into a request, or the message of an invalid_request verdict.
 fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String> {
     let invalid = |m: String| m;
@@ -319,39 +360,6 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
             .unwrap_or_else(|| "python".into()),
         (None, None) => "python".into(),
     };
-    let size = |flag: &str, v: &Option<String>| -> Result<Option<u64>, String> {
-        v.as_deref()
-            .map(|s| parse_size(s).map_err(|e| invalid(format!("--{flag}: {e}."))))
-            .transpose()
-    };
-    let duration_ms = |flag: &str, v: &Option<String>| -> Result<Option<u64>, String> {
-        v.as_deref()
-            .map(|s| {
-                parse_duration(s)
-                    .map(|d| d.as_millis() as u64)
-                    .map_err(|e| invalid(format!("--{flag}: {e}.")))
-            })
-            .transpose()
-    };
-    let count = |flag: &str, v: &Option<String>| -> Result<Option<u64>, String> {
-        v.as_deref()
-            .map(|s| {
-                s.trim()
-                    .parse::<u64>()
-                    .map_err(|_| invalid(format!("--{flag}: '{s}' is not a whole number ≥ 0.")))
-            })
-            .transpose()
-    };
-    let cpu_millis = args
-        .cpus
-        .as_deref()
-        .map(|s| match s.trim().parse::<f64>() {
-            Ok(c) if c.is_finite() && c > 0.0 && c < 1e6 => Ok((c * 1000.0).round() as u64),
-            _ => Err(invalid(format!(
-                "--cpus: '{s}' is not a positive number of cores."
-            ))),
-        })
-        .transpose()?;
     let stdin = match &args.stdin {
         None => None,
         Some(p) if p.as_os_str() == "-" => {
@@ -393,22 +401,21 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
             Err(e) => InputFile::bytes(dest, e.as_bytes()),
         });
     }
-    Ok(ExecRequest {
+    let mut req = ExecRequest {
         files,
         language,
         code,
         stdin,
-        limits: LimitOverrides {
-            timeout_ms: duration_ms("timeout", &args.timeout)?,
-            compile_timeout_ms: duration_ms("compile-timeout", &args.compile_timeout)?,
-            memory_bytes: size("memory", &args.memory)?,
-            cpu_millis,
-            pids: count("pids", &args.pids)?,
-            disk_bytes: size("disk", &args.disk)?,
-            output_bytes: size("output", &args.output)?,
-            open_files: count("open-files", &args.open_files)?,
-        },
-    })
+        limits: Default::default(),
+    };
+    for (limit, value) in args.limits() {
+        if let Some(text) = value {
+            req.limits
+                .set_text(limit, text)
+                .map_err(|e| invalid(format!("--{}: {e}.", flag_name(limit))))?;
+        }
+    }
+    Ok(req)
 }
 
 fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
@@ -419,7 +426,7 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
     let verdict = match build_request(&args, &engine.config().policy) {
         Ok(req) => {
             if args.json {
-                engine.execute(&req, &mut runcell_jail::NoSink, None)
+                engine.execute(&req, &mut NoSink, None)
             } else {
                 engine.execute(&req, &mut Passthrough, None)
             }
@@ -569,13 +576,16 @@ fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
                     stack.root.display()
                 ),
                 Err(e) => {
-                    eprintln!("  FAILED: {e}");
+                    eprintln!("  FAILED: {}", runcell_core::error::chain(&e));
                     failed.push("Python data stack");
                 }
             }
         }
         Err(e) => {
-            eprintln!("Python data stack: FAILED ({e})");
+            eprintln!(
+                "Python data stack: FAILED ({})",
+                runcell_core::error::chain(&e)
+            );
             failed.push("Python data stack");
         }
     }
@@ -587,11 +597,14 @@ fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
                 &go,
                 &mut report("Go build cache"),
             ) {
-                eprintln!("  FAILED: {e}");
+                eprintln!("  FAILED: {}", runcell_core::error::chain(&e));
                 failed.push("Go build cache");
             }
         }
-        Err(e) => eprintln!("Go build cache: skipped ({e})"),
+        Err(e) => eprintln!(
+            "Go build cache: skipped ({})",
+            runcell_core::error::chain(&e)
+        ),
     }
     if failed.is_empty() {
         eprintln!("runcell setup: done");
@@ -603,7 +616,7 @@ fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
 }
 
 fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
-    let layers = runcell_jail::probe::layers();
+    let layers = runcell_core::isolation_layers();
     let prepared = |rt: &runcell_runtimes::Runtime| -> Option<String> {
         match rt.language {
             Language::Python => Some(match &rt.python_stack {
@@ -634,11 +647,7 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     config.host = host.clone();
     let engine = Engine::new(config);
     let started = Instant::now();
-    let probe = engine.execute(
-        &ExecRequest::new("bash", "true"),
-        &mut runcell_jail::NoSink,
-        None,
-    );
+    let probe = engine.execute(&ExecRequest::new("bash", "true"), &mut NoSink, None);
     let probe_ms = started.elapsed().as_millis();
     let sandbox_ok = probe.exit_code == Some(0);
     let all_layers = layers.iter().all(|l| l.available);
@@ -770,23 +779,25 @@ fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
         .enable_all()
         .build()
         .context("start the async runtime")?;
+    let strict = config.strict;
+    let engine = Engine::new(config);
     let result = rt.block_on(async {
-        let c = config.clone();
+        let e = engine.clone();
         // Asking each runtime its version runs host programs.
-        let catalog = tokio::task::spawn_blocking(move || Catalog::for_host(&c))
+        let catalog = tokio::task::spawn_blocking(move || Catalog::for_host(&e))
             .await
             .context("find the runtimes")?;
         let names: Vec<&str> = catalog.tools().iter().map(|t| t.name.as_str()).collect();
         if names.is_empty() {
-            eprintln!("runcell mcp: WARNING: no runtime is installed; there are no tools");
+            tracing::warn!("WARNING: no runtime is installed; there are no tools");
         }
-        eprintln!(
-            "runcell mcp: serving MCP on stdio{}; tools: {}",
-            if config.strict { " (strict)" } else { "" },
+        tracing::info!(
+            "serving MCP on stdio{}; tools: {}",
+            if strict { " (strict)" } else { "" },
             names.join(", ")
         );
         let server = McpServer::new(
-            LocalExecutor::new(Engine::new(config)),
+            LocalExecutor::new(engine),
             std::sync::Arc::new(catalog),
             "mcp-stdio",
         );
@@ -797,7 +808,7 @@ fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     // Cancelled calls' sandboxes are being killed; give their threads a moment to finish.
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
     result?;
-    eprintln!("runcell mcp: the client closed the connection");
+    tracing::info!("the client closed the connection");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -819,7 +830,7 @@ fn configured_engine(
 
 fn tools(args: ToolsArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
     let config = configured_engine(args.config.as_deref(), host)?;
-    let catalog = runcell_mcp::Catalog::for_host(&config);
+    let catalog = runcell_mcp::Catalog::for_host(&Engine::new(config));
     let format = match args.format {
         ToolsFormat::Anthropic => runcell_mcp::Format::Anthropic,
         ToolsFormat::Openai => runcell_mcp::Format::OpenAi,

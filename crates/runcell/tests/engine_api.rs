@@ -192,7 +192,7 @@ fn the_engine_reports_enforcement_and_limits() {
     );
     assert_eq!(v.stdout, "42\n");
     assert_eq!(v.exit_code, Some(0));
-    assert_eq!(v.limits.unwrap().pids, 64);
+    assert_eq!(v.limits.unwrap().pids.0, 64);
     assert!(
         v.enforcement.missing.is_empty(),
         "{:?}",

@@ -251,6 +251,7 @@ fn print_one() {
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["error"], Value::Null);
     assert_eq!(v["language"], "python");
+    assert_eq!(v["limits"]["timeout"], 10);
     assert_eq!(v["limits"]["timeout_ms"], 10_000);
     assert_eq!(v["limits"]["memory_bytes"], 128 << 20);
     // A failing program is still a 200: it is the program's outcome.

@@ -1,0 +1,85 @@
+//! How errors become messages. One rule for the whole workspace: an error's `Display` says
+//! what failed at its own level and never repeats its source; the source is reachable through
+//! [`std::error::Error::source`], and the edge that shows an error to a person or a model
+//! prints the whole chain with [`chain`].
+
+use std::error::Error;
+
+use serde::{Deserialize, Serialize};
+
+/// "creating the cgroup: writing memory.max: Permission denied (os error 13)".
+pub fn chain(e: &dyn Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        // A wrapper that still repeats its source adds nothing the second time.
+        if !text.is_empty() && !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
+}
+
+/// The OS error behind a failure, as a verdict reports it.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
+pub struct OsError {
+    /// The errno value (13).
+    pub errno: i32,
+    /// Its symbolic name (EACCES), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// The first OS error in an error's chain of sources.
+pub fn os_error(e: &(dyn Error + 'static)) -> Option<OsError> {
+    let mut cur: Option<&(dyn Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(errno) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+        {
+            return Some(OsError {
+                errno,
+                name: errno_name(errno).map(str::to_string),
+            });
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// TEMPORARY until the jail exports its errno table.
+fn errno_name(_: i32) -> Option<&'static str> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("writing memory.max")]
+    struct Step(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("creating the cgroup")]
+    struct Outer(#[source] Step);
+
+    #[test]
+    fn the_chain_is_printed_once_and_the_errno_found() {
+        let e = Outer(Step(std::io::Error::from_raw_os_error(13)));
+        let text = chain(&e);
+        assert!(
+            text.starts_with("creating the cgroup: writing memory.max: "),
+            "{text}"
+        );
+        assert_eq!(text.matches("os error 13").count(), 1, "{text}");
+        let os = os_error(&e).unwrap();
+        assert_eq!(os.errno, 13);
+    }
+}

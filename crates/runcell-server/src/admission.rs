@@ -1,0 +1,107 @@
+//! Admission: a place in line before the body is read, the operator's policy checked once
+//! the request is known, then a slot to run in.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use runcell_core::{ExecRequest, KillSwitch, OutputSink, ValidRequest, Verdict};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::audit::{AuditRequest, Caller};
+use crate::deliver::Hold;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// A place in line, before the request is known.
+pub struct Reservation {
+    pub(crate) state: AppState,
+    pub(crate) permit: OwnedSemaphorePermit,
+}
+
+impl Reservation {
+    /// Check the request against the operator's policy (400 naming the limit and its
+    /// maximum); a refused request is counted and audited.
+    ///
+    /// This is the engine's own validation, done once, before the request waits for a slot
+    /// (and before a stream's 200 is sent): what is checked here is not checked again.
+    pub fn admit(self, req: &ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
+        let s = &self.state.inner;
+        let audit = AuditRequest::from(req);
+        let valid = match s.engine.validate(req) {
+            Ok(v) => v,
+            Err(e) => {
+                let e = ApiError::from(e);
+                s.metrics.rejected(e.category);
+                s.audit.record(&caller, &audit, Err(e.category), 0.0);
+                return Err(e);
+            }
+        };
+        Ok(Admitted {
+            state: self.state,
+            permit: Arc::new(self.permit),
+            req: valid,
+            audit,
+            caller,
+            admitted: Instant::now(),
+        })
+    }
+}
+
+/// A request that may run: it waits for a sandbox slot, runs, and is counted and audited.
+pub struct Admitted {
+    state: AppState,
+    /// Also kept by the response until it is delivered (see [`Admitted::hold_until_delivered`]).
+    permit: Arc<OwnedSemaphorePermit>,
+    req: ValidRequest,
+    audit: AuditRequest,
+    caller: Caller,
+    admitted: Instant,
+}
+
+impl Admitted {
+    /// Keep this request's place in line until the response of the HTTP request that carries
+    /// `hold` has been delivered (or dropped), and not only until the run is over: a response
+    /// waiting for a client that reads slowly holds the verdict in memory.
+    pub fn hold_until_delivered(&self, hold: &Hold) {
+        hold.keep(self.permit.clone());
+    }
+
+    /// Wait for a slot and run. Dropping the future (a client that went away, a cancelled
+    /// MCP call) kills the sandbox; the run is still counted and audited, as `cancelled`.
+    pub async fn run(self, sink: Box<dyn OutputSink + Send>) -> Result<Verdict, ApiError> {
+        let Admitted {
+            state,
+            permit,
+            req,
+            audit,
+            caller,
+            admitted,
+        } = self;
+        let s = &state.inner;
+        let running = {
+            let _queued = s.metrics.queued();
+            s.running
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| ApiError::unavailable("The server is shutting down."))?
+        };
+        let ks = KillSwitch::new().map_err(|e| {
+            tracing::error!(error = %e, "cannot create a kill switch");
+            ApiError::unavailable("The server cannot start a run right now. Retry shortly.")
+        })?;
+        let entry = s.runs.register(ks.clone());
+        let st = state.clone();
+        let finish = move |verdict: &Verdict| {
+            let seconds = admitted.elapsed().as_secs_f64();
+            st.inner
+                .metrics
+                .executed(caller.interface, verdict, seconds);
+            st.inner.audit.record(&caller, &audit, Ok(verdict), seconds);
+        };
+        s.engine
+            .execute_blocking(req, sink, ks, (permit, running, entry), finish)
+            .await
+            .map_err(|_| ApiError::internal("The execution failed unexpectedly."))
+    }
+}

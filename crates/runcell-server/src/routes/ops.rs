@@ -1,0 +1,117 @@
+//! Operations: liveness, metrics, this API's OpenAPI document, and the runtimes.
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use runcell_core::RuntimeStatus;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ErrorBody};
+use crate::state::AppState;
+
+/// One language of `GET /v1/runtimes`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RuntimeInfo {
+    pub language: String,
+    /// Whether it can run on this host now.
+    pub available: bool,
+    pub version: Option<String>,
+    /// Why it is not available.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl From<RuntimeStatus> for RuntimeInfo {
+    fn from(r: RuntimeStatus) -> Self {
+        RuntimeInfo {
+            language: r.language.name().to_string(),
+            available: r.unavailable.is_none(),
+            version: r.version,
+            reason: r.unavailable,
+        }
+    }
+}
+
+/// `GET /v1/runtimes`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RuntimesResponse {
+    pub runtimes: Vec<RuntimeInfo>,
+    pub limits: LimitsInfo,
+    /// The whole policy: limits plus the caps on code, stdin and files.
+    pub policy: runcell_core::Policy,
+}
+
+/// What a request gets without asking, and the most it may ask for.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LimitsInfo {
+    pub default: runcell_core::Limits,
+    pub maximum: runcell_core::Limits,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    /// Always "ok" when the server answers.
+    pub status: String,
+    pub sandboxes_running: usize,
+}
+/// Liveness. Needs no key.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, description = "The server is up", body = Health)))]
+pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        sandboxes_running: state.runs().active(),
+    })
+}
+
+/// This document. Needs no key.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json")))]
+pub(crate) async fn openapi_json() -> Response {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| crate::openapi().to_pretty_json().unwrap_or_default());
+    ([(CONTENT_TYPE, "application/json")], doc.clone()).into_response()
+}
+
+/// Prometheus metrics: executions by language and category, latency, sandboxes running,
+/// queue depth, rejections.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    ))]
+pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.inner.metrics.render(state.runs().active());
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The languages of this host, their versions, and the default and maximum limits.
+#[utoipa::path(get, path = "/v1/runtimes", tag = "execute",
+    responses(
+        (status = 200, body = RuntimesResponse),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+    ))]
+pub(crate) async fn runtimes(
+    State(state): State<AppState>,
+) -> Result<Json<RuntimesResponse>, ApiError> {
+    let list = state.runtimes().await?;
+    let p = state.inner.engine.policy().clone();
+    Ok(Json(RuntimesResponse {
+        runtimes: list.as_ref().clone(),
+        limits: LimitsInfo {
+            default: p.defaults,
+            maximum: p.max,
+        },
+        policy: p,
+    }))
+}
