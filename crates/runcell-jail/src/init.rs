@@ -261,14 +261,12 @@ fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd) -> ! {
 }
 
 /// P16. What serving programs needs, prepared before `Ready` so that a failure here is a setup
-/// failure: the seccomp policy compiled once (the forked program only installs it), and a
-/// signalfd for SIGCHLD (one poll then covers child exits and the supervisor's messages).
+/// failure: the seccomp policy (compiled to BPF when runcell was built; the forked program only
+/// installs it), and a signalfd for SIGCHLD (one poll then covers child exits and the
+/// supervisor's messages).
 fn prepare_service() -> Result<(SeccompPolicy, OwnedFd), StepError> {
-    let seccomp = SeccompPolicy::compile()
-        .map_err(io::Error::other)
-        .step("compile seccomp policy")?;
     let sigchld = sys::sigchld_fd().step("signalfd")?;
-    Ok((seccomp, sigchld))
+    Ok((SeccompPolicy::embedded(), sigchld))
 }
 
 /// The linear setup of the sandbox, run by its pid 1. Each step says why it is there and why
