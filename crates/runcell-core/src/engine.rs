@@ -4,10 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runcell_jail::protocol::CollectLimits;
 use runcell_jail::{
-    CgroupRequest, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program, Rlimits,
-    Sandbox, SandboxSpec,
+    CgroupLimits, CollectLimits, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program,
+    Rlimits, Sandbox, SandboxSpec,
 };
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
@@ -221,7 +220,7 @@ impl Engine {
             }
         };
         if self.config.strict {
-            let missing: Vec<String> = runcell_jail::probe::layers()
+            let missing: Vec<String> = runcell_jail::layers()
                 .into_iter()
                 .filter(|l| !l.available)
                 .map(|l| l.name.to_string())
@@ -251,10 +250,10 @@ impl Engine {
             // One inode per 4 KiB of space, within sane bounds: enough for real work, not
             // enough for a million empty files.
             scratch_inodes: (limits.disk_bytes / 4096).clamp(1024, 1_000_000),
-            cgroup: CgroupRequest {
-                memory_bytes: limits.memory_bytes,
-                pids: limits.pids,
-                cpu_millis: limits.cpu_millis,
+            cgroup: CgroupLimits {
+                memory_bytes: Some(limits.memory_bytes),
+                pids_max: Some(limits.pids),
+                cpu_millis: Some(limits.cpu_millis),
             },
             setup_timeout: self.config.setup_timeout,
             helper_exe: self.config.helper_exe.clone(),
@@ -321,7 +320,7 @@ impl Engine {
             Err(e) => {
                 return Verdict::failed(
                     ErrorCategory::SandboxFailure,
-                    format!("The sandbox could not be set up ({e}). This is a problem with the host, not with the program."),
+                    format!("The sandbox could not be set up ({}). This is a problem with the host, not with the program.", error_chain(&e)),
                 )
             }
         };
@@ -416,7 +415,10 @@ impl Engine {
         if let Err(e) = sandbox.destroy() {
             // The run itself is complete; a teardown problem is the host's to fix, but it must
             // not pass unnoticed.
-            verdict.enforcement.missing.push(format!("teardown: {e}"));
+            verdict
+                .enforcement
+                .missing
+                .push(format!("teardown: {}", error_chain(&e)));
         }
         verdict
     }
@@ -444,13 +446,26 @@ impl Engine {
             v.enforcement = EnforcementReport::from(sandbox.enforcement());
             return v;
         }
+        let cause = error_chain(&e);
         let mut v = Verdict::failed(
             ErrorCategory::SandboxFailure,
-            format!("The sandbox failed while running the program ({e}). This is a problem with the host, not with the program."),
+            format!("The sandbox failed while running the program ({cause}). This is a problem with the host, not with the program."),
         );
         v.enforcement = EnforcementReport::from(sandbox.enforcement());
         v
     }
+}
+
+/// An error and its sources, `: `-separated. The jail's errors name the failed step in their
+/// message and carry the OS error behind it as their source.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
 }
 
 /// What limits memory when the cgroup cannot: RLIMIT_AS per process for runtimes that

@@ -191,8 +191,8 @@ struct RunArgs {
 fn main() -> ExitCode {
     // The sandbox helper role must start before anything else (no threads, no allocation of
     // shared state): the supervisor exec's this binary with `__jail`.
-    if std::env::args_os().nth(1).as_deref() == Some(runcell_jail::init::HELPER_ARG.as_ref()) {
-        runcell_jail::init::helper_main();
+    if std::env::args_os().nth(1).as_deref() == Some(runcell_jail::HELPER_ARG.as_ref()) {
+        runcell_jail::helper_main();
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -603,7 +603,7 @@ fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
 }
 
 fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
-    let layers = runcell_jail::probe::layers();
+    let layers = runcell_jail::layers();
     let prepared = |rt: &runcell_runtimes::Runtime| -> Option<String> {
         match rt.language {
             Language::Python => Some(match &rt.python_stack {
