@@ -1060,6 +1060,82 @@ fn invalid(step: &'static str, msg: &str) -> StepError {
 mod tests {
     use super::*;
 
+    use std::collections::BTreeSet;
+
+    /// `docs/isolation.md`: the step sequence as documented.
+    const ISOLATION_MD: &str = include_str!("../../../docs/isolation.md");
+    /// The code that carries the labelled step comments.
+    const INIT_RS: &str = include_str!("init.rs");
+    const SANDBOX_RS: &str = include_str!("supervisor/sandbox.rs");
+
+    /// `H4a`, `P17`, `X8`, `S2`: a step letter, a number, an optional lowercase suffix.
+    fn is_label(s: &str, letters: &str) -> bool {
+        let mut chars = s.chars();
+        let Some(first) = chars.next() else {
+            return false;
+        };
+        let rest = chars.as_str();
+        let digits = rest.trim_end_matches(|c: char| c.is_ascii_lowercase());
+        letters.contains(first)
+            && !digits.is_empty()
+            && digits.chars().all(|c| c.is_ascii_digit())
+            && rest.len() - digits.len() <= 1
+    }
+
+    /// Labels of the docs' step tables: `| H4a | ...`.
+    fn documented(letters: &str) -> BTreeSet<String> {
+        ISOLATION_MD
+            .lines()
+            .filter_map(|l| l.strip_prefix('|')?.split('|').next())
+            .map(str::trim)
+            .filter(|cell| is_label(cell, letters))
+            .map(String::from)
+            .collect()
+    }
+
+    /// Labels of step comments in the code: `// H4a. ...` or `/// P16. ...`.
+    fn in_code(source: &str, letters: &str) -> BTreeSet<String> {
+        source
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("//"))
+            .map(|c| c.trim_start_matches('/').trim_start())
+            .filter_map(|c| c.split_once('.').map(|(label, _)| label))
+            .filter(|label| is_label(label, letters))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn every_documented_step_is_a_labelled_step_in_the_code_and_back() {
+        let docs = documented("HPX");
+        let code = in_code(INIT_RS, "HPX");
+        assert!(
+            docs.len() > 30,
+            "the docs' step tables were not found: {docs:?}"
+        );
+        assert_eq!(
+            docs, code,
+            "docs/isolation.md and init.rs disagree on the H/P/X steps"
+        );
+        let docs = documented("S");
+        let code = in_code(SANDBOX_RS, "S");
+        assert!(!docs.is_empty());
+        assert_eq!(
+            docs, code,
+            "docs/isolation.md and supervisor/sandbox.rs disagree on the S steps"
+        );
+    }
+
+    #[test]
+    fn step_labels_are_recognised() {
+        for l in ["H0", "H4a", "P17", "X8", "S2"] {
+            assert!(is_label(l, "HPXS"), "{l}");
+        }
+        for l in ["", "H", "Ha", "P1ab", "Q1", "h1", "X1 "] {
+            assert!(!is_label(l, "HPXS"), "{l:?}");
+        }
+    }
+
     #[test]
     fn exec_failures_keep_their_step_and_errno_across_the_status_pipe() {
         let e = io::Error::from_raw_os_error(libc::ENOENT);
