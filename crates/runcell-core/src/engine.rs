@@ -4,10 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runcell_jail::protocol::CollectLimits;
 use runcell_jail::{
-    CgroupRequest, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program, Rlimits,
-    Sandbox, SandboxSpec,
+    CgroupLimits, CollectLimits, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program,
+    Rlimits, Sandbox, SandboxSpec,
 };
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
@@ -332,7 +331,7 @@ impl Engine {
             }
         };
         if self.config.strict {
-            let missing: Vec<String> = runcell_jail::probe::layers()
+            let missing: Vec<String> = runcell_jail::layers()
                 .into_iter()
                 .filter(|l| !l.available)
                 .map(|l| l.name.to_string())
@@ -362,10 +361,10 @@ impl Engine {
             // One inode per 4 KiB of space, within sane bounds: enough for real work, not
             // enough for a million empty files.
             scratch_inodes: (limits.disk.0 / 4096).clamp(1024, 1_000_000),
-            cgroup: CgroupRequest {
-                memory_bytes: limits.memory.0,
-                pids: limits.pids.0,
-                cpu_millis: limits.cpus.0,
+            cgroup: CgroupLimits {
+                memory_bytes: Some(limits.memory.0),
+                pids_max: Some(limits.pids.0),
+                cpu_millis: Some(limits.cpus.0),
             },
             setup_timeout: self.config.setup_timeout,
             helper_exe: self.config.helper_exe.clone(),

@@ -35,27 +35,31 @@ pub struct OsError {
     pub name: Option<String>,
 }
 
-/// The first OS error in an error's chain of sources.
+/// The first OS error in an error's chain of sources: an I/O error's errno, or one the sandbox
+/// reported from inside (a [`runcell_jail::SandboxError`] knows where to look).
 pub fn os_error(e: &(dyn Error + 'static)) -> Option<OsError> {
-    let mut cur: Option<&(dyn Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(errno) = err
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-        {
-            return Some(OsError {
-                errno,
-                name: errno_name(errno).map(str::to_string),
-            });
+    let found = match e.downcast_ref::<runcell_jail::SandboxError>() {
+        Some(sandbox) => sandbox.os_error(),
+        None => {
+            let mut cur: Option<&(dyn Error + 'static)> = Some(e);
+            let mut found = None;
+            while let Some(err) = cur {
+                if let Some(os) = err
+                    .downcast_ref::<std::io::Error>()
+                    .and_then(runcell_jail::OsError::from_io)
+                {
+                    found = Some(os);
+                    break;
+                }
+                cur = err.source();
+            }
+            found
         }
-        cur = err.source();
-    }
-    None
-}
-
-/// TEMPORARY until the jail exports its errno table.
-fn errno_name(_: i32) -> Option<&'static str> {
-    None
+    }?;
+    Some(OsError {
+        errno: found.errno,
+        name: found.name.map(str::to_string),
+    })
 }
 
 #[cfg(test)]
@@ -81,5 +85,6 @@ mod tests {
         assert_eq!(text.matches("os error 13").count(), 1, "{text}");
         let os = os_error(&e).unwrap();
         assert_eq!(os.errno, 13);
+        assert_eq!(os.name.as_deref(), Some("EACCES"));
     }
 }

@@ -5,7 +5,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use runcell_jail::supervisor::CollectedFiles;
+use runcell_jail::CollectedFiles;
 
 use crate::verdict::OutputFile;
 
@@ -86,7 +86,7 @@ fn libc_o_nofollow() -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runcell_jail::protocol::CollectedFile;
+    use runcell_jail::CollectedFile;
 
     #[test]
     fn mime_types_come_from_the_name() {

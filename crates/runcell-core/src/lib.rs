@@ -30,10 +30,13 @@ pub use verdict::{ErrorCategory, Verdict, VerdictError};
 pub use runcell_jail::{KillOnDrop, KillSwitch, NoSink, OutputSink, Stream};
 pub use runcell_runtimes::{python_stack, Language};
 
+/// The /proc entries every sandbox masks or makes read-only, for tests and documentation.
+pub use runcell_jail::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READONLY_DIRS};
+
 /// The isolation layers this host provides (for `runcell doctor` and strict mode).
-pub use runcell_jail::probe::{layers as isolation_layers, Layer as IsolationLayer};
+pub use runcell_jail::{layers as isolation_layers, Layer as IsolationLayer};
 
 /// The sandbox helper role of the runcell binary: the supervisor exec's the binary with
 /// [`HELPER_ARG`] as its first argument, and `main` must hand over to [`helper_main`] before
 /// anything else (no threads, no shared state).
-pub use runcell_jail::init::{helper_main, HELPER_ARG};
+pub use runcell_jail::{helper_main, HELPER_ARG};

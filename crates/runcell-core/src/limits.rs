@@ -704,10 +704,7 @@ impl Policy {
 
 /// Total memory of the host from a meminfo file (normally /proc/meminfo).
 pub fn host_memory_bytes(meminfo: &std::path::Path) -> Option<u64> {
-    let text = std::fs::read_to_string(meminfo).ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    runcell_jail::MemInfo::read(meminfo).ok()?.total_bytes
 }
 
 #[cfg(test)]

@@ -243,11 +243,7 @@ fn read_file(
             }
         }
     }
-    let sha256 = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha256 = crate::hex::to_hex(&hasher.finalize());
     Some((read, Some(sha256), content))
 }
 

@@ -37,7 +37,7 @@ use rustix::thread::{
 
 use crate::collect::{self, Baseline};
 use crate::config::{ExecStep, JailConfig, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
-use crate::protocol::{self, ExitStatus, LandlockStatus, Report, Request};
+use crate::protocol::{self, ChildError, ExitStatus, LandlockStatus, Report, Request};
 use crate::rootfs::{self, under, Step, StepError};
 use crate::seccomp::SeccompPolicy;
 use crate::sys;
@@ -261,14 +261,12 @@ fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd) -> ! {
 }
 
 /// P16. What serving programs needs, prepared before `Ready` so that a failure here is a setup
-/// failure: the seccomp policy compiled once (the forked program only installs it), and a
-/// signalfd for SIGCHLD (one poll then covers child exits and the supervisor's messages).
+/// failure: the seccomp policy (compiled to BPF when runcell was built; the forked program only
+/// installs it), and a signalfd for SIGCHLD (one poll then covers child exits and the
+/// supervisor's messages).
 fn prepare_service() -> Result<(SeccompPolicy, OwnedFd), StepError> {
-    let seccomp = SeccompPolicy::compile()
-        .map_err(io::Error::other)
-        .step("compile seccomp policy")?;
     let sigchld = sys::sigchld_fd().step("signalfd")?;
-    Ok((seccomp, sigchld))
+    Ok((SeccompPolicy::embedded(), sigchld))
 }
 
 /// The linear setup of the sandbox, run by its pid 1. Each step says why it is there and why
@@ -523,8 +521,10 @@ impl From<&StepError> for Report {
         Report::Failed {
             step: e.step.to_string(),
             path: e.path.clone(),
-            errno: e.source.raw_os_error(),
-            message: e.source.to_string(),
+            error: ChildError {
+                errno: errno_of(&e.source),
+                message: e.source.to_string(),
+            },
         }
     }
 }
@@ -632,7 +632,7 @@ fn run_step(
     let exec_error = buf
         .iter()
         .position(|&c| c == b'E')
-        .map(|i| String::from_utf8_lossy(&buf[i + 1..]).into_owned());
+        .map(|i| ExecFailure::decode(&buf[i + 1..]));
     if exec_error.is_none() {
         protocol::send(ctrl, &Report::Started { pid, landlock }, &[]).step("report started")?;
     }
@@ -689,11 +689,11 @@ fn run_step(
         drain_signalfd(sigchld);
     }
     let after = sys::children_rusage();
-    if let Some(msg) = exec_error {
+    if let Some(failure) = exec_error {
         return Err(StepError {
-            step: "start program",
+            step: failure.step,
             path: Some(PathBuf::from(&step.argv[0])),
-            source: io::Error::other(msg),
+            source: failure.error,
         });
     }
     let status = match (status.signal(), status.code()) {
@@ -713,6 +713,129 @@ fn run_step(
     })
 }
 
+/// The steps of [`exec_program`] that can fail. The forked child reports which one failed to
+/// pid 1 through the status pipe, with the errno, so that the supervisor gets both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ExecStage {
+    Setsid,
+    Sigprocmask,
+    Stdin,
+    CloseRange,
+    Chdir,
+    Setrlimit,
+    NoNewPrivs,
+    Landlock,
+    Securebits,
+    BoundingSet,
+    Ambient,
+    Capset,
+    Seccomp,
+    Execve,
+}
+
+impl ExecStage {
+    /// Every stage, indexed by its wire code.
+    const ALL: [ExecStage; 14] = [
+        ExecStage::Setsid,
+        ExecStage::Sigprocmask,
+        ExecStage::Stdin,
+        ExecStage::CloseRange,
+        ExecStage::Chdir,
+        ExecStage::Setrlimit,
+        ExecStage::NoNewPrivs,
+        ExecStage::Landlock,
+        ExecStage::Securebits,
+        ExecStage::BoundingSet,
+        ExecStage::Ambient,
+        ExecStage::Capset,
+        ExecStage::Seccomp,
+        ExecStage::Execve,
+    ];
+
+    /// The step name reported to the supervisor.
+    fn step(self) -> &'static str {
+        match self {
+            ExecStage::Setsid => "start program: setsid",
+            ExecStage::Sigprocmask => "start program: sigprocmask",
+            ExecStage::Stdin => "start program: stdin",
+            ExecStage::CloseRange => "start program: close_range",
+            ExecStage::Chdir => "start program: chdir",
+            ExecStage::Setrlimit => "start program: setrlimit",
+            ExecStage::NoNewPrivs => "start program: no_new_privs",
+            ExecStage::Landlock => "start program: landlock",
+            ExecStage::Securebits => "start program: securebits",
+            ExecStage::BoundingSet => "start program: capability bounding set",
+            ExecStage::Ambient => "start program: ambient capabilities",
+            ExecStage::Capset => "start program: capset",
+            ExecStage::Seccomp => "start program: seccomp",
+            ExecStage::Execve => "start program: execve",
+        }
+    }
+}
+
+/// A failure of the program's process before execve, as it crosses the status pipe:
+///
+/// ```text
+/// 'E' | stage (u8, index into ExecStage::ALL) | errno (i32 LE, 0 = none) | message (UTF-8)
+/// ```
+struct ExecFailure {
+    step: &'static str,
+    /// A [`ChildError`] (errno and message), so that `Report::from` finds the errno.
+    error: io::Error,
+}
+
+impl ExecFailure {
+    /// The bytes the child writes (the leading 'E' included).
+    fn encode(stage: ExecStage, e: &(dyn std::error::Error + 'static)) -> Vec<u8> {
+        let code = ExecStage::ALL.iter().position(|&s| s == stage).unwrap_or(0) as u8;
+        let mut buf = vec![b'E', code];
+        buf.extend_from_slice(&errno_of(e).unwrap_or(0).to_le_bytes());
+        buf.extend_from_slice(e.to_string().as_bytes());
+        buf
+    }
+
+    /// Decode what follows the 'E'.
+    fn decode(bytes: &[u8]) -> ExecFailure {
+        let Some((&code, rest)) = bytes.split_first().filter(|(_, r)| r.len() >= 4) else {
+            return ExecFailure {
+                step: "start program",
+                error: io::Error::other("truncated failure report from the program's process"),
+            };
+        };
+        let errno = i32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        ExecFailure {
+            step: ExecStage::ALL
+                .get(code as usize)
+                .map_or("start program", |s| s.step()),
+            error: io::Error::other(ChildError {
+                errno: (errno != 0).then_some(errno),
+                message: String::from_utf8_lossy(&rest[4..]).into_owned(),
+            }),
+        }
+    }
+}
+
+/// The errno anywhere in an error's chain (an `io::Error`, a rustix `Errno`, or a
+/// [`ChildError`] wrapped in an `io::Error`).
+fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            if let Some(n) = io.raw_os_error() {
+                return Some(n);
+            }
+            if let Some(child) = io.get_ref().and_then(|i| i.downcast_ref::<ChildError>()) {
+                return child.errno;
+            }
+        }
+        if let Some(errno) = e.downcast_ref::<rustix::io::Errno>() {
+            return Some(errno.raw_os_error());
+        }
+        cur = e.source();
+    }
+    None
+}
+
 fn drain_signalfd(fd: &OwnedFd) {
     let mut buf = [0u8; 128 * 8];
     while matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {}
@@ -729,21 +852,21 @@ fn exec_program(
     status_w: OwnedFd,
     seccomp: &SeccompPolicy,
 ) -> ! {
-    let fail = |status_w: &OwnedFd, what: &str, e: &dyn std::fmt::Display| -> ! {
-        let _ = rustix::io::write(status_w, format!("E{what}: {e}").as_bytes());
+    let fail = |status_w: &OwnedFd, stage: ExecStage, e: &(dyn std::error::Error + 'static)| -> ! {
+        let _ = rustix::io::write(status_w, &ExecFailure::encode(stage, e));
         sys::exit_now(127)
     };
 
     // X1. A new session and process group: no controlling terminal to inject input into
     //     (TIOCSTI, bubblewrap CVE-2017-5226), and the run's processes form one group.
     if let Err(e) = rustix::process::setsid() {
-        fail(&status_w, "setsid", &e);
+        fail(&status_w, ExecStage::Setsid, &e);
     }
     // pid 1 blocks SIGCHLD (for its signalfd), and ignored signals and the mask both survive
     // execve: start the program with default dispositions, an empty mask, the usual umask.
     sys::reset_signal_dispositions();
     if let Err(e) = sys::unblock_all_signals() {
-        fail(&status_w, "sigprocmask", &e);
+        fail(&status_w, ExecStage::Sigprocmask, &e);
     }
     rustix::process::umask(Mode::from_raw_mode(0o022));
     // X2. stdin on fd 0, the status pipe on fd 3 (close-on-exec); close everything else.
@@ -751,7 +874,7 @@ fn exec_program(
     match unsafe { sys::move_fd(stdin, 0, false) } {
         // fd 0 must stay open across execve: give up ownership instead of dropping it.
         Ok(fd) => drop(std::os::fd::IntoRawFd::into_raw_fd(fd)),
-        Err(e) => fail(&status_w, "stdin", &e),
+        Err(e) => fail(&status_w, ExecStage::Stdin, &e),
     }
     // SAFETY: fd 3 is the control socket, owned by the `UnixStream` of `helper_main`; that
     // object is never used or dropped in this process again (it execs or exits with _exit).
@@ -763,37 +886,37 @@ fn exec_program(
     // SAFETY: the objects that own descriptors above 3 here (pid 1's copies) are never used or
     // dropped again in this process, which execs or exits with _exit.
     if let Err(e) = unsafe { sys::close_fds_from(4) } {
-        fail(&status_w, "close_range", &e);
+        fail(&status_w, ExecStage::CloseRange, &e);
     }
     if let Err(e) = rustix::process::chdir(cwd) {
-        fail(&status_w, "chdir", &e);
+        fail(&status_w, ExecStage::Chdir, &e);
     }
     // X3. rlimits: the second layer behind the cgroup (processes, file size = disk, open files,
     //     CPU seconds as a backstop for the wall clock, no core dumps).
     if let Err(e) = set_rlimits(rlimits) {
-        fail(&status_w, "setrlimit", &e);
+        fail(&status_w, ExecStage::Setrlimit, &e);
     }
     // X4. no_new_privs: execve can never grant privileges (setuid bits, file capabilities);
     //     required for unprivileged Landlock and seccomp.
     if let Err(e) = set_no_new_privs(true) {
-        fail(&status_w, "no_new_privs", &e);
+        fail(&status_w, ExecStage::NoNewPrivs, &e);
     }
     // X5. Landlock (needs no privilege, so its order against X6 is free; it goes first so that
     //     a failure to drop capabilities still leaves it in place).
     let landlock = match crate::landlock::restrict_self() {
         Ok(s) => s,
-        Err(e) => fail(&status_w, "landlock", &e),
+        Err(e) => fail(&status_w, ExecStage::Landlock, &e),
     };
     // X6. Drop every capability in all five sets. The bounding set needs CAP_SETPCAP, so it
     //     goes before the capset that clears permitted/effective/inheritable.
     if let Err(e) = sys::lock_securebits() {
-        fail(&status_w, "securebits", &e);
+        fail(&status_w, ExecStage::Securebits, &e);
     }
     if let Err(e) = sys::drop_bounding_set() {
-        fail(&status_w, "capability bounding set", &e);
+        fail(&status_w, ExecStage::BoundingSet, &e);
     }
     if let Err(e) = clear_ambient_capability_set() {
-        fail(&status_w, "ambient capabilities", &e);
+        fail(&status_w, ExecStage::Ambient, &e);
     }
     if let Err(e) = set_capabilities(
         None,
@@ -803,7 +926,7 @@ fn exec_program(
             inheritable: CapabilitySet::empty(),
         },
     ) {
-        fail(&status_w, "capset", &e);
+        fail(&status_w, ExecStage::Capset, &e);
     }
     let tag: &[u8] = match landlock {
         LandlockStatus::Full => b"Lf",
@@ -814,11 +937,11 @@ fn exec_program(
     // X7. seccomp, last: everything above uses syscalls the filter denies (prctl, capset,
     //     landlock_*); after it only execve and the program's own syscalls remain.
     if let Err(e) = seccomp.apply() {
-        fail(&status_w, "seccomp", &e);
+        fail(&status_w, ExecStage::Seccomp, &e);
     }
     // X8. execve with the fixed environment only.
     let err = sys::execve(&argv[0], argv, envp);
-    fail(&status_w, "execve", &err)
+    fail(&status_w, ExecStage::Execve, &err)
 }
 
 fn set_rlimits(r: &Rlimits) -> rustix::io::Result<()> {
@@ -930,5 +1053,130 @@ fn invalid(step: &'static str, msg: &str) -> StepError {
         step,
         path: None,
         source: io::Error::new(io::ErrorKind::InvalidInput, msg.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::collections::BTreeSet;
+
+    /// `docs/isolation.md`: the step sequence as documented.
+    const ISOLATION_MD: &str = include_str!("../../../docs/isolation.md");
+    /// The code that carries the labelled step comments.
+    const INIT_RS: &str = include_str!("init.rs");
+    const SANDBOX_RS: &str = include_str!("supervisor/sandbox.rs");
+
+    /// `H4a`, `P17`, `X8`, `S2`: a step letter, a number, an optional lowercase suffix.
+    fn is_label(s: &str, letters: &str) -> bool {
+        let mut chars = s.chars();
+        let Some(first) = chars.next() else {
+            return false;
+        };
+        let rest = chars.as_str();
+        let digits = rest.trim_end_matches(|c: char| c.is_ascii_lowercase());
+        letters.contains(first)
+            && !digits.is_empty()
+            && digits.chars().all(|c| c.is_ascii_digit())
+            && rest.len() - digits.len() <= 1
+    }
+
+    /// Labels of the docs' step tables: `| H4a | ...`.
+    fn documented(letters: &str) -> BTreeSet<String> {
+        ISOLATION_MD
+            .lines()
+            .filter_map(|l| l.strip_prefix('|')?.split('|').next())
+            .map(str::trim)
+            .filter(|cell| is_label(cell, letters))
+            .map(String::from)
+            .collect()
+    }
+
+    /// Labels of step comments in the code: `// H4a. ...` or `/// P16. ...`.
+    fn in_code(source: &str, letters: &str) -> BTreeSet<String> {
+        source
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("//"))
+            .map(|c| c.trim_start_matches('/').trim_start())
+            .filter_map(|c| c.split_once('.').map(|(label, _)| label))
+            .filter(|label| is_label(label, letters))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn every_documented_step_is_a_labelled_step_in_the_code_and_back() {
+        let docs = documented("HPX");
+        let code = in_code(INIT_RS, "HPX");
+        assert!(
+            docs.len() > 30,
+            "the docs' step tables were not found: {docs:?}"
+        );
+        assert_eq!(
+            docs, code,
+            "docs/isolation.md and init.rs disagree on the H/P/X steps"
+        );
+        let docs = documented("S");
+        let code = in_code(SANDBOX_RS, "S");
+        assert!(!docs.is_empty());
+        assert_eq!(
+            docs, code,
+            "docs/isolation.md and supervisor/sandbox.rs disagree on the S steps"
+        );
+    }
+
+    #[test]
+    fn step_labels_are_recognised() {
+        for l in ["H0", "H4a", "P17", "X8", "S2"] {
+            assert!(is_label(l, "HPXS"), "{l}");
+        }
+        for l in ["", "H", "Ha", "P1ab", "Q1", "h1", "X1 "] {
+            assert!(!is_label(l, "HPXS"), "{l:?}");
+        }
+    }
+
+    #[test]
+    fn exec_failures_keep_their_step_and_errno_across_the_status_pipe() {
+        let e = io::Error::from_raw_os_error(libc::ENOENT);
+        let bytes = ExecFailure::encode(ExecStage::Execve, &e);
+        assert_eq!(bytes[0], b'E');
+        let f = ExecFailure::decode(&bytes[1..]);
+        assert_eq!(f.step, "start program: execve");
+        assert_eq!(errno_of(&f.error), Some(libc::ENOENT));
+        assert_eq!(f.error.to_string(), e.to_string());
+        // Through the report the supervisor gets.
+        let report = Report::from(&StepError {
+            step: f.step,
+            path: Some(PathBuf::from("/usr/bin/nope")),
+            source: f.error,
+        });
+        match report {
+            Report::Failed { step, error, .. } => {
+                assert_eq!(step, "start program: execve");
+                assert_eq!(error.errno, Some(libc::ENOENT));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // A rustix errno, and an error without one.
+        let bytes = ExecFailure::encode(ExecStage::Chdir, &rustix::io::Errno::ACCESS);
+        assert_eq!(
+            errno_of(&ExecFailure::decode(&bytes[1..]).error),
+            Some(libc::EACCES)
+        );
+        let bytes = ExecFailure::encode(ExecStage::Landlock, &io::Error::other("no ruleset"));
+        let f = ExecFailure::decode(&bytes[1..]);
+        assert_eq!(
+            (f.step, errno_of(&f.error)),
+            ("start program: landlock", None)
+        );
+        assert_eq!(f.error.to_string(), "no ruleset");
+        // Garbage from a dying child does not panic.
+        assert_eq!(ExecFailure::decode(b"\x01").step, "start program");
+        assert_eq!(
+            ExecFailure::decode(&[200, 0, 0, 0, 0]).step,
+            "start program"
+        );
     }
 }

@@ -6,23 +6,39 @@
 //! Landlock and seccomp) and how to supervise the processes inside it. It knows nothing
 //! about languages or verdicts: those live in `runcell-runtimes` and `runcell-core`.
 //!
-//! The setup sequence is in [`init`]; the supervisor's API is [`supervisor::Sandbox`].
+//! The setup sequence is in `init.rs` (and `docs/isolation.md`); the supervisor's API is
+//! [`Sandbox`]. Every module is private: what other crates may use is re-exported here, and
+//! nothing else.
+//!
+//! Errors follow one rule: `Display` names the step that failed, never the underlying error,
+//! which is reachable through [`std::error::Error::source`]; the caller that shows an error
+//! formats the chain. [`SandboxError::os_error`] gives the errno behind a failure.
 
-pub mod cgroup;
-pub mod collect;
-pub mod config;
-pub mod init;
-pub mod landlock;
-pub mod probe;
-pub mod protocol;
-pub mod rootfs;
-pub mod seccomp;
-pub mod supervisor;
+mod cgroup;
+mod collect;
+mod config;
+mod errno;
+mod hex;
+mod init;
+mod landlock;
+mod meminfo;
+mod probe;
+mod protocol;
+mod rootfs;
+mod seccomp;
+mod supervisor;
 mod sys;
 
-pub use config::{Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
-pub use protocol::{ExitStatus, LandlockStatus};
+pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced};
+pub use config::{Overlay, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
+pub use errno::OsError;
+pub use hex::to_hex;
+pub use init::{helper_main, HELPER_ARG};
+pub use meminfo::MemInfo;
+pub use probe::{layers, Layer};
+pub use protocol::{ChildError, CollectLimits, CollectedFile, ExitStatus, LandlockStatus};
+pub use rootfs::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READONLY_DIRS};
 pub use supervisor::{
-    CgroupRequest, End, Enforcement, InputFile, KillOnDrop, KillSwitch, NoSink, Outcome,
-    OutputSink, Program, Sandbox, SandboxError, SandboxSpec, Stream,
+    cgroup_version, CollectedFiles, End, Enforcement, InputFile, KillOnDrop, KillSwitch, NoSink,
+    Outcome, OutputSink, Program, Sandbox, SandboxError, SandboxSpec, Stream,
 };

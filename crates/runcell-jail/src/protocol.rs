@@ -140,9 +140,19 @@ pub enum Report {
     Failed {
         step: String,
         path: Option<PathBuf>,
-        errno: Option<i32>,
-        message: String,
+        error: ChildError,
     },
+}
+
+/// The error behind a step that failed in a process of the sandbox (the helper, pid 1, or the
+/// program's process before execve), as it crosses the control socket: the errno when the OS
+/// gave one, and the message. Its `Display` is the message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(deny_unknown_fields)]
+#[error("{message}")]
+pub struct ChildError {
+    pub errno: Option<i32>,
+    pub message: String,
 }
 
 /// A decoded frame.
@@ -293,6 +303,31 @@ mod tests {
             .is_some());
         let big = (FrameLimits::REPORT.max_json + 1).to_le_bytes();
         assert!(recv_with::<Report>(&mut &big[..], FrameLimits::REPORT).is_err());
+    }
+
+    #[test]
+    fn failures_carry_their_errno_across_the_socket() {
+        let mut buf = Vec::new();
+        let failed = Report::Failed {
+            step: "mount proc".into(),
+            path: Some("/tmp/proc".into()),
+            error: ChildError {
+                errno: Some(13),
+                message: "Permission denied (os error 13)".into(),
+            },
+        };
+        send(&mut buf, &failed, &[]).unwrap();
+        let f: Frame<Report> = recv_with(&mut &buf[..], FrameLimits::REPORT)
+            .unwrap()
+            .unwrap();
+        match f.message {
+            Report::Failed { step, path, error } => {
+                assert_eq!(step, "mount proc");
+                assert_eq!(path, Some(PathBuf::from("/tmp/proc")));
+                assert_eq!(error.errno, Some(13));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -16,9 +16,11 @@ use rustix::mount::{mount, move_mount, open_tree, MountFlags, MoveMountFlags, Op
 
 use crate::sys;
 
-/// A failed setup step, with the path it was working on.
+/// A failed setup step, with the path it was working on. Its `Display` names the step and
+/// the path; the OS error is the `source` (and crosses to the supervisor with its errno, see
+/// `Report::Failed`).
 #[derive(Debug, thiserror::Error)]
-#[error("{step} {}: {source}", path.as_deref().map(|p| p.display().to_string()).unwrap_or_default())]
+#[error("{step}{}", path.as_deref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
 pub struct StepError {
     pub step: &'static str,
     pub path: Option<PathBuf>,

@@ -308,6 +308,37 @@ pub fn seccomp_available() -> bool {
     unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
 }
 
+/// Install a classic BPF seccomp filter on the calling thread (`seccomp(SECCOMP_SET_MODE_FILTER)`),
+/// setting `PR_SET_NO_NEW_PRIVS` first, which an unprivileged filter requires. Allocation-free.
+pub fn install_seccomp_filter(prog: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(prog.len())
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes no pointers.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fprog = libc::sock_fprog {
+        len,
+        filter: prog.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points at `len` valid instructions that outlive the call; the kernel
+    // copies the program (copy_from_user) and keeps no reference to our memory.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0 as libc::c_ulong,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// CPU time of all reaped descendants (`getrusage(RUSAGE_CHILDREN)`), for per-step deltas.
 pub struct ChildrenUsage {
     pub cpu_ns: u64,

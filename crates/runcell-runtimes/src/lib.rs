@@ -7,8 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use runcell_jail::config::Overlay;
-use runcell_jail::RootEntry;
+use runcell_jail::{Overlay, RootEntry};
 
 pub mod go_cache;
 pub mod python_stack;

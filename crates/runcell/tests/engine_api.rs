@@ -7,9 +7,10 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use runcell_core::error::chain;
 use runcell_core::{Engine, EngineConfig, ExecRequest};
 use runcell_jail::{
-    CgroupRequest, End, ExitStatus, InputFile, KillSwitch, NoSink, OutputSink, Program, Rlimits,
+    CgroupLimits, End, ExitStatus, InputFile, KillSwitch, NoSink, OutputSink, Program, Rlimits,
     Sandbox, SandboxSpec, Stream,
 };
 
@@ -21,10 +22,10 @@ fn spec() -> SandboxSpec {
         root: rt.root_entries(),
         scratch_bytes: 16 << 20,
         scratch_inodes: 4096,
-        cgroup: CgroupRequest {
-            memory_bytes: 128 << 20,
-            pids: 32,
-            cpu_millis: 1000,
+        cgroup: CgroupLimits {
+            memory_bytes: Some(128 << 20),
+            pids_max: Some(32),
+            cpu_millis: Some(1000),
         },
         setup_timeout: Duration::from_secs(20),
         helper_exe: common::runcell_bin(),
@@ -223,7 +224,13 @@ fn files_are_never_written_through_symlinks_a_previous_program_planted() {
         mode: 0o644,
         content: b"x".to_vec(),
     });
-    let err = sb.run(&p, &mut NoSink, None).unwrap_err().to_string();
+    let err = sb.run(&p, &mut NoSink, None).unwrap_err();
+    assert_eq!(
+        err.os_error().and_then(|e| e.name),
+        Some("ELOOP"),
+        "{err:?}"
+    );
+    let err = chain(&err);
     assert!(
         err.contains("symbolic links") || err.contains("Too many levels"),
         "{err}"
@@ -265,7 +272,7 @@ fn a_fifo_or_directory_at_an_input_path_never_hangs_pid_1() {
         mode: 0o644,
         content: b"x".to_vec(),
     });
-    let err = sb.run(&p, &mut NoSink, None).unwrap_err().to_string();
+    let err = chain(&sb.run(&p, &mut NoSink, None).unwrap_err());
     assert!(err.contains("directory is in the way"), "{err}");
 }
 

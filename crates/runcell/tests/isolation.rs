@@ -340,44 +340,39 @@ print("ls_workspace=" + json.dumps(sorted(os.listdir("/workspace"))))
     );
 }
 
+/// Checks exactly the lists pid 1 applies (`runcell_core::PROC_*`), so the test cannot drift
+/// from the code: every masked file reads empty, every masked directory is an empty read-only
+/// tmpfs, every read-only directory is mounted read-only.
 #[test]
 fn sensitive_proc_files_are_masked_or_absent() {
-    let files = [
-        "kcore",
-        "kmsg",
-        "kallsyms",
-        "keys",
-        "key-users",
-        "sysrq-trigger",
-        "timer_list",
-        "sched_debug",
-        "kpagecount",
-        "kpageflags",
-        "kpagecgroup",
-        "vmallocinfo",
-        "slabinfo",
-        "pagetypeinfo",
-        "config.gz",
-    ];
-    let list = serde_json::to_string(&files).unwrap();
+    use runcell_core::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READONLY_DIRS};
+    let list = |l: &[&str]| serde_json::to_string(l).unwrap();
     let r = run(
         "python",
         &py(&format!(
             r#"
-for f in {list}:
+for f in {files}:
     read(f, "/proc/" + f)
-for d in ["acpi", "driver"]:
-    attempt("ls_" + d, lambda: print(f"{{d}}_entries=" + str(len(os.listdir("/proc/" + d)))))
+def entries_and_ro(d):
+    n = len(os.listdir("/proc/" + d))
+    ro = bool(os.statvfs("/proc/" + d).f_flag & os.ST_RDONLY)
+    print(f"{{d}}_entries={{n}}")
+    print(f"{{d}}_ro={{ro}}")
+for d in {masked_dirs} + {readonly_dirs}:
+    attempt("ls_" + d, lambda: entries_and_ro(d))
 write("write_kmsg", "/proc/kmsg", b"x")
 read("kmsg_after_write", "/proc/kmsg")
-"#
+"#,
+            files = list(PROC_MASKED_FILES),
+            masked_dirs = list(PROC_MASKED_DIRS),
+            readonly_dirs = list(PROC_READONLY_DIRS),
         )),
         &[],
     );
     r.assert_ok();
     let got = r.outcomes();
-    for f in files {
-        let inside = got.get(f).map(String::as_str);
+    for f in PROC_MASKED_FILES {
+        let inside = got.get(*f).map(String::as_str);
         // Masked (bound to /dev/null) when the host kernel has the file; absent otherwise.
         if Path::new("/proc").join(f).exists() {
             assert_eq!(
@@ -393,13 +388,20 @@ read("kmsg_after_write", "/proc/kmsg")
             );
         }
     }
-    for d in ["acpi", "driver"] {
-        if Path::new("/proc").join(d).exists() {
+    for d in PROC_MASKED_DIRS {
+        if Path::new("/proc").join(d).is_dir() {
             assert_eq!(
                 r.out(&format!("{d}_entries")),
                 "0",
                 "/proc/{d} is masked by an empty tmpfs"
             );
+            assert_eq!(r.out(&format!("{d}_ro")), "True", "/proc/{d} is read-only");
+        }
+    }
+    for d in PROC_READONLY_DIRS {
+        if Path::new("/proc").join(d).is_dir() {
+            assert_eq!(r.out(&format!("ls_{d}")), "OK", "{:#}", r.verdict);
+            assert_eq!(r.out(&format!("{d}_ro")), "True", "/proc/{d} is read-only");
         }
     }
     // The mask is /dev/null: a write is refused or swallowed, and the file stays empty.

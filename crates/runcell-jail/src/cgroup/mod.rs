@@ -97,23 +97,40 @@ impl fmt::Display for CgroupVersion {
     }
 }
 
-/// Limits for one sandbox group. `None` leaves the kernel default (unlimited).
-#[derive(Debug, Clone, Default)]
+/// Limits for one sandbox group: what a sandbox asks for and what the cgroup layer writes, in
+/// both versions. `None` leaves the kernel default (unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CgroupLimits {
     /// Hard limit on memory *including swap*.
     pub memory_bytes: Option<u64>,
-    /// Maximum number of tasks (processes and threads).
+    /// Maximum number of tasks (processes and threads) in the group: `pids.max`.
     pub pids_max: Option<u64>,
-    /// CPU bandwidth limit.
-    pub cpu_quota: Option<CpuQuota>,
+    /// CPU bandwidth in thousandths of a core (1000 = one full core).
+    pub cpu_millis: Option<u64>,
+}
+
+/// The CFS bandwidth period every group uses, in microseconds: the kernel's default (100 ms),
+/// short enough that a throttled program does not stall visibly, long enough that the
+/// accounting overhead stays negligible.
+const CPU_PERIOD_US: u64 = 100_000;
+
+impl CgroupLimits {
+    /// The CPU limit as a bandwidth quota per period.
+    fn cpu_quota(&self) -> Option<CpuQuota> {
+        self.cpu_millis.map(|millis| CpuQuota {
+            // millis / 1000 cores x the period.
+            quota_us: millis.saturating_mul(CPU_PERIOD_US / 1000),
+            period_us: CPU_PERIOD_US,
+        })
+    }
 }
 
 /// The group may run `quota_us` of CPU time every `period_us` (so 2 CPUs' worth is
 /// `quota_us = 2 * period_us`).
 #[derive(Debug, Clone, Copy)]
-pub struct CpuQuota {
-    pub quota_us: u64,
-    pub period_us: u64,
+struct CpuQuota {
+    quota_us: u64,
+    period_us: u64,
 }
 
 /// Which limits were really applied (for honest reporting).
@@ -361,13 +378,10 @@ impl CgroupManager {
         Ok(None)
     }
 
-    /// Build directly for a v2 tree: `root_dir` is the dir under which groups are
-    /// created (e.g. `/sys/fs/cgroup/runcell`). Controllers are enabled from the highest
-    /// cgroup ancestor of `root_dir` (the mount root) downwards.
-    pub fn v2_at(root_dir: PathBuf) -> CgroupManager {
-        Self::v2_with(Arc::new(RealFs), root_dir)
-    }
-
+    /// A manager for a v2 tree on `fs`: `root_dir` is the dir under which groups are created
+    /// (e.g. `/sys/fs/cgroup/runcell`). Controllers are enabled from the highest cgroup
+    /// ancestor of `root_dir` (the mount root) downwards.
+    #[cfg(test)]
     fn v2_with(fs: Arc<dyn CgroupFs>, root_dir: PathBuf) -> CgroupManager {
         let top = v2::find_top(fs.as_ref(), &root_dir);
         CgroupManager {
@@ -382,10 +396,12 @@ impl CgroupManager {
     /// Build directly for v1: `(controller, base dir)` pairs such as
     /// `("memory", "/sys/fs/cgroup/memory/runcell")`. Controllers sharing a directory
     /// (co-mounted `cpu,cpuacct`) may be given as two pairs or as `"cpu,cpuacct"`.
+    #[cfg(test)]
     pub fn v1_at(controllers: Vec<(String, PathBuf)>) -> CgroupManager {
         Self::v1_with(Arc::new(RealFs), controllers)
     }
 
+    #[cfg(test)]
     fn v1_with(fs: Arc<dyn CgroupFs>, controllers: Vec<(String, PathBuf)>) -> CgroupManager {
         let mut hierarchies: Vec<V1Hierarchy> = Vec::new();
         for (names, base) in controllers {
@@ -421,6 +437,7 @@ impl CgroupManager {
     }
 
     /// The directories groups are created in (one per v1 hierarchy).
+    #[cfg(test)]
     pub fn base_dirs(&self) -> Vec<PathBuf> {
         match &self.layout {
             Layout::V2 { base, .. } => vec![base.clone()],
@@ -657,7 +674,9 @@ impl Cgroup {
             .collect()
     }
 
-    /// Moves `pid` (the whole process, all threads) into the group.
+    /// Moves `pid` (the whole process, all threads) into the group. (The sandbox's helper
+    /// writes pid 1 into [`Cgroup::procs_files`] itself, from outside the supervisor.)
+    #[cfg(test)]
     pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
         for path in self.procs_files() {
             self.fs
@@ -846,6 +865,18 @@ impl Drop for Cgroup {
 mod tests {
     use super::*;
 
+    #[test]
+    fn cpu_millis_become_a_quota_per_100ms_period() {
+        let q = CgroupLimits {
+            cpu_millis: Some(1500),
+            ..Default::default()
+        }
+        .cpu_quota()
+        .unwrap();
+        assert_eq!((q.quota_us, q.period_us), (150_000, 100_000));
+        assert!(CgroupLimits::default().cpu_quota().is_none());
+    }
+
     use super::fake::{FakeFs, V2Features};
     use super::mountinfo::tests::{COMOUNTED_V1, HYBRID, PURE_V2};
     use std::fs as stdfs;
@@ -926,7 +957,7 @@ mod tests {
                 &CgroupLimits {
                     memory_bytes: Some(1 << 30),
                     pids_max: Some(64),
-                    cpu_quota: None,
+                    cpu_millis: None,
                 },
             )
             .expect("create");
@@ -988,10 +1019,7 @@ mod tests {
             .create(
                 "1-x",
                 &CgroupLimits {
-                    cpu_quota: Some(CpuQuota {
-                        quota_us: 10_000,
-                        period_us: 100_000,
-                    }),
+                    cpu_millis: Some(100),
                     ..CgroupLimits::default()
                 },
             )

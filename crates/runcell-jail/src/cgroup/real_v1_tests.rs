@@ -10,7 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{Cgroup, CgroupLimits, CgroupManager, CgroupVersion, CpuQuota};
+use super::{Cgroup, CgroupLimits, CgroupManager, CgroupVersion};
 
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -133,10 +133,7 @@ fn real_v1_limits_stats_kill_and_destroy() {
     let limits = CgroupLimits {
         memory_bytes: Some(256 << 20),
         pids_max: Some(16),
-        cpu_quota: Some(CpuQuota {
-            quota_us: 50_000,
-            period_us: 100_000,
-        }),
+        cpu_millis: Some(500),
     };
     let mut group = fx.manager.create(&name, &limits).expect("create");
     let e = group.enforced();

@@ -119,7 +119,7 @@ pub(super) fn create(
         set_limit(fs, dir.join("pids.max"), max.to_string())?;
         enforced.pids = true;
     }
-    if let (Some(dir), Some(quota)) = (group.dir_with("cpu"), limits.cpu_quota) {
+    if let (Some(dir), Some(quota)) = (group.dir_with("cpu"), limits.cpu_quota()) {
         // The quota is validated against the period, so the period goes first.
         set_limit(
             fs,
@@ -195,7 +195,7 @@ pub(super) fn thaw(group: &Cgroup) {
 mod tests {
     use super::*;
     use crate::cgroup::fake::{Event, FakeFs};
-    use crate::cgroup::{CgroupManager, CpuQuota};
+    use crate::cgroup::CgroupManager;
     use std::fs;
     use std::path::PathBuf;
 
@@ -243,10 +243,7 @@ mod tests {
         CgroupLimits {
             memory_bytes: Some(64 << 20),
             pids_max: Some(16),
-            cpu_quota: Some(CpuQuota {
-                quota_us: 50_000,
-                period_us: 200_000,
-            }),
+            cpu_millis: Some(500),
         }
     }
 
@@ -273,7 +270,7 @@ mod tests {
         let pids = s.root.join("pids/runcell/77-beef");
         assert_eq!(read(&pids.join("pids.max")), "16");
         let cpu = s.root.join("cpu/runcell/77-beef");
-        assert_eq!(read(&cpu.join("cpu.cfs_period_us")), "200000");
+        assert_eq!(read(&cpu.join("cpu.cfs_period_us")), "100000");
         assert_eq!(read(&cpu.join("cpu.cfs_quota_us")), "50000");
         let events = s.fake.events();
         assert!(

@@ -95,6 +95,7 @@ fn move_into_leaf(fs: &dyn CgroupFs, dir: &Path, pid: u32) -> Result<(), CgroupE
 
 /// The highest cgroup at or above `root_dir`: walk up while the parents are cgroups
 /// (have `cgroup.controllers`), skipping levels that do not exist yet.
+#[cfg(test)]
 pub(super) fn find_top(fs: &dyn CgroupFs, root_dir: &Path) -> PathBuf {
     let mut top = None;
     for dir in root_dir.ancestors() {
@@ -206,7 +207,7 @@ pub(super) fn create(
         }
     }
     if has("cpu") {
-        if let Some(quota) = limits.cpu_quota {
+        if let Some(quota) = limits.cpu_quota() {
             let value = format!("{} {}", quota.quota_us, quota.period_us);
             set_limit(fs, path.join("cpu.max"), value)?;
             enforced.cpu = true;
@@ -288,7 +289,7 @@ pub(super) fn thaw(group: &Cgroup) {
 mod tests {
     use super::*;
     use crate::cgroup::fake::{Event, FakeFs, V2Features};
-    use crate::cgroup::{CgroupManager, CpuQuota, Enforced};
+    use crate::cgroup::{CgroupManager, Enforced};
     use std::fs;
 
     const ALL: &str = "cpuset cpu io memory hugetlb pids rdma misc";
@@ -327,10 +328,7 @@ mod tests {
         CgroupLimits {
             memory_bytes: Some(64 << 20),
             pids_max: Some(32),
-            cpu_quota: Some(CpuQuota {
-                quota_us: 50_000,
-                period_us: 100_000,
-            }),
+            cpu_millis: Some(500),
         }
     }
 

@@ -3,8 +3,10 @@
 //! The policy is data, not code: `policy.json` (next to this file) is a
 //! [seccompiler JSON file](https://github.com/rust-vmm/seccompiler/blob/master/docs/json_format.md)
 //! in which every entry carries a `comment` saying why it is there. Review changes to that
-//! file, not to this module. It holds two filters, which are compiled to classic BPF and
-//! **stacked** (both are installed; the kernel runs every installed filter on every syscall):
+//! file, not to this module. It holds two filters, which `build.rs` compiles to classic BPF
+//! with seccompiler when the crate is built (as Firecracker does), so that the binary embeds
+//! ready-made programs and no JSON is parsed at run time. The two are **stacked** (both are
+//! installed; the kernel runs every installed filter on every syscall):
 //!
 //! 1. `allow` — an allowlist. Matching syscalls are allowed, everything else fails with
 //!    `ENOSYS`. It is derived from Docker's default profile (the set of syscalls ordinary
@@ -66,10 +68,10 @@
 //!
 //! The caller installs the policy in the sandboxed child as the very last step, after the
 //! namespaces, mounts, Landlock ruleset, rlimits and capability drop, and with
-//! `PR_SET_NO_NEW_PRIVS` set, immediately before `execve`. Compile it with
-//! [`SeccompPolicy::compile`] before forking: [`SeccompPolicy::apply`] does not allocate, so
-//! it is safe to call in the child of a multithreaded parent. Filters are per thread and
-//! inherited across `fork`/`clone`/`execve`; they cannot be removed.
+//! `PR_SET_NO_NEW_PRIVS` set, immediately before `execve`. [`SeccompPolicy::apply`] does not
+//! allocate (the programs are static data), so it is safe to call in the child of a
+//! multithreaded parent. Filters are per thread and inherited across `fork`/`clone`/`execve`;
+//! they cannot be removed.
 //!
 //! # Departures from Docker's default profile
 //!
@@ -81,55 +83,73 @@
 //! `set_thread_area`/`get_thread_area` (32-bit TLS), `epoll_ctl_old`/`epoll_wait_old`
 //! (never implemented) and the NUMA policy calls are simply absent (`ENOSYS`).
 //!
-//! Only x86_64 has a policy today; on other architectures [`SeccompPolicy::compile`]
-//! returns [`SeccompError::UnsupportedArch`].
+//! Only x86_64 has a policy today; building for another architecture fails in `build.rs` with
+//! a message saying so (seccompiler also knows aarch64 and riscv64, but `policy.json` names
+//! x86_64 syscalls, many of which do not exist there).
 
-use std::collections::HashMap;
+use std::io;
 
-use serde::Deserialize;
+use libc::sock_filter;
 
-/// The policy file: two seccompiler filters named `allow` and `deny` (x86_64 syscall names).
-const POLICY_JSON: &str = include_str!("policy.json");
+#[cfg(test)]
+mod compile;
 
 /// Name of the allowlist filter in `policy.json`.
 const ALLOW: &str = "allow";
 /// Name of the deny-list filter in `policy.json`.
 const DENY: &str = "deny";
 
-/// Errors compiling or installing the seccomp policy.
+/// The two filters as `build.rs` serialised them: 8 bytes per instruction (`code` u16 LE,
+/// `jt`, `jf`, `k` u32 LE).
+const ALLOW_BPF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/seccomp_allow.bpf"));
+const DENY_BPF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/seccomp_deny.bpf"));
+const INSN_BYTES: usize = 8;
+const _: () = assert!(
+    ALLOW_BPF.len().is_multiple_of(INSN_BYTES) && DENY_BPF.len().is_multiple_of(INSN_BYTES)
+);
+
+/// The programs, decoded at compile time: installing them needs no allocation and no parsing.
+static ALLOW_PROG: [sock_filter; ALLOW_BPF.len() / INSN_BYTES] = decode(ALLOW_BPF);
+static DENY_PROG: [sock_filter; DENY_BPF.len() / INSN_BYTES] = decode(DENY_BPF);
+
+const fn decode<const N: usize>(bytes: &[u8]) -> [sock_filter; N] {
+    let mut prog = [sock_filter {
+        code: 0,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }; N];
+    let mut i = 0;
+    while i < N {
+        let b = i * INSN_BYTES;
+        prog[i] = sock_filter {
+            code: u16::from_le_bytes([bytes[b], bytes[b + 1]]),
+            jt: bytes[b + 2],
+            jf: bytes[b + 3],
+            k: u32::from_le_bytes([bytes[b + 4], bytes[b + 5], bytes[b + 6], bytes[b + 7]]),
+        };
+        i += 1;
+    }
+    prog
+}
+
+/// Errors installing the seccomp policy.
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
-    /// `policy.json` does not compile: malformed JSON, a syscall name unknown on this
-    /// architecture, or an invalid condition.
-    #[error("cannot compile the seccomp policy (policy.json)")]
-    Compile {
-        /// What seccompiler reported.
-        source: seccompiler::Error,
-    },
-    /// `policy.json` lacks one of the two filters.
-    #[error("the seccomp policy has no {0:?} filter")]
-    MissingFilter(&'static str),
     /// The kernel refused to install a filter (or `PR_SET_NO_NEW_PRIVS` failed).
     #[error("cannot install the {filter:?} seccomp filter")]
     Apply {
         /// Which filter: `"allow"` or `"deny"`.
         filter: &'static str,
-        /// What seccompiler reported (it wraps the OS error).
-        source: seccompiler::Error,
+        source: io::Error,
     },
-    /// There is no policy for this CPU architecture yet.
-    #[error("no seccomp policy for the {0} architecture (only x86_64 has one)")]
-    UnsupportedArch(&'static str),
 }
 
-/// The compiled policy: the two BPF programs, ready to install.
-///
-/// Compile it **before** fork: [`apply`](Self::apply) is allocation-free so that it can run
-/// in a forked child just before `execve`.
-#[derive(Clone)]
+/// The policy: the two BPF programs, ready to install.
+#[derive(Clone, Copy)]
 pub struct SeccompPolicy {
-    allow: seccompiler::BpfProgram,
-    deny: seccompiler::BpfProgram,
+    allow: &'static [sock_filter],
+    deny: &'static [sock_filter],
 }
 
 impl std::fmt::Debug for SeccompPolicy {
@@ -142,101 +162,61 @@ impl std::fmt::Debug for SeccompPolicy {
 }
 
 impl SeccompPolicy {
-    /// Compiles `policy.json` for the host architecture.
-    pub fn compile() -> Result<SeccompPolicy, SeccompError> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            Self::compile_json(POLICY_JSON, seccompiler::TargetArch::x86_64)
+    /// The policy compiled from `policy.json` when the crate was built.
+    pub fn embedded() -> SeccompPolicy {
+        SeccompPolicy {
+            allow: &ALLOW_PROG,
+            deny: &DENY_PROG,
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            Err(SeccompError::UnsupportedArch(std::env::consts::ARCH))
-        }
-    }
-
-    /// Compiles a policy file holding an `allow` and a `deny` filter for `arch`.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn compile_json(
-        json: &str,
-        arch: seccompiler::TargetArch,
-    ) -> Result<SeccompPolicy, SeccompError> {
-        let mut map = seccompiler::compile_from_json(json.as_bytes(), arch)
-            .map_err(|source| SeccompError::Compile { source })?;
-        let allow = map
-            .remove(ALLOW)
-            .ok_or(SeccompError::MissingFilter(ALLOW))?;
-        let deny = map.remove(DENY).ok_or(SeccompError::MissingFilter(DENY))?;
-        Ok(SeccompPolicy { allow, deny })
     }
 
     /// Installs both filters on the calling thread: the allowlist first, then the deny list
     /// (the later filter wins between two errno results, so denied syscalls report `EPERM`).
     ///
-    /// The caller should have set `PR_SET_NO_NEW_PRIVS` already (seccompiler sets it again,
-    /// which is harmless). Does not allocate: it is meant to run in a forked child right
-    /// before `execve`. If the second filter fails to install, the first one stays
-    /// installed; the caller must then abandon the child.
+    /// The caller should have set `PR_SET_NO_NEW_PRIVS` already (it is set again here, which
+    /// is harmless). Does not allocate: it is meant to run in a forked child right before
+    /// `execve`. If the second filter fails to install, the first one stays installed; the
+    /// caller must then abandon the child.
     pub fn apply(&self) -> Result<(), SeccompError> {
-        seccompiler::apply_filter(&self.allow).map_err(|source| SeccompError::Apply {
+        crate::sys::install_seccomp_filter(self.allow).map_err(|source| SeccompError::Apply {
             filter: ALLOW,
             source,
         })?;
-        seccompiler::apply_filter(&self.deny).map_err(|source| SeccompError::Apply {
+        crate::sys::install_seccomp_filter(self.deny).map_err(|source| SeccompError::Apply {
             filter: DENY,
             source,
         })?;
         Ok(())
     }
-
-    /// Total number of BPF instructions in both filters (for docs and diagnostics).
-    pub fn instruction_count(&self) -> usize {
-        self.allow.len() + self.deny.len()
-    }
 }
 
-/// One rule of a filter in `policy.json`, as far as documentation needs it.
-#[derive(Debug, Deserialize)]
+/// The policy file, the source of truth the embedded programs were compiled from; the tests
+/// read its comments and conditions.
+#[cfg(test)]
+const POLICY_JSON: &str = include_str!("policy.json");
+
+/// One rule of a filter in `policy.json`, as far as the tests need it.
+#[cfg(test)]
+#[derive(Debug, serde::Deserialize)]
 struct RuleDoc {
     syscall: String,
     #[serde(default)]
-    #[cfg_attr(not(test), allow(dead_code))]
     comment: Option<String>,
     #[serde(default)]
-    #[cfg_attr(not(test), allow(dead_code))]
     args: Option<Vec<serde_json::Value>>,
 }
 
 /// One filter of `policy.json`; the actions are left to seccompiler.
-#[derive(Debug, Deserialize)]
+#[cfg(test)]
+#[derive(Debug, serde::Deserialize)]
 struct FilterDoc {
     filter: Vec<RuleDoc>,
 }
 
-/// Parses `policy.json` for documentation purposes.
-fn policy_doc() -> HashMap<String, FilterDoc> {
-    // The file is compiled into the binary and checked by the tests below.
-    serde_json::from_str(POLICY_JSON).expect("policy.json is valid (checked by the unit tests)")
-}
-
-/// The syscall names the deny filter blocks, in policy order, each once (for
-/// `runcell doctor` and docs).
-///
-/// `clone`, `personality`, `socket` and `ioctl` are included although only some of their
-/// arguments are refused (namespace flags; personas other than Docker's five; families other
-/// than `AF_UNIX`/`AF_INET`/`AF_INET6`/`AF_NETLINK` with `NETLINK_ROUTE`; `TIOCSTI` and
-/// `TIOCLINUX`).
-pub fn denied_syscalls() -> Vec<String> {
-    let mut doc = policy_doc();
-    let Some(deny) = doc.remove(DENY) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = Vec::with_capacity(deny.filter.len());
-    for rule in deny.filter {
-        if !names.contains(&rule.syscall) {
-            names.push(rule.syscall);
-        }
-    }
-    names
+/// Parses `policy.json` for the tests.
+#[cfg(test)]
+fn policy_doc() -> std::collections::HashMap<String, FilterDoc> {
+    serde_json::from_str(POLICY_JSON).expect("policy.json is valid JSON")
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -249,8 +229,6 @@ mod tests {
     use std::panic::AssertUnwindSafe;
     use std::path::Path;
     use std::time::{Duration, Instant};
-
-    use seccompiler::sock_filter;
 
     // ---------------------------------------------------------------------------------------
     // The policy file itself.
@@ -272,7 +250,7 @@ mod tests {
 
     #[test]
     fn policy_compiles_and_both_filters_are_non_empty() {
-        let policy = SeccompPolicy::compile().expect("policy.json compiles");
+        let policy = SeccompPolicy::embedded();
         // More than the 3-instruction architecture check plus the default return.
         assert!(
             policy.allow.len() > 10,
@@ -283,10 +261,6 @@ mod tests {
             policy.deny.len() > 10,
             "deny filter: {} insns",
             policy.deny.len()
-        );
-        assert_eq!(
-            policy.instruction_count(),
-            policy.allow.len() + policy.deny.len()
         );
         // Classic BPF programs are limited to 4096 instructions (BPF_MAXINSNS).
         assert!(policy.allow.len() <= 4096 && policy.deny.len() <= 4096);
@@ -369,10 +343,9 @@ mod tests {
     }
 
     #[test]
-    fn denied_syscalls_lists_the_deny_filter_once_each() {
-        let denied = denied_syscalls();
-        let unique: BTreeSet<&str> = denied.iter().map(String::as_str).collect();
-        assert_eq!(unique.len(), denied.len(), "no duplicates: {denied:?}");
+    fn the_deny_filter_names_the_dangerous_syscalls() {
+        let doc = policy_doc();
+        let deny = names(&doc[DENY]);
         for name in [
             "ptrace",
             "mount",
@@ -382,12 +355,33 @@ mod tests {
             "clone",
             "socket",
         ] {
-            assert!(unique.contains(name), "{name} missing from {denied:?}");
+            assert!(deny.contains(name), "{name} missing from {deny:?}");
         }
         for name in ["read", "execve", "clone3"] {
-            assert!(!unique.contains(name), "{name} must not be denied");
+            assert!(!deny.contains(name), "{name} must not be denied");
         }
-        assert_eq!(unique, names(&policy_doc()[DENY]));
+    }
+
+    #[test]
+    fn embedded_bpf_is_a_fresh_compile_of_policy_json() {
+        let (allow, deny) =
+            compile::compile(POLICY_JSON.as_bytes(), seccompiler::TargetArch::x86_64).unwrap();
+        let policy = SeccompPolicy::embedded();
+        assert_eq!(
+            compile::serialize(&allow),
+            ALLOW_BPF,
+            "allow filter is stale"
+        );
+        assert_eq!(compile::serialize(&deny), DENY_BPF, "deny filter is stale");
+        // And the compile-time decoding reads back the same instructions.
+        let same = |embedded: &[sock_filter], fresh: &[seccompiler::sock_filter]| {
+            embedded.len() == fresh.len()
+                && embedded
+                    .iter()
+                    .zip(fresh)
+                    .all(|(a, b)| (a.code, a.jt, a.jf, a.k) == (b.code, b.jt, b.jf, b.k))
+        };
+        assert!(same(policy.allow, &allow) && same(policy.deny, &deny));
     }
 
     #[test]
@@ -396,14 +390,14 @@ mod tests {
             "filter": [{"syscall": "no_such_syscall"}]},
             "deny": {"mismatch_action": "allow", "filter_action": {"errno": 1}, "filter": []}}"#;
         assert!(matches!(
-            SeccompPolicy::compile_json(unknown, seccompiler::TargetArch::x86_64),
-            Err(SeccompError::Compile { .. })
+            compile::compile(unknown.as_bytes(), seccompiler::TargetArch::x86_64),
+            Err(compile::CompileError::Json(_))
         ));
         let no_deny = r#"{"allow": {"mismatch_action": {"errno": 38}, "filter_action": "allow",
             "filter": [{"syscall": "read"}]}}"#;
         assert!(matches!(
-            SeccompPolicy::compile_json(no_deny, seccompiler::TargetArch::x86_64),
-            Err(SeccompError::MissingFilter("deny"))
+            compile::compile(no_deny.as_bytes(), seccompiler::TargetArch::x86_64),
+            Err(compile::CompileError::MissingFilter("deny"))
         ));
     }
 
@@ -486,7 +480,7 @@ mod tests {
     /// only if its action is strictly more restrictive (signed comparison).
     fn stacked(policy: &SeccompPolicy, d: &Data) -> u32 {
         let mut ret = RET_ALLOW;
-        for prog in [&policy.deny, &policy.allow] {
+        for prog in [policy.deny, policy.allow] {
             let cur = run_bpf(prog, d);
             if ((cur & RET_ACTION_FULL) as i32) < ((ret & RET_ACTION_FULL) as i32) {
                 ret = cur;
@@ -586,7 +580,7 @@ mod tests {
     #[test]
     fn bpf_prlimit_on_other_processes_and_socket_buffers_are_refused() {
         use libc::{SYS_prlimit64, SYS_setsockopt};
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         assert_eq!(
             check(&policy, SYS_prlimit64, &[0, 7, 0, 0, 0, 0]),
             RET_ALLOW,
@@ -629,7 +623,7 @@ mod tests {
 
     #[test]
     fn bpf_every_unconditional_deny_entry_gives_eperm() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         for rule in &policy_doc()[DENY].filter {
             let nr = deny_nr(&rule.syscall)
                 .unwrap_or_else(|| panic!("add {} to deny_nr()", rule.syscall));
@@ -648,7 +642,7 @@ mod tests {
 
     #[test]
     fn bpf_every_syscall_number_is_allowed_or_refused_with_an_errno() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let mut allowed = 0;
         for nr in 0..1024 {
             match check(&policy, nr, &[]) {
@@ -674,7 +668,7 @@ mod tests {
 
     #[test]
     fn bpf_x32_syscalls_get_enosys() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         for nr in (0..1024).map(|nr| nr | X32_SYSCALL_BIT) {
             assert_eq!(check(&policy, nr, &[]), ENOSYS, "x32 syscall {nr:#x}");
         }
@@ -682,7 +676,7 @@ mod tests {
 
     #[test]
     fn bpf_other_architectures_are_killed() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         for arch in [
             AUDIT_ARCH_I386,
             0xc000_00b7, /* AUDIT_ARCH_AARCH64 */
@@ -694,8 +688,8 @@ mod tests {
                     arch,
                     args: [0; 6],
                 };
-                assert_eq!(run_bpf(&policy.allow, &d), RET_KILL_PROCESS);
-                assert_eq!(run_bpf(&policy.deny, &d), RET_KILL_PROCESS);
+                assert_eq!(run_bpf(policy.allow, &d), RET_KILL_PROCESS);
+                assert_eq!(run_bpf(policy.deny, &d), RET_KILL_PROCESS);
                 assert_eq!(stacked(&policy, &d), RET_KILL_PROCESS);
             }
         }
@@ -713,7 +707,7 @@ mod tests {
 
     #[test]
     fn bpf_clone_namespace_flags_are_refused() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         assert_eq!(NS_FLAGS.iter().fold(0, |a, f| a | f), 0x7E02_0000);
         let sigchld = libc::SIGCHLD as u64;
         let thread = (libc::CLONE_VM
@@ -748,7 +742,7 @@ mod tests {
 
     #[test]
     fn bpf_personality_only_allows_dockers_personas() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let allowed = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
         for p in allowed {
             assert_eq!(
@@ -774,7 +768,7 @@ mod tests {
 
     #[test]
     fn bpf_socket_families_and_netlink_protocols() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         for family in 0..=64u64 {
             for protocol in 0..=32u64 {
                 let ok = matches!(family, 1 | 2 | 10) || (family == 16 && protocol == 0);
@@ -796,7 +790,7 @@ mod tests {
 
     #[test]
     fn bpf_ioctl_terminal_injection_is_refused() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         for cmd in [libc::TIOCSTI, libc::TIOCLINUX] {
             assert_eq!(
                 check(&policy, libc::SYS_ioctl, &[0, cmd]),
@@ -994,7 +988,7 @@ mod tests {
 
     #[test]
     fn ordinary_syscalls_work_under_the_policy() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let cases: &[Case] = &[
             ("getpid", || sys!(libc::SYS_getpid)),
             ("write to /dev/null", || {
@@ -1070,7 +1064,7 @@ mod tests {
 
     #[test]
     fn dangerous_syscalls_fail_with_eperm() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         // The arguments are chosen so that each call would fail harmlessly (EFAULT, EINVAL,
         // EBADF, ...) or only affect the throwaway child if the filter ever let it through.
         let cases: &[Case] = &[
@@ -1273,7 +1267,7 @@ mod tests {
 
     #[test]
     fn unlisted_syscalls_fail_with_enosys() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let cases: &[Case] = &[
             // The struct (and so the flags) is out of the filter's reach: ENOSYS makes glibc
             // fall back to clone.
@@ -1320,7 +1314,7 @@ mod tests {
 
     #[test]
     fn i386_syscalls_kill_the_process_with_sigsys() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let pid_matches = || i32::from(int80_getpid() as c_long != sys!(libc::SYS_getpid));
         // Control: the kernel has the i386 ABI, and without the filter the call works.
         assert_eq!(
@@ -1453,7 +1447,7 @@ mod tests {
 
     #[test]
     fn bash_and_coreutils_run_under_the_policy() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let s = Scratch::new();
         let out = s.run(
             &policy,
@@ -1471,7 +1465,7 @@ mod tests {
 
     #[test]
     fn python_runs_under_the_policy() {
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let s = Scratch::new();
         let script = r#"
 import os, threading, subprocess, json, socket, multiprocessing, tempfile
@@ -1507,7 +1501,7 @@ print("python ok")
         if !installed("/usr/bin/node") {
             return;
         }
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let s = Scratch::new();
         let script = r#"
 const fs = require('fs');
@@ -1537,7 +1531,7 @@ w.on('exit', () => {
         if !installed("/usr/bin/ruby") {
             return;
         }
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let s = Scratch::new();
         let script = r#"puts [1, 2].sum; Thread.new { 1 }.join; system("true") or exit 1; puts `echo ruby ok`"#;
         let out = s.run(&policy, &["/usr/bin/ruby", "-e", script], &[]);
@@ -1549,7 +1543,7 @@ w.on('exit', () => {
         if !installed("/usr/bin/go") {
             return;
         }
-        let policy = SeccompPolicy::compile().unwrap();
+        let policy = SeccompPolicy::embedded();
         let s = Scratch::new();
         let main = s.path("main.go");
         std::fs::write(

@@ -1,0 +1,349 @@
+//! The run loop: hand pid 1 one program, then wait on the control socket, both output pipes
+//! and the kill switch at once until the program ends, is stopped, or the sandbox is killed.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags};
+
+use super::capture::Capture;
+use super::error::io_err;
+use super::{timespec, KillSwitch, OutputSink, Sandbox, SandboxError, Stream};
+use crate::config::{ExecStep, FileSpec, Rlimits};
+use crate::protocol::{self, ExitStatus, LandlockStatus, Report, Request};
+
+/// Time allowed on top of a program's wall-clock limit before pid 1 reports `Started`: pid 1
+/// first writes the input files (up to the memory limit's worth, into tmpfs) and forks, and
+/// the program's own clock only starts once it runs. Five seconds covers writing a few hundred
+/// megabytes on a loaded two-core host; a pid 1 that needs longer is treated as a timeout.
+const START_ALLOWANCE: Duration = Duration::from_secs(5);
+
+/// How long pid 1 gets to answer a `Stop` (kill the program and everything it started, reap
+/// them, report `Exited`). It needs a few sweeps of 50 ms at most; three seconds leaves room
+/// for a loaded host before the supervisor falls back to killing the whole sandbox (and with
+/// it the files a timed-out program wrote). `docs/isolation.md` states the same figure.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// How long the supervisor keeps reading the output pipes after it killed the sandbox. Every
+/// writer is dead then, so EOF comes at once; the bound only matters if some process of the
+/// sandbox is stuck in the kernel (uninterruptible sleep) and still holds a pipe.
+const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// A file to place in the sandbox before a program starts.
+#[derive(Debug, Clone)]
+pub struct InputFile {
+    /// Absolute path under /workspace or /tmp.
+    pub path: PathBuf,
+    pub mode: u32,
+    pub content: Vec<u8>,
+}
+
+/// One program to run in a sandbox.
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub files: Vec<InputFile>,
+    pub stdin: Option<Vec<u8>>,
+    pub rlimits: Rlimits,
+    pub wall_timeout: Duration,
+    pub stdout_cap: u64,
+    pub stderr_cap: u64,
+}
+
+/// Why a program stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// It exited (or was killed by a signal from inside, the kernel's OOM killer, an rlimit).
+    Exited(ExitStatus),
+    /// The wall-clock limit ran out and the sandbox was killed.
+    TimedOut,
+    /// stdout or stderr went past its cap and the sandbox was killed.
+    OutputLimit(Stream),
+    /// The caller cancelled and the sandbox was killed.
+    Cancelled,
+}
+
+/// What happened to one program.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub end: End,
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub peak_memory_bytes: Option<u64>,
+    pub oom_kills: u64,
+    pub pids_limit_hits: u64,
+    pub disk_full: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub landlock: Option<LandlockStatus>,
+}
+
+/// How a program ended, as pid 1 reported it (or as the supervisor inferred it when pid 1
+/// itself was killed by the OOM killer).
+#[derive(Debug, Clone, Copy)]
+struct ExitRecord {
+    status: ExitStatus,
+    wall: Duration,
+    /// CPU time of the program and its reaped descendants (rusage); used when the cgroup
+    /// cannot account CPU.
+    cpu: Duration,
+    /// Largest resident set of any single process of the program; 0 when unknown.
+    max_rss_bytes: u64,
+    /// The scratch filesystem was full when the program ended.
+    disk_full: bool,
+}
+
+impl ExitRecord {
+    /// The record of an `Exited` report; `None` for any other report.
+    fn from_report(report: &Report) -> Option<ExitRecord> {
+        match *report {
+            Report::Exited {
+                status,
+                wall_ns,
+                cpu_ns,
+                max_rss_bytes,
+                disk_full,
+            } => Some(ExitRecord {
+                status,
+                wall: Duration::from_nanos(wall_ns),
+                cpu: Duration::from_nanos(cpu_ns),
+                max_rss_bytes,
+                disk_full,
+            }),
+            _ => None,
+        }
+    }
+
+    /// A program that got no report of its own: it was SIGKILLed (with pid 1, by the OOM
+    /// killer) after running for `wall`.
+    fn killed(wall: Duration) -> ExitRecord {
+        ExitRecord {
+            status: ExitStatus::Signal(libc::SIGKILL),
+            wall,
+            cpu: Duration::ZERO,
+            max_rss_bytes: 0,
+            disk_full: false,
+        }
+    }
+}
+
+impl Sandbox {
+    /// Run a program and wait for it to end (or be stopped). The sandbox stays usable after a
+    /// normal exit; after a timeout, output limit or cancellation it is dead.
+    pub fn run(
+        &mut self,
+        program: &Program,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> Result<Outcome, SandboxError> {
+        if !self.alive {
+            return Err(SandboxError::Dead);
+        }
+        let mut blobs: Vec<&[u8]> = Vec::new();
+        let files = program
+            .files
+            .iter()
+            .map(|f| {
+                blobs.push(&f.content);
+                FileSpec {
+                    path: f.path.clone(),
+                    mode: f.mode,
+                    blob: blobs.len() - 1,
+                }
+            })
+            .collect();
+        let stdin_blob = program.stdin.as_ref().map(|s| {
+            blobs.push(s);
+            blobs.len() - 1
+        });
+        let step = ExecStep {
+            argv: program.argv.clone(),
+            env: program.env.clone(),
+            cwd: program.cwd.clone(),
+            files,
+            stdin_blob,
+            rlimits: program.rlimits,
+        };
+        let before = self.cgroup_stats();
+        if let Some(cg) = &self.cgroup {
+            cg.reset_peak();
+        }
+        protocol::send(&self.ctrl, &Request::Exec(step), &blobs).map_err(io_err("send program"))?;
+
+        let started = Instant::now();
+        let mut deadline = started + program.wall_timeout + START_ALLOWANCE;
+        let mut out = Capture::new(program.stdout_cap);
+        let mut err = Capture::new(program.stderr_cap);
+        let mut end: Option<End> = None;
+        let mut exited: Option<ExitRecord> = None;
+        let mut landlock = None;
+        let mut program_started: Option<Instant> = None;
+
+        while exited.is_none() && end.is_none() {
+            // Checked on every pass, not only when poll times out: a program that writes a
+            // little output all the time must not postpone its own timeout.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                end = Some(End::TimedOut);
+                break;
+            }
+            let mut fds = vec![
+                PollFd::new(&self.ctrl, PollFlags::IN),
+                PollFd::new(&self.stdout, PollFlags::IN),
+                PollFd::new(&self.stderr, PollFlags::IN),
+            ];
+            if let Some(c) = cancel {
+                fds.push(PollFd::from_borrowed_fd(c.fd(), PollFlags::IN));
+            }
+            let ready = match poll(&mut fds, Some(&timespec(left))) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(io_err("poll")(e.into())),
+            };
+            let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents()).collect();
+            drop(fds);
+            if ready == 0 {
+                end = Some(End::TimedOut);
+                break;
+            }
+            if !revents[1].is_empty() && out.read_from(&self.stdout, Stream::Stdout, sink) {
+                end = Some(End::OutputLimit(Stream::Stdout));
+                break;
+            }
+            if !revents[2].is_empty() && err.read_from(&self.stderr, Stream::Stderr, sink) {
+                end = Some(End::OutputLimit(Stream::Stderr));
+                break;
+            }
+            if revents.len() > 3 && !revents[3].is_empty() {
+                end = Some(End::Cancelled);
+                break;
+            }
+            if !revents[0].is_empty() {
+                let report = match self.read_report() {
+                    Ok(r) => r,
+                    // pid 1 died in an OOM of the run's cgroup (the kernel's choice of victim,
+                    // or a cgroup v2 host where an operator set memory.oom.group): that is
+                    // the program hitting its memory limit, not a broken sandbox.
+                    Err(SandboxError::HelperDied(_))
+                        if self.cgroup_stats().oom_kills > before.oom_kills
+                            && program_started.is_none() =>
+                    {
+                        // pid 1 ran out of memory while writing the inputs: they do not fit.
+                        return Err(SandboxError::InputExceedsMemory);
+                    }
+                    Err(SandboxError::HelperDied(_))
+                        if self.cgroup_stats().oom_kills > before.oom_kills =>
+                    {
+                        exited = Some(ExitRecord::killed(
+                            program_started.map(|s| s.elapsed()).unwrap_or_default(),
+                        ));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                };
+                match report {
+                    Report::Started { landlock: l, .. } => {
+                        landlock = Some(l);
+                        self.enforcement.landlock = Some(l);
+                        let now = Instant::now();
+                        program_started = Some(now);
+                        deadline = now + program.wall_timeout;
+                    }
+                    Report::Exited { .. } => exited = ExitRecord::from_report(&report),
+                    Report::Failed { step, path, error } => {
+                        self.kill();
+                        return Err(SandboxError::Setup {
+                            step,
+                            path,
+                            source: error,
+                        });
+                    }
+                    other => return Err(SandboxError::Protocol(format!("{other:?}"))),
+                }
+            }
+        }
+
+        if matches!(end, Some(End::TimedOut | End::OutputLimit(_))) && exited.is_none() {
+            // Ask pid 1 to kill the program and everything it started: the sandbox and its
+            // files survive (outputs written before a timeout are still collected). If pid 1
+            // does not answer in time, fall through to the hard kill below.
+            exited = self.stop_program(STOP_GRACE);
+        }
+        if end.is_some() && exited.is_none() {
+            // Cancellation, or a Stop that got no answer: kill the whole sandbox (which reaps
+            // the helper), then drain what the pipes still hold (all writers are dead, so EOF
+            // comes quickly).
+            self.kill();
+            let drain_until = Instant::now() + DRAIN_AFTER_KILL;
+            out.drain(&self.stdout, Stream::Stdout, sink, drain_until);
+            err.drain(&self.stderr, Stream::Stderr, sink, drain_until);
+        } else {
+            // The program exited and pid 1 killed and reaped everything else before reporting,
+            // so the pipes hold all the output there will ever be: read until empty.
+            let now = Instant::now();
+            out.drain(&self.stdout, Stream::Stdout, sink, now);
+            err.drain(&self.stderr, Stream::Stderr, sink, now);
+            if out.over || err.over {
+                // The cap was crossed in the final burst: same verdict as a flood.
+                end = Some(End::OutputLimit(if out.over {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                }));
+            }
+        }
+        let after = self.cgroup_stats();
+        let (status_end, record) = match exited {
+            Some(r) => (End::Exited(r.status), r),
+            // Stopped or killed without a report from pid 1: only the wall time is known.
+            None => (
+                end.unwrap_or(End::Cancelled),
+                ExitRecord::killed(program_started.map(|s| s.elapsed()).unwrap_or_default()),
+            ),
+        };
+        let end = end.unwrap_or(status_end);
+        let cpu = match (before.cpu_usage_ns, after.cpu_usage_ns) {
+            (Some(b), Some(a)) => Duration::from_nanos(a.saturating_sub(b)),
+            _ => record.cpu,
+        };
+        let max_rss = record.max_rss_bytes;
+        let peak = after.memory_peak_bytes.or((max_rss > 0).then_some(max_rss));
+        Ok(Outcome {
+            end,
+            wall: match end {
+                End::TimedOut => program.wall_timeout,
+                _ => record.wall,
+            },
+            cpu,
+            peak_memory_bytes: peak,
+            oom_kills: after.oom_kills.saturating_sub(before.oom_kills),
+            pids_limit_hits: after.pids_limit_hits.saturating_sub(before.pids_limit_hits),
+            disk_full: record.disk_full,
+            stdout_truncated: out.over,
+            stderr_truncated: err.over,
+            stdout: out.data,
+            stderr: err.data,
+            landlock,
+        })
+    }
+
+    /// Send `Stop` and wait up to `grace` for pid 1's `Exited`.
+    fn stop_program(&mut self, grace: Duration) -> Option<ExitRecord> {
+        protocol::send(&self.ctrl, &Request::Stop, &[]).ok()?;
+        let deadline = Instant::now() + grace;
+        loop {
+            match self.wait_report(deadline) {
+                Ok(Some(report @ Report::Exited { .. })) => {
+                    return ExitRecord::from_report(&report)
+                }
+                // The program had only just started when the deadline hit.
+                Ok(Some(Report::Started { .. })) => continue,
+                _ => return None,
+            }
+        }
+    }
+}
