@@ -779,11 +779,8 @@ print("cgroup_paths=" + ",".join(sorted(set(l.strip().split(":", 2)[2] for l in 
 }
 
 #[test]
+#[cfg_attr(not(host_ipcmk), ignore = "needs ipcmk (util-linux)")]
 fn host_sysv_ipc_objects_are_invisible() {
-    if !have("/usr/bin/ipcmk") {
-        eprintln!("skipped: ipcmk not installed");
-        return;
-    }
     let out = std::process::Command::new("ipcmk")
         .args(["-M", "4096"])
         .output()

@@ -333,6 +333,10 @@ fn check_cancel(c: &Value, m: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_mcp_client, host_python_stack)),
+    ignore = "needs the Python MCP client (scripts/test.sh installs it in target/mcp-venv) and the Python data stack"
+)]
 fn stdio_with_the_python_sdk() {
     let m = marker("mcpstdio");
     let bin = runcell_bin();
@@ -395,6 +399,10 @@ impl Server {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_mcp_client, host_python_stack)),
+    ignore = "needs the Python MCP client (scripts/test.sh installs it in target/mcp-venv) and the Python data stack"
+)]
 fn http_with_the_python_sdk() {
     let s = Server::start(&[KEY]);
     let url = s.url();

@@ -29,6 +29,10 @@ fn without_cgroups(code: &str, extra: &str) -> Run {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_unshare)),
+    ignore = "needs root and unshare (util-linux) for a private mount namespace"
+)]
 fn a_timeout_without_cgroups_leaves_no_process_behind() {
     // Without a cgroup to kill, the pid namespace is what takes every process down: the
     // daemons below (one double-forked, one in its own session) must not survive the timeout.
@@ -53,6 +57,10 @@ fn a_timeout_without_cgroups_leaves_no_process_behind() {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_unshare)),
+    ignore = "needs root and unshare (util-linux) for a private mount namespace"
+)]
 fn without_cgroups_the_verdict_says_what_is_missing_and_strict_refuses() {
     let r = without_cgroups("true", "");
     r.assert_ok();

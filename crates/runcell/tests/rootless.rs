@@ -10,14 +10,6 @@ use std::time::Duration;
 
 const NOBODY: u32 = 65534;
 
-fn setpriv_available() -> bool {
-    if have("/usr/bin/setpriv") {
-        return true;
-    }
-    eprintln!("skipped: /usr/bin/setpriv (util-linux) is not installed");
-    false
-}
-
 /// `runcell run --json ARGS...` as nobody.
 fn rootless_with(args: &[&str], adjust: impl FnOnce(&mut Command)) -> Run {
     let mut argv: Vec<String> = [
@@ -40,10 +32,11 @@ fn rootless(args: &[&str]) -> Run {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_setpriv)),
+    ignore = "needs root and setpriv (util-linux) to become nobody"
+)]
 fn rootless_run_works_and_says_cgroups_are_missing() {
-    if !setpriv_available() {
-        return;
-    }
     let r = rootless(&["-c", "import os; print(os.getuid())"]);
     r.assert_ok();
     assert_eq!(r.stdout(), "1000\n");
@@ -68,10 +61,11 @@ fn rootless_run_works_and_says_cgroups_are_missing() {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_setpriv)),
+    ignore = "needs root and setpriv (util-linux) to become nobody"
+)]
 fn rootless_strict_refuses_naming_cgroups() {
-    if !setpriv_available() {
-        return;
-    }
     let r = rootless(&["--strict", "-c", "open('/tmp/strict-ran', 'w')"]);
     r.assert_category("sandbox_failure");
     assert_eq!(r.code, Some(125));
@@ -81,10 +75,11 @@ fn rootless_strict_refuses_naming_cgroups() {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_setpriv)),
+    ignore = "needs root and setpriv (util-linux) to become nobody"
+)]
 fn rootless_program_is_isolated_like_the_privileged_one() {
-    if !setpriv_available() {
-        return;
-    }
     let id = unique_digits();
     let host = HostFile::create(format!("/tmp/runcell-rootless-{id}"), b"host only");
     let secret = format!("rootless-secret-{id}");
@@ -135,10 +130,11 @@ print("hostname=" + socket.gethostname())
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_setpriv)),
+    ignore = "needs root and setpriv (util-linux) to become nobody"
+)]
 fn rootless_timeout_kills_everything_including_daemons() {
-    if !setpriv_available() {
-        return;
-    }
     let tag = unique_digits();
     let code = format!(
         r#"
@@ -160,10 +156,11 @@ while True:
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_setpriv)),
+    ignore = "needs root and setpriv (util-linux) to become nobody"
+)]
 fn rootless_kill_minus_one_does_not_reach_host_processes_of_the_same_user() {
-    if !setpriv_available() {
-        return;
-    }
     // A host process running as nobody: the very uid the rootless sandbox runs as.
     let tag = unique_digits();
     let mut host_proc = Command::new("setpriv")
@@ -202,10 +199,11 @@ print("survived=yes")
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_setpriv)),
+    ignore = "needs root and setpriv (util-linux) to become nobody"
+)]
 fn rootless_memory_limit_still_bounds_allocations() {
-    if !setpriv_available() {
-        return;
-    }
     let r = rootless(&[
         "--memory",
         "64M",
@@ -227,10 +225,11 @@ fn rootless_memory_limit_still_bounds_allocations() {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_setpriv)),
+    ignore = "needs root and setpriv (util-linux) to become nobody"
+)]
 fn rootless_process_count_is_still_capped() {
-    if !setpriv_available() {
-        return;
-    }
     let code = r#"
 import os, time, errno
 n = 0
