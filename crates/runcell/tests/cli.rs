@@ -455,11 +455,8 @@ fn an_endless_code_file_is_refused_at_the_size_limit() {
     // reading until it runs out of memory.
     let r = run_capped(&["--lang", "python", "/dev/zero"]);
     assert_invalid(&r, "1048576");
-    assert!(
-        r.elapsed < std::time::Duration::from_secs(5),
-        "{:?}",
-        r.elapsed
-    );
+    // Refused before any sandbox is built: no time limit applies, only start-up.
+    assert!(r.elapsed < LOADED_MARGIN, "{:?}", r.elapsed);
 }
 
 #[test]
@@ -467,11 +464,8 @@ fn an_endless_code_file_is_refused_at_the_size_limit() {
 fn an_endless_stdin_file_is_refused_at_the_size_limit() {
     let r = run_capped(&["--stdin", "/dev/zero", "-c", "print(1)"]);
     assert_invalid(&r, "16777216");
-    assert!(
-        r.elapsed < std::time::Duration::from_secs(5),
-        "{:?}",
-        r.elapsed
-    );
+    // Refused before any sandbox is built: no time limit applies, only start-up.
+    assert!(r.elapsed < LOADED_MARGIN, "{:?}", r.elapsed);
 }
 
 #[test]

@@ -329,7 +329,7 @@ fn check_cancel(c: &Value, m: &str) {
         "the sandbox outlived its cancelled call: {c:#}"
     );
     assert_eq!(c["after"]["structuredContent"]["stdout"], "still here\n");
-    assert_marker_gone(m, Duration::from_secs(5));
+    assert_marker_gone(m, common::LOADED_MARGIN);
 }
 
 #[test]

@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 
 fn without_cgroups(code: &str, extra: &str) -> Run {
@@ -40,7 +38,8 @@ fn a_timeout_without_cgroups_leaves_no_process_behind() {
     let m = marker("nocg");
     let r = without_cgroups(
         &format!(
-            "(exec -a {m} sleep 1000 &) ; setsid bash -c \"exec -a {m} sleep 1000\" & sleep 0.3; \
+            "(exec -a {m} sleep 1000 &) ; setsid bash -c \"exec -a {m} sleep 1000\" & \
+             until [ \"$(pgrep -c -f {m})\" = 2 ]; do sleep 0.01; done; \
              echo daemons $(pgrep -c -f {m}); \
              while :; do sleep 1; done"
         ),
@@ -53,7 +52,7 @@ fn a_timeout_without_cgroups_leaves_no_process_behind() {
         "daemons 2\n",
         "both daemons were running before the timeout"
     );
-    assert_marker_gone(&m, Duration::from_secs(5));
+    assert_marker_gone(&m, LOADED_MARGIN);
 }
 
 #[test]
