@@ -172,9 +172,16 @@ fn real_v1_limits_stats_kill_and_destroy() {
             file.display()
         );
     }
-    // Let it run (and exec) inside the group so there is something to account.
+    // Let it run (and exec) inside the group until there is something to account.
     child.release();
-    thread::sleep(Duration::from_millis(200));
+    assert!(
+        super::wait_until(Duration::from_secs(5), || {
+            let s = group.stats();
+            s.cpu_usage_ns.is_some_and(|ns| ns > 0) && s.memory_peak_bytes.is_some_and(|b| b > 0)
+        }),
+        "nothing accounted: {:?}",
+        group.stats()
+    );
     let stats = group.stats();
     eprintln!("basic: {stats:?}");
     assert!(stats.cpu_usage_ns.is_some_and(|ns| ns > 0), "{stats:?}");
@@ -319,8 +326,11 @@ fn real_v1_kill_all_stops_a_forking_tree() {
     let mut child = gated_shell("while :; do (sleep 30 &) ; done");
     group.add_process(child.pid()).expect("add");
     child.release();
-    thread::sleep(Duration::from_millis(300));
-    assert!(group.pids().len() > 2, "the tree grew: {:?}", group.pids());
+    assert!(
+        super::wait_until(Duration::from_secs(5), || group.pids().len() > 2),
+        "the tree never grew: {:?}",
+        group.pids()
+    );
     group.kill_all().expect("kill_all");
     assert!(
         super::wait_until(Duration::from_secs(2), || group.is_empty()),
