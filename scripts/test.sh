@@ -5,6 +5,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The suite times itself: each phase as it ends, and one summary line when the script exits
+# (after the tests' own closing lines, pass or fail).
+suite_start=$(date +%s.%N)
+phase_start=$suite_start
+phases=()
+phase_done() {
+  local now
+  now=$(date +%s.%N)
+  phases+=("$1 $(awk -v a="$phase_start" -v b="$now" 'BEGIN { printf "%.1fs", b - a }')")
+  echo "test.sh: $1 took ${phases[-1]#* }"
+  phase_start=$now
+}
+report_duration() {
+  local status=$? now summary="" p
+  now=$(date +%s.%N)
+  for p in "${phases[@]}"; do summary+="$p, "; done
+  echo "test.sh: ${summary}total $(awk -v a="$suite_start" -v b="$now" 'BEGIN { printf "%.1fs", b - a }') (exit $status)"
+}
+trap report_duration EXIT
+
 need=()
 [ -x /usr/bin/ruby ] || need+=(ruby)
 [ -x /usr/bin/go ] || need+=(golang-go)
@@ -18,9 +38,12 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+phase_done install
 
 cargo fmt --all -- --check
+phase_done fmt
 cargo clippy --workspace --all-targets -- -D warnings
+phase_done clippy
 # The data-stack tests run against the prepared runtimes: install them (idempotent; the Python
 # stack comes from PyPI, the Go cache is built locally).
 cargo build -q -p runcell
@@ -33,4 +56,8 @@ if ! target/mcp-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exi
   /usr/bin/python3 -m venv target/mcp-venv
   target/mcp-venv/bin/pip install -q --disable-pip-version-check mcp==2.3.0
 fi
+phase_done setup
+# The tests' build scripts probe this host (build-support/host_probe.rs): with everything above
+# installed, no test is ignored for a missing prerequisite.
 cargo test --workspace
+phase_done tests

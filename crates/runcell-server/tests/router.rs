@@ -251,7 +251,8 @@ async fn oversized_bodies_are_413() {
     assert_error(&j, "payload_too_large");
 }
 
-#[tokio::test]
+// The clock is paused: a sleep ends only when every other task is idle, not after wall time.
+#[tokio::test(start_paused = true)]
 async fn beyond_the_running_and_queued_slots_is_429() {
     let mut c = config(&[]);
     c.max_concurrent = 1;
@@ -271,6 +272,8 @@ async fn beyond_the_running_and_queued_slots_is_429() {
         let r = r.clone();
         holders.push(tokio::spawn(async move { r.oneshot(post(body)).await }));
     }
+    // With the clock paused this returns once both holders are parked on their bodies, i.e.
+    // admitted (the metrics gauges count sandboxes, not admissions, so cannot tell).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (s, h, j) = send(&r, post(r#"{"language":"python","code":"print(1)"}"#)).await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{j}");

@@ -155,26 +155,47 @@ fn output_is_streamed_while_the_program_runs() {
         .any(|(s, c, _)| *s == Stream::Stderr && c == b"err\n"));
 }
 
+/// Tells another thread when the program has printed `started`.
+struct StartedSignal(Option<std::sync::mpsc::Sender<()>>);
+impl OutputSink for StartedSignal {
+    fn output(&mut self, stream: Stream, chunk: &[u8]) {
+        if stream == Stream::Stdout && chunk.starts_with(b"started") {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
 #[test]
 fn a_kill_switch_stops_a_run_from_another_thread() {
+    const TIMEOUT: Duration = Duration::from_secs(30);
     let mut sb = Sandbox::create(&spec()).unwrap();
     let ks = KillSwitch::new().unwrap();
     let trigger = ks.clone();
+    let (tx, started_rx) = std::sync::mpsc::channel();
+    // Fire once the program runs (it said so), from another thread; note when.
     let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
+        started_rx.recv().expect("the program started");
         trigger.trigger();
+        Instant::now()
     });
-    let started = Instant::now();
     let o = sb
         .run(
-            &bash("trap '' TERM; while :; do :; done", Duration::from_secs(30)),
-            &mut NoSink,
+            &bash("trap '' TERM; echo started; while :; do :; done", TIMEOUT),
+            &mut StartedSignal(Some(tx)),
             Some(&ks),
         )
         .unwrap();
-    t.join().unwrap();
+    let ended = Instant::now();
+    let triggered = t.join().unwrap();
     assert_eq!(o.end, End::Cancelled);
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // Stopped by the switch, long before the timeout.
+    assert!(
+        ended - triggered < common::LOADED_MARGIN,
+        "{:?} after the trigger",
+        ended - triggered
+    );
     // The sandbox is dead afterwards.
     assert!(sb
         .run(&bash("true", Duration::from_secs(5)), &mut NoSink, None)
@@ -255,7 +276,8 @@ fn a_fifo_or_directory_at_an_input_path_never_hangs_pid_1() {
     );
     assert_eq!(sb.run(&plant, &mut NoSink, None).unwrap().stdout, b"ok\n");
     // A fifo is replaced by the file.
-    let mut p = bash("cat /workspace/f", Duration::from_secs(10));
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    let mut p = bash("cat /workspace/f", TIMEOUT);
     p.files.push(InputFile {
         path: "/workspace/f".into(),
         mode: 0o644,
@@ -264,7 +286,8 @@ fn a_fifo_or_directory_at_an_input_path_never_hangs_pid_1() {
     let started = Instant::now();
     let o = sb.run(&p, &mut NoSink, None).unwrap();
     assert_eq!(o.stdout, b"data");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // Not stuck on the fifo until the program's timeout.
+    assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
     // A directory is refused, as an error of the request.
     let mut p = bash("true", Duration::from_secs(10));
     p.files.push(InputFile {
@@ -292,7 +315,7 @@ fn killing_the_helper_kills_the_whole_sandbox() {
         .args(["-9", &helper.to_string()])
         .status()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + common::LOADED_MARGIN;
     while std::fs::read_to_string(format!("/proc/{pid1}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
         assert!(
             Instant::now() < deadline,

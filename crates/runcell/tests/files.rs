@@ -153,7 +153,8 @@ fn a_symlink_swapping_process_is_dead_before_collection() {
     let r = run(
         "python",
         r#"
-import os, time
+import os
+r, w = os.pipe()
 if os.fork() == 0:
     os.setsid()
     while True:
@@ -164,7 +165,12 @@ if os.fork() == 0:
             os.replace("swap.lnk", "swap")
         except OSError:
             pass
-time.sleep(0.3)
+        if w is not None:
+            os.write(w, b"swapped")
+            os.close(w)
+            w = None
+# Exit while the swapper is at work: after its first full swap.
+os.read(r, 7)
 "#,
         &[],
     );

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     assert_host_clean, assert_marker_gone, marker, runcell_bin, wait_for_marker, ServeProcess,
+    LOADED_MARGIN, START_WITHIN,
 };
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
@@ -508,9 +509,9 @@ fn a_client_that_disconnects_kills_its_sandbox() {
         "code": format!("(exec -a {m} sleep 1000) & echo started; wait"),
     }));
     events.until_stdout("started");
-    assert!(wait_for_marker(&m, Duration::from_secs(5)));
+    assert!(wait_for_marker(&m, START_WITHIN));
     drop(events);
-    assert_marker_gone(&m, Duration::from_secs(5));
+    assert_marker_gone(&m, LOADED_MARGIN);
 
     // Plain request: the client gives up (its timeout) and closes the connection.
     let m = marker("plain");
@@ -526,14 +527,14 @@ fn a_client_that_disconnects_kills_its_sandbox() {
             .send()
             .is_err()
     });
-    assert!(wait_for_marker(&m, Duration::from_secs(5)));
+    assert!(wait_for_marker(&m, START_WITHIN));
     assert!(t.join().unwrap(), "the request should have timed out");
-    assert_marker_gone(&m, Duration::from_secs(5));
+    assert_marker_gone(&m, LOADED_MARGIN);
     // The server keeps serving, and nothing of the runs is left.
     let (st, _) = s.execute(json!({"language": "bash", "code": "true"}));
     assert_eq!(st, 200);
     let pid = s.pid();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + LOADED_MARGIN;
     while !common::cgroups_of(pid).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -542,14 +543,18 @@ fn a_client_that_disconnects_kills_its_sandbox() {
 
 #[test]
 fn sigterm_lets_running_executions_finish() {
+    /// How long the program runs after "started" (within the default 30 s grace).
+    const RUN_SECS: Duration = Duration::from_secs(1);
     let mut s = Server::start(&[]);
-    let mut events =
-        s.stream(json!({"language": "bash", "code": "echo started; sleep 1; echo done"}));
+    let mut events = s.stream(json!({
+        "language": "bash",
+        "code": format!("echo started; sleep {}; echo done", RUN_SECS.as_secs()),
+    }));
     events.until_stdout("started");
     let pid = s.pid();
     let t = std::thread::spawn(move || events.rest());
-    std::thread::sleep(Duration::from_millis(100));
-    let status = s.terminate(Duration::from_secs(10));
+    // The run is going ("started" arrived): terminate now, the grace period lets it finish.
+    let status = s.terminate(RUN_SECS + LOADED_MARGIN);
     assert!(status.success(), "{status:?}: {}", s.log());
     let rest = t.join().unwrap();
     let (e, v) = rest.last().expect("a result");
@@ -561,7 +566,8 @@ fn sigterm_lets_running_executions_finish() {
 
 #[test]
 fn sigterm_kills_what_outlives_the_grace_period() {
-    let mut s = Server::start(&["--shutdown-grace", "500ms"]);
+    const GRACE: Duration = Duration::from_millis(500);
+    let mut s = Server::start(&["--shutdown-grace", &format!("{}ms", GRACE.as_millis())]);
     let m = marker("grace");
     let mut events = s.stream(json!({
         "language": "bash",
@@ -570,10 +576,10 @@ fn sigterm_kills_what_outlives_the_grace_period() {
     events.until_stdout("started");
     let pid = s.pid();
     let started = Instant::now();
-    let status = s.terminate(Duration::from_secs(10));
+    let status = s.terminate(GRACE + LOADED_MARGIN);
     assert!(status.success(), "{status:?}: {}", s.log());
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < GRACE + LOADED_MARGIN,
         "{:?}",
         started.elapsed()
     );
@@ -581,7 +587,7 @@ fn sigterm_kills_what_outlives_the_grace_period() {
     let (e, v) = rest.last().expect("a result");
     assert_eq!(e, "result", "{rest:?}");
     assert_ne!(category(v), "ok", "{v}");
-    assert_marker_gone(&m, Duration::from_secs(5));
+    assert_marker_gone(&m, LOADED_MARGIN);
     assert_host_clean(pid);
 }
 

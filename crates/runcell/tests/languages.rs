@@ -115,6 +115,7 @@ write("workspace", "/workspace/out.txt")
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(host_node), ignore = "needs node on this host")]
 fn node_hello_world() {
     let r = run("node", "console.log('hello', 6 * 7)", &[]);
     r.assert_ok();
@@ -123,6 +124,7 @@ fn node_hello_world() {
 }
 
 #[test]
+#[cfg_attr(not(host_node), ignore = "needs node on this host")]
 fn javascript_is_an_alias_of_node() {
     for alias in ["javascript", "js", "nodejs"] {
         let r = run(alias, "console.log(typeof process.versions.node)", &[]);
@@ -133,6 +135,7 @@ fn javascript_is_an_alias_of_node() {
 }
 
 #[test]
+#[cfg_attr(not(host_node), ignore = "needs node on this host")]
 fn node_exception_is_a_runtime_error() {
     let r = run("node", "throw new TypeError('bad thing')", &[]);
     r.assert_category("runtime_error");
@@ -145,6 +148,7 @@ fn node_exception_is_a_runtime_error() {
 }
 
 #[test]
+#[cfg_attr(not(host_node), ignore = "needs node on this host")]
 fn node_attacks() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
@@ -180,6 +184,7 @@ sock.on("error", (e) => console.log("connect_host=" + e.code));
 }
 
 #[test]
+#[cfg_attr(not(host_node), ignore = "needs node on this host")]
 fn node_memory_bomb_hits_the_memory_limit() {
     let r = run(
         "node",
@@ -195,6 +200,7 @@ fn node_memory_bomb_hits_the_memory_limit() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(host_ruby), ignore = "needs ruby on this host")]
 fn ruby_hello_world() {
     let r = run("ruby", "puts \"hello #{6 * 7}\"", &[]);
     r.assert_ok();
@@ -203,6 +209,7 @@ fn ruby_hello_world() {
 }
 
 #[test]
+#[cfg_attr(not(host_ruby), ignore = "needs ruby on this host")]
 fn ruby_exception_is_a_runtime_error() {
     let r = run("ruby", "raise ArgumentError, 'bad thing'", &[]);
     r.assert_category("runtime_error");
@@ -211,6 +218,7 @@ fn ruby_exception_is_a_runtime_error() {
 }
 
 #[test]
+#[cfg_attr(not(host_ruby), ignore = "needs ruby on this host")]
 fn ruby_attacks() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
@@ -246,6 +254,7 @@ attempt("ptrace") {{ Process.kill(:KILL, 1) }}
 }
 
 #[test]
+#[cfg_attr(not(host_ruby), ignore = "needs ruby on this host")]
 fn ruby_memory_bomb_hits_the_memory_limit() {
     let r = run(
         "ruby",
@@ -330,6 +339,7 @@ try mount mount -t tmpfs none /mnt
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+#[cfg_attr(not(host_go), ignore = "needs go on this host")]
 fn go_hello_world_reports_compile_time() {
     let r = run(
         "go",
@@ -347,6 +357,7 @@ fn go_hello_world_reports_compile_time() {
 }
 
 #[test]
+#[cfg_attr(not(host_go), ignore = "needs go on this host")]
 fn go_compile_error_is_a_compile_error_with_the_compiler_message() {
     let r = run(
         "go",
@@ -362,6 +373,7 @@ fn go_compile_error_is_a_compile_error_with_the_compiler_message() {
 }
 
 #[test]
+#[cfg_attr(not(host_go), ignore = "needs go on this host")]
 fn go_panic_is_a_runtime_error_with_exit_code_2() {
     let r = run(
         "go",
@@ -375,6 +387,7 @@ fn go_panic_is_a_runtime_error_with_exit_code_2() {
 }
 
 #[test]
+#[cfg_attr(not(host_go), ignore = "needs go on this host")]
 fn go_compile_timeout_is_enforced() {
     let r = run(
         "go",
@@ -391,6 +404,7 @@ fn go_compile_timeout_is_enforced() {
 }
 
 #[test]
+#[cfg_attr(not(host_go), ignore = "needs go on this host")]
 fn go_attacks() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
@@ -492,6 +506,10 @@ fn run_file(name: &str, content: &str) -> Run {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_node, host_ruby, host_go)),
+    ignore = "needs node, ruby and go on this host"
+)]
 fn the_language_is_inferred_from_the_file_extension() {
     let cases = [
         ("main.rb", "puts RUBY_ENGINE", "ruby", "ruby\n"),
@@ -538,6 +556,7 @@ fn an_unknown_extension_defaults_to_python() {
 }
 
 #[test]
+#[cfg_attr(not(host_ruby), ignore = "needs ruby on this host")]
 fn lang_flag_overrides_the_extension() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("main.py");
@@ -548,6 +567,7 @@ fn lang_flag_overrides_the_extension() {
 }
 
 #[test]
+#[cfg_attr(not(host_ruby), ignore = "needs ruby on this host")]
 fn dash_reads_the_code_from_stdin() {
     let mut child = std::process::Command::new(runcell_bin())
         .args(["run", "--json", "--lang", "ruby", "-"])

@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 
 fn without_cgroups(code: &str, extra: &str) -> Run {
@@ -29,6 +27,10 @@ fn without_cgroups(code: &str, extra: &str) -> Run {
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_unshare)),
+    ignore = "needs root and unshare (util-linux) for a private mount namespace"
+)]
 fn a_timeout_without_cgroups_leaves_no_process_behind() {
     // Without a cgroup to kill, the pid namespace is what takes every process down: the
     // daemons below (one double-forked, one in its own session) must not survive the timeout.
@@ -36,7 +38,8 @@ fn a_timeout_without_cgroups_leaves_no_process_behind() {
     let m = marker("nocg");
     let r = without_cgroups(
         &format!(
-            "(exec -a {m} sleep 1000 &) ; setsid bash -c \"exec -a {m} sleep 1000\" & sleep 0.3; \
+            "(exec -a {m} sleep 1000 &) ; setsid bash -c \"exec -a {m} sleep 1000\" & \
+             until [ \"$(pgrep -c -f {m})\" = 2 ]; do sleep 0.01; done; \
              echo daemons $(pgrep -c -f {m}); \
              while :; do sleep 1; done"
         ),
@@ -49,10 +52,14 @@ fn a_timeout_without_cgroups_leaves_no_process_behind() {
         "daemons 2\n",
         "both daemons were running before the timeout"
     );
-    assert_marker_gone(&m, Duration::from_secs(5));
+    assert_marker_gone(&m, LOADED_MARGIN);
 }
 
 #[test]
+#[cfg_attr(
+    not(all(host_root, host_unshare)),
+    ignore = "needs root and unshare (util-linux) for a private mount namespace"
+)]
 fn without_cgroups_the_verdict_says_what_is_missing_and_strict_refuses() {
     let r = without_cgroups("true", "");
     r.assert_ok();

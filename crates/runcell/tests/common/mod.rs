@@ -10,6 +10,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The margin a time bound allows on top of the limit under test: runcell's start-up, the
+/// sandbox's setup and teardown, and the scheduling delays of a loaded 2-core machine (the
+/// tests run in parallel, next to other builds). A run limited to `T` must end within
+/// `T + LOADED_MARGIN`; a run that must stop early (at a cap, at a kill) within
+/// `LOADED_MARGIN`; a process that must be gone is polled for up to `LOADED_MARGIN`.
+pub const LOADED_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long a test waits for something it started to show up (a sandboxed process, a server
+/// listening) before it gives up: protection against a hang, not a measurement.
+pub const START_WITHIN: Duration = Duration::from_secs(10);
+
 pub fn runcell_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_runcell"))
 }
@@ -269,7 +280,7 @@ pub fn cgroup_roots() -> Vec<PathBuf> {
 /// process anywhere that still claims such a cgroup.
 pub fn assert_host_clean(pid: u32) {
     let prefix = format!("{pid}-");
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + LOADED_MARGIN;
     loop {
         let mut left = Vec::new();
         for root in cgroup_roots() {
@@ -541,7 +552,7 @@ impl ServeProcess {
             }
         });
         let addr = rx
-            .recv_timeout(Duration::from_secs(10))
+            .recv_timeout(START_WITHIN)
             .unwrap_or_else(|_| panic!("server did not start: {}", log.lock().unwrap()));
         ServeProcess {
             child,
