@@ -30,6 +30,9 @@ pub use verdict::{ErrorCategory, Verdict, VerdictError};
 pub use runcell_jail::{KillOnDrop, KillSwitch, NoSink, OutputSink, Stream};
 pub use runcell_runtimes::{python_stack, Language};
 
+/// The one hex encoder: sha256 digests in verdicts, audit lines and tests.
+pub use runcell_jail::to_hex;
+
 /// The /proc entries every sandbox masks or makes read-only, for tests and documentation.
 pub use runcell_jail::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READONLY_DIRS};
 

@@ -228,6 +228,10 @@ macro_rules! limits {
             }
         }
 
+        /// The wire names, for serde's `deserialize_struct` (a flattened struct takes only
+        /// these).
+        const NAMES: &[&str] = &[$(stringify!($field)),+];
+
         /// The limits one run gets.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub struct Limits {
@@ -395,18 +399,6 @@ impl<'de> Deserialize<'de> for LimitOverrides {
     }
 }
 
-/// The wire names, for serde's `deserialize_struct` (a flattened struct takes only these).
-const NAMES: &[&str] = &[
-    "timeout",
-    "compile_timeout",
-    "memory",
-    "cpus",
-    "pids",
-    "disk",
-    "output",
-    "open_files",
-];
-
 struct OverridesVisitor {
     ignore_legacy: bool,
 }
@@ -451,8 +443,12 @@ impl<'de> DeserializeSeed<'de> for ValueSeed {
 struct ValueVisitor(Limit);
 
 impl ValueVisitor {
-    fn bad<E: de::Error>(&self) -> E {
-        E::custom(self.0.kind().expecting(self.0.name()))
+    /// "pids must be a whole number, not -1".
+    fn bad<E: de::Error>(&self, got: impl fmt::Display) -> E {
+        E::custom(format!(
+            "{}, not {got}",
+            self.0.kind().expecting(self.0.name())
+        ))
     }
 }
 
@@ -478,23 +474,23 @@ impl<'de> Visitor<'de> for ValueVisitor {
             // Seconds; `as` saturates, and the policy then names the maximum.
             Kind::Time => Ok(Some(v.saturating_mul(1000))),
             Kind::Bytes | Kind::Count => Ok(Some(v)),
-            Kind::Cores => cores_to_raw(v as f64).map(Some).ok_or_else(|| self.bad()),
+            Kind::Cores => cores_to_raw(v as f64).map(Some).ok_or_else(|| self.bad(v)),
         }
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Option<u64>, E> {
         match u64::try_from(v) {
             Ok(v) => self.visit_u64(v),
-            Err(_) => Err(self.bad()),
+            Err(_) => Err(self.bad(v)),
         }
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Option<u64>, E> {
         match self.0.kind() {
             Kind::Time if v.is_finite() && v >= 0.0 => Ok(Some((v * 1000.0).round() as u64)),
-            Kind::Cores => cores_to_raw(v).map(Some).ok_or_else(|| self.bad()),
+            Kind::Cores => cores_to_raw(v).map(Some).ok_or_else(|| self.bad(v)),
             // Sizes and counts are whole numbers: 1.5 bytes is a mistake, not a rounding.
-            _ => Err(self.bad()),
+            _ => Err(self.bad(v)),
         }
     }
 
@@ -507,8 +503,20 @@ impl<'de> Visitor<'de> for ValueVisitor {
                 .map(Some)
                 .map_err(|e| E::custom(format!("{}: {e}", self.0.name()))),
             // A count or a number of cores is a JSON number: "2" is a mistake worth naming.
-            Kind::Cores | Kind::Count => Err(self.bad()),
+            Kind::Cores | Kind::Count => Err(self.bad(format_args!("the string {v:?}"))),
         }
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Option<u64>, E> {
+        Err(self.bad(v))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Option<u64>, A::Error> {
+        Err(self.bad("a list"))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Option<u64>, A::Error> {
+        Err(self.bad("an object"))
     }
 }
 
@@ -699,6 +707,53 @@ impl Policy {
             }
         }
         Ok(l)
+    }
+}
+
+/// The caps a configuration may set (`[caps]`, `--cap NAME=VALUE`): sizes and counts of what a
+/// request carries and gets back.
+pub const CAP_NAMES: &[&str] = &[
+    "code",
+    "stdin",
+    "input_file",
+    "input_total",
+    "input_files",
+    "output_files",
+    "output_file",
+    "output_total",
+];
+
+impl Policy {
+    /// Set a cap from the text of a setting: a size (`1M`) or a count (`100`).
+    pub fn set_cap(&mut self, name: &str, text: &str) -> Result<(), String> {
+        let count = || {
+            text.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("cap {name}: '{text}' is not a count"))
+        };
+        let size = || parse_size(text).map_err(|e| format!("cap {name}: {e}"));
+        match name {
+            "code" => self.max_code_bytes = size()?,
+            "stdin" => self.max_stdin_bytes = size()?,
+            "input_file" => self.max_input_file_bytes = size()?,
+            "input_total" => self.max_input_total_bytes = size()?,
+            "input_files" => self.max_input_files = count()?,
+            "output_files" => self.max_output_files = count()?,
+            "output_file" => self.max_output_file_bytes = size()?,
+            "output_total" => self.max_output_total_bytes = size()?,
+            other => {
+                return Err(format!(
+                    "unknown cap '{other}'; the caps are: {}",
+                    CAP_NAMES.join(", ")
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// How many output files a run returns (the rest are counted in `files_omitted`).
+    pub fn output_files_returned(&self) -> u64 {
+        self.max_output_files
     }
 }
 

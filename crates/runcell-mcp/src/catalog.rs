@@ -264,7 +264,7 @@ fn description(rt: &RuntimeInfo, policy: &Policy) -> (String, String) {
          - stdin is empty. Only stdout, stderr and files come back: print the results you \
          need. A failed run comes back as an error with its category (runtime_error, \
          timeout, memory_limit, ...) and what to change.",
-        policy.max_output_files,
+        policy.output_files_returned(),
         format_size(policy.max_output_file_bytes),
         seconds(d.timeout.0),
         seconds(policy.max.timeout.0),

@@ -435,12 +435,7 @@ pub fn stack_id(lock: &str, python_identity: &str) -> String {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
-    let hex: String = h
-        .finalize()
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = runcell_jail::to_hex(&h.finalize()[..8]);
     match lock_python_tag(lock) {
         Some(tag) => format!("{tag}-{hex}"),
         None => hex,

@@ -82,7 +82,7 @@ impl From<&ExecRequest> for AuditRequest {
     fn from(req: &ExecRequest) -> Self {
         AuditRequest {
             language: crate::metrics::language_label(&req.language),
-            code_sha256: hex(&Sha256::digest(req.code.as_bytes())),
+            code_sha256: runcell_core::to_hex(&Sha256::digest(req.code.as_bytes())),
             code_bytes: req.code.len(),
             input_files: req.files.len(),
             requested: req.limits,
@@ -190,14 +190,6 @@ fn open_append(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,7 +235,7 @@ mod tests {
         assert_eq!(l["limits"]["timeout_ms"], 30_000);
         assert_eq!(
             l["code_sha256"],
-            hex(&Sha256::digest(b"print('secret')")).as_str()
+            runcell_core::to_hex(&Sha256::digest(b"print('secret')")).as_str()
         );
         assert!(l["time"].as_str().unwrap().ends_with('Z'));
         assert_eq!(lines[1]["category"], "invalid_request");

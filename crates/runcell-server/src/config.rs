@@ -189,10 +189,6 @@ fn apply_limits(
     Ok(o.apply_to(base))
 }
 
-/// The names `[caps]` and `--cap` accept, and the policy field each sets.
-pub const CAP_NAMES: &str = "code, stdin, input_file, input_total, input_files, output_files, \
-                             output_file, output_total";
-
 fn apply_caps(policy: &mut Policy, pairs: &[(String, Value)]) -> Result<(), ServerError> {
     for (name, v) in pairs {
         let text = match v {
@@ -204,28 +200,7 @@ fn apply_caps(policy: &mut Policy, pairs: &[(String, Value)]) -> Result<(), Serv
                 )))
             }
         };
-        let count = || {
-            text.trim()
-                .parse::<u64>()
-                .map_err(|_| ServerError::Config(format!("cap {name}: '{text}' is not a count")))
-        };
-        let size =
-            || parse_size(&text).map_err(|e| ServerError::Config(format!("cap {name}: {e}")));
-        match name.as_str() {
-            "code" => policy.max_code_bytes = size()?,
-            "stdin" => policy.max_stdin_bytes = size()?,
-            "input_file" => policy.max_input_file_bytes = size()?,
-            "input_total" => policy.max_input_total_bytes = size()?,
-            "input_files" => policy.max_input_files = count()?,
-            "output_files" => policy.max_output_files = count()?,
-            "output_file" => policy.max_output_file_bytes = size()?,
-            "output_total" => policy.max_output_total_bytes = size()?,
-            other => {
-                return Err(ServerError::Config(format!(
-                    "unknown cap '{other}'; the caps are: {CAP_NAMES}"
-                )))
-            }
-        }
+        policy.set_cap(name, &text).map_err(ServerError::Config)?;
     }
     Ok(())
 }
@@ -414,7 +389,7 @@ mod tests {
         assert_eq!(p.max.memory.0, 1 << 30);
         assert_eq!(p.max.cpus.0, 1500);
         assert_eq!(p.max_code_bytes, 64 << 10);
-        assert_eq!(p.max_output_files, 10);
+        assert_eq!(p.output_files_returned(), 10);
     }
 
     #[test]

@@ -170,6 +170,10 @@ struct RunArgs {
     /// Open files per process. Default 1024.
     #[arg(long, allow_hyphen_values = true)]
     open_files: Option<String>,
+    /// Any limit by name, as NAME=VALUE (repeatable), with the names and values of a request
+    /// body: timeout=10s, memory=1G, cpus=0.5, ... The flags above are shorthands for these.
+    #[arg(long = "limit", value_name = "NAME=VALUE")]
+    limit: Vec<String>,
     /// A file to feed to the program's standard input ('-' for runcell's own stdin).
     #[arg(long)]
     stdin: Option<PathBuf>,
@@ -414,6 +418,22 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
                 .set_text(limit, text)
                 .map_err(|e| invalid(format!("--{}: {e}.", flag_name(limit))))?;
         }
+    }
+    for pair in &args.limit {
+        let (name, text) = pair.split_once('=').ok_or_else(|| {
+            invalid(format!(
+                "--limit {pair}: expected NAME=VALUE (e.g. timeout=10s)."
+            ))
+        })?;
+        let limit = Limit::from_name(name.trim()).ok_or_else(|| {
+            invalid(format!(
+                "--limit {pair}: unknown limit '{name}'; the limits are: {}.",
+                runcell_core::limits::limit_names()
+            ))
+        })?;
+        req.limits
+            .set_text(limit, text)
+            .map_err(|e| invalid(format!("--limit {name}: {e}.")))?;
     }
     Ok(req)
 }

@@ -557,3 +557,29 @@ fn tools_state_the_configured_limits() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("timeot"));
 }
+
+/// Every limit of the request contract is reachable from the command line by its name, also
+/// one without a flag of its own.
+#[test]
+fn any_limit_can_be_set_by_name() {
+    let r = run(
+        "bash",
+        "true",
+        &["--limit", "timeout=2500ms", "--limit", "memory=96M"],
+    );
+    r.assert_ok();
+    assert_eq!(r.verdict["limits"]["timeout"], 2.5);
+    assert_eq!(r.verdict["limits"]["memory"], 96u64 << 20);
+    for (arg, want) in [
+        ("frobs=1", "unknown limit 'frobs'"),
+        ("timeout", "expected NAME=VALUE"),
+        ("cpus=0", "positive number of cores"),
+        ("memory=1T", "above the maximum"),
+    ] {
+        let r = run("bash", "true", &["--limit", arg]);
+        r.assert_category("invalid_request");
+        assert_eq!(r.code, Some(2), "{arg}");
+        let message = r.verdict["error"]["message"].as_str().unwrap();
+        assert!(message.contains(want), "{arg}: {message}");
+    }
+}

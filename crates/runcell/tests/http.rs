@@ -593,10 +593,7 @@ fn sigterm_kills_what_outlives_the_grace_period() {
 
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    runcell_core::to_hex(&sha2::Sha256::digest(data))
 }
 
 /// Flags win over environment variables, which win over the TOML file; the audit log has one

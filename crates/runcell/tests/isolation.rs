@@ -850,10 +850,7 @@ for p in os.listdir("/proc"):
 print("found=" + json.dumps(found))
 print("pythonpath=" + str(any("/evil" in p for p in sys.path)))
 "#,
-            hex = secret
-                .bytes()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
+            hex = runcell_core::to_hex(secret.as_bytes())
         )),
         &[],
         |c| {
