@@ -524,7 +524,7 @@ impl Engine {
     fn collect_limits(&self, limits: &Limits) -> CollectLimits {
         let p = &self.config.policy;
         CollectLimits {
-            max_files: p.max_output_files,
+            max_files: limits.output_files.0,
             max_file_bytes: p.max_output_file_bytes,
             max_total_bytes: p.max_output_total_bytes,
             max_entries: 100_000,

@@ -297,6 +297,10 @@ limits! {
     /// Open file descriptors per process.
     OpenFiles open_files: Count, legacy "open_files",
         default Count(1024), minimum Count(16);
+    /// Output files returned in the verdict's `files`; the rest are counted in
+    /// `files_omitted`.
+    OutputFiles output_files: Count, legacy "output_files",
+        default Count(100), minimum Count(0);
 }
 
 impl fmt::Display for Limit {
@@ -653,9 +657,9 @@ pub struct Policy {
     pub max_input_file_bytes: u64,
     pub max_input_total_bytes: u64,
     pub max_input_files: u64,
-    /// Output files: how many are returned, and up to which size (each, and all together)
-    /// their content is included; beyond that only path, size, type and sha256 come back.
-    pub max_output_files: u64,
+    /// Output files: up to which size (each, and all together) their content is included;
+    /// beyond that only path, size, type and sha256 come back. How many are returned is the
+    /// `output_files` limit.
     pub max_output_file_bytes: u64,
     pub max_output_total_bytes: u64,
 }
@@ -675,13 +679,13 @@ impl Policy {
                 disk: Bytes(16 << 30),
                 output: Bytes(64 << 20),
                 open_files: Count(65_536),
+                output_files: Count(1000),
             },
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 16 << 20,
             max_input_file_bytes: 32 << 20,
             max_input_total_bytes: 64 << 20,
             max_input_files: 1000,
-            max_output_files: 100,
             max_output_file_bytes: 10 << 20,
             max_output_total_bytes: 32 << 20,
         }
@@ -738,7 +742,12 @@ impl Policy {
             "input_file" => self.max_input_file_bytes = size()?,
             "input_total" => self.max_input_total_bytes = size()?,
             "input_files" => self.max_input_files = count()?,
-            "output_files" => self.max_output_files = count()?,
+            // Before `output_files` was a limit it was this cap: it still bounds every run.
+            "output_files" => {
+                let n = count()?;
+                self.max.output_files = Count(n);
+                self.defaults.output_files = Count(self.defaults.output_files.0.min(n));
+            }
             "output_file" => self.max_output_file_bytes = size()?,
             "output_total" => self.max_output_total_bytes = size()?,
             other => {
@@ -751,9 +760,10 @@ impl Policy {
         Ok(())
     }
 
-    /// How many output files a run returns (the rest are counted in `files_omitted`).
+    /// How many output files a run returns unless it asks otherwise (the rest are counted in
+    /// `files_omitted`).
     pub fn output_files_returned(&self) -> u64 {
-        self.max_output_files
+        self.defaults.output_files.0
     }
 }
 

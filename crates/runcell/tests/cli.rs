@@ -303,7 +303,7 @@ fn the_verdict_echoes_the_limits_in_force() {
         r.verdict["limits"],
         serde_json::json!({
             "timeout": 7, "compile_timeout": 60, "memory": 96u64 << 20, "cpus": 0.5,
-            "pids": 20, "disk": 8u64 << 20, "output": 4096, "open_files": 64,
+            "pids": 20, "disk": 8u64 << 20, "output": 4096, "open_files": 64, "output_files": 100,
             // The names of the previous release, kept readable for one more.
             "timeout_ms": 7000, "compile_timeout_ms": 60000, "memory_bytes": 96u64 << 20, "cpu_millis": 500,
             "disk_bytes": 8u64 << 20, "output_bytes": 4096
@@ -327,7 +327,7 @@ fn defaults_are_the_documented_ones() {
         r.verdict["limits"],
         serde_json::json!({
             "timeout": 30, "compile_timeout": 60, "memory": 256u64 << 20, "cpus": 1,
-            "pids": 64, "disk": 64u64 << 20, "output": 1u64 << 20, "open_files": 1024,
+            "pids": 64, "disk": 64u64 << 20, "output": 1u64 << 20, "open_files": 1024, "output_files": 100,
             "timeout_ms": 30000, "compile_timeout_ms": 60000, "memory_bytes": 256u64 << 20, "cpu_millis": 1000,
             "disk_bytes": 64u64 << 20, "output_bytes": 1u64 << 20
         })

@@ -280,3 +280,25 @@ fn output_dir_receives_the_files_and_refuses_to_follow_links() {
     r.assert_ok();
     assert_eq!(fs::read_to_string(out.join("r/a.txt")).unwrap(), "A");
 }
+
+/// `output_files` is a limit like the others: a request may ask for fewer (or more, up to the
+/// operator's maximum) files back, and the rest are counted.
+#[test]
+fn a_request_chooses_how_many_output_files_come_back() {
+    let code = "for i in range(5):\n    open(f'f{i}.txt', 'w').write(str(i))\n";
+    let r = run("python", code, &["--limit", "output_files=2"]);
+    r.assert_ok();
+    assert_eq!(paths(&r), ["f0.txt", "f1.txt"]);
+    assert_eq!(r.verdict["files_omitted"], 3);
+    assert_eq!(r.verdict["limits"]["output_files"], 2);
+    let r = run("python", code, &["--limit", "output_files=0"]);
+    r.assert_ok();
+    assert_eq!(files(&r).len(), 0);
+    assert_eq!(r.verdict["files_omitted"], 5);
+    let r = run("python", code, &["--limit", "output_files=100000"]);
+    r.assert_category("invalid_request");
+    assert!(r.verdict["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("output_files is 100000, above the maximum of 1000"));
+}
