@@ -98,9 +98,10 @@ struct ServeArgs {
     #[arg(long, env = "RUNCELL_SHUTDOWN_GRACE", value_name = "DURATION")]
     shutdown_grace: Option<String>,
     /// Default limit of a request that does not ask, as NAME=VALUE (repeatable; the
-    /// environment variable takes a comma-separated list). Names: timeout, compile_timeout,
-    /// memory, cpus, pids, disk, output, open_files; values as in a request (10s, 256M, 0.5).
+    /// environment variable takes a comma-separated list); values as in a request (10s, 256M,
+    /// 0.5).
     #[arg(
+        long_help = limit_help("Default limit of a request that does not ask, as NAME=VALUE (repeatable; the environment variable takes a comma-separated list); values as in a request (10s, 256M, 0.5)."),
         long = "default-limit",
         env = "RUNCELL_DEFAULT_LIMITS",
         value_delimiter = ',',
@@ -108,18 +109,18 @@ struct ServeArgs {
     )]
     default_limits: Vec<String>,
     /// The most a request may ask for, as NAME=VALUE (same names; repeatable). A request
-    /// above it gets a 400 naming the limit and the maximum [default: this host's memory and
-    /// cores, 1 h, 4096 pids, 16 GiB disk, 64 MiB output].
+    /// above it gets a 400 naming the limit and the maximum.
     #[arg(
+        long_help = limit_help("The most a request may ask for, as NAME=VALUE (same names; repeatable). A request above it gets a 400 naming the limit and the maximum [default: this host's memory and cores, and runcell's maxima for the rest: see GET /v1/runtimes]."),
         long = "max-limit",
         env = "RUNCELL_MAX_LIMITS",
         value_delimiter = ',',
         value_name = "NAME=VALUE"
     )]
     max_limits: Vec<String>,
-    /// Caps on what a request carries and gets back, as NAME=VALUE (repeatable). Names: code,
-    /// stdin, input_file, input_total, input_files, output_files, output_file, output_total.
+    /// Caps on what a request carries and gets back, as NAME=VALUE (repeatable).
     #[arg(
+        long_help = format!("Caps on what a request carries and gets back, as NAME=VALUE (repeatable). Names: {}.", runcell_core::limits::CAP_NAMES.join(", ")),
         long = "cap",
         env = "RUNCELL_CAPS",
         value_delimiter = ',',
@@ -172,7 +173,11 @@ struct RunArgs {
     open_files: Option<String>,
     /// Any limit by name, as NAME=VALUE (repeatable), with the names and values of a request
     /// body: timeout=10s, memory=1G, cpus=0.5, ... The flags above are shorthands for these.
-    #[arg(long = "limit", value_name = "NAME=VALUE")]
+    #[arg(
+        long = "limit",
+        value_name = "NAME=VALUE",
+        long_help = limit_help("Any limit by name, as NAME=VALUE (repeatable), with the names and values of a request body: timeout=10s, memory=1G, cpus=0.5, ... The flags above are shorthands for these.")
+    )]
     limit: Vec<String>,
     /// A file to feed to the program's standard input ('-' for runcell's own stdin).
     #[arg(long)]
@@ -305,6 +310,16 @@ impl OutputSink for Passthrough {
             }
         };
     }
+}
+
+/// A flag's long help followed by every limit of the request contract, from core: a limit
+/// added there shows up here by itself.
+fn limit_help(intro: &str) -> String {
+    let mut s = format!("{intro}\n\nLimits:");
+    for &l in Limit::ALL {
+        s.push_str(&format!("\n  {:<16} {}", l.name(), l.doc()));
+    }
+    s
 }
 
 /// The flag of a limit: the limit's name with dashes (`--open-files`).
