@@ -512,6 +512,7 @@ impl Engine {
             (verdict.files, verdict.files_omitted) = crate::files::to_verdict(collected);
         }
         if let Err(e) = sandbox.destroy() {
+            tracing::warn!(error = %crate::error::chain(&e), "sandbox teardown failed");
             // The run itself is complete; a teardown problem is the host's to fix, but it must
             // not pass unnoticed.
             verdict
@@ -553,6 +554,8 @@ impl Engine {
 /// A `sandbox_failure` verdict: the host's problem, with the whole chain of causes in the
 /// message and the OS error behind it (EACCES, EBUSY, ...) in `error.os_error`.
 fn sandbox_failure(what: &str, e: &runcell_jail::SandboxError) -> Verdict {
+    // The operator learns of it from the log, not only the client from its verdict.
+    tracing::warn!(error = %crate::error::chain(e), "the sandbox {what}");
     let mut v = Verdict::failed(
         ErrorCategory::SandboxFailure,
         format!(

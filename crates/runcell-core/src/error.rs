@@ -7,21 +7,9 @@ use std::error::Error;
 
 use serde::{Deserialize, Serialize};
 
-/// "creating the cgroup: writing memory.max: Permission denied (os error 13)".
-pub fn chain(e: &dyn Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        // A wrapper that still repeats its source adds nothing the second time.
-        if !text.is_empty() && !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
-}
+/// "creating the cgroup: writing memory.max: Permission denied (os error 13)": an error and
+/// its sources, each once (the jail's implementation, shared by every crate).
+pub use runcell_jail::error_chain as chain;
 
 /// The OS error behind a failure, as a verdict reports it.
 #[derive(

@@ -180,8 +180,10 @@ impl Kind {
     }
 }
 
+/// Cores as thousandths, for any positive finite number: a huge one saturates (`as` does) and
+/// the policy then names the maximum, as for every other limit.
 fn cores_to_raw(c: f64) -> Option<u64> {
-    (c.is_finite() && c > 0.0 && c < 1e9).then(|| (c * 1000.0).round().max(1.0) as u64)
+    (c.is_finite() && c > 0.0).then(|| (c * 1000.0).round().max(1.0) as u64)
 }
 
 /// Declares every limit. Each entry: doc comment, enum variant, field name (the wire name),
@@ -415,22 +417,46 @@ impl<'de> Visitor<'de> for OverridesVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LimitOverrides, A::Error> {
-        let mut o = LimitOverrides::default();
+        let mut limits = LimitsBuilder::default();
         while let Some(key) = map.next_key::<String>()? {
             match Limit::from_name(&key) {
-                Some(limit) => {
-                    if o.get(limit).is_some() {
-                        return Err(de::Error::duplicate_field(limit.name()));
-                    }
-                    o.set(limit, map.next_value_seed(ValueSeed(limit))?);
-                }
+                Some(limit) => limits.next_value(limit, &mut map)?,
                 None if self.ignore_legacy => {
                     map.next_value::<de::IgnoredAny>()?;
                 }
                 None => return Err(de::Error::unknown_field(&key, NAMES)),
             }
         }
-        Ok(o)
+        Ok(limits.finish())
+    }
+}
+
+/// Limits read from a map one key at a time (a request's own map, or a limits object): each
+/// limit at most once, also when its first value was `null`.
+#[derive(Debug, Default)]
+pub(crate) struct LimitsBuilder {
+    limits: LimitOverrides,
+    seen: Vec<Limit>,
+}
+
+impl LimitsBuilder {
+    /// Read the value of `limit`, whose key `map` has just given.
+    pub(crate) fn next_value<'de, A: MapAccess<'de>>(
+        &mut self,
+        limit: Limit,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        if self.seen.contains(&limit) {
+            return Err(de::Error::duplicate_field(limit.name()));
+        }
+        self.seen.push(limit);
+        let raw = map.next_value_seed(ValueSeed(limit))?;
+        self.limits.set(limit, raw);
+        Ok(())
+    }
+
+    pub(crate) fn finish(self) -> LimitOverrides {
+        self.limits
     }
 }
 
@@ -543,6 +569,19 @@ impl LimitOverrides {
         l
     }
 
+    /// The limits asked for in their wire form, and (for one release) under the names verdicts
+    /// used before in their raw units: for logs that keep their format, like the audit log.
+    pub fn to_wire_with_legacy(&self) -> serde_json::Map<String, Value> {
+        let mut m = serde_json::Map::new();
+        for &l in Limit::ALL {
+            if let Some(raw) = self.get(l) {
+                m.insert(l.name().into(), l.kind().to_wire(raw));
+                m.insert(l.legacy_name().into(), json!(raw));
+            }
+        }
+        m
+    }
+
     /// The JSON Schema properties of the limits a request may send, keyed by name.
     pub fn schema_properties() -> serde_json::Map<String, Value> {
         Limit::ALL
@@ -645,6 +684,7 @@ impl fmt::Display for LimitError {
 #[derive(
     Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
 )]
+#[serde(into = "PolicyWire")]
 pub struct Policy {
     pub defaults: Limits,
     pub max: Limits,
@@ -664,6 +704,41 @@ pub struct Policy {
     pub max_output_total_bytes: u64,
 }
 
+/// The policy as `/v1/runtimes` writes it: its fields, and for one release the cap that the
+/// `output_files` limit replaced.
+#[derive(Serialize, schemars::JsonSchema)]
+struct PolicyWire {
+    defaults: Limits,
+    max: Limits,
+    max_code_bytes: u64,
+    max_stdin_bytes: u64,
+    max_input_file_bytes: u64,
+    max_input_total_bytes: u64,
+    max_input_files: u64,
+    max_output_file_bytes: u64,
+    max_output_total_bytes: u64,
+    /// Deprecated: `max.output_files`.
+    #[schemars(extend("deprecated" = true))]
+    max_output_files: u64,
+}
+
+impl From<Policy> for PolicyWire {
+    fn from(p: Policy) -> Self {
+        PolicyWire {
+            max_output_files: p.max.output_files.0,
+            defaults: p.defaults,
+            max: p.max,
+            max_code_bytes: p.max_code_bytes,
+            max_stdin_bytes: p.max_stdin_bytes,
+            max_input_file_bytes: p.max_input_file_bytes,
+            max_input_total_bytes: p.max_input_total_bytes,
+            max_input_files: p.max_input_files,
+            max_output_file_bytes: p.max_output_file_bytes,
+            max_output_total_bytes: p.max_output_total_bytes,
+        }
+    }
+}
+
 impl Policy {
     /// Maxima for this host: no more memory than it has, no more cores than it has, and
     /// generous but finite caps elsewhere.
@@ -679,7 +754,8 @@ impl Policy {
                 disk: Bytes(16 << 30),
                 output: Bytes(64 << 20),
                 open_files: Count(65_536),
-                output_files: Count(1000),
+                // As many as before this was a limit: more is the operator's choice.
+                output_files: Count(100),
             },
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 16 << 20,
@@ -742,11 +818,12 @@ impl Policy {
             "input_file" => self.max_input_file_bytes = size()?,
             "input_total" => self.max_input_total_bytes = size()?,
             "input_files" => self.max_input_files = count()?,
-            // Before `output_files` was a limit it was this cap: it still bounds every run.
+            // Before `output_files` was a limit it was this cap: how many files every run
+            // returned. It still means that: the default and the most a request may ask.
             "output_files" => {
-                let n = count()?;
-                self.max.output_files = Count(n);
-                self.defaults.output_files = Count(self.defaults.output_files.0.min(n));
+                let n = Count(count()?);
+                self.max.output_files = n;
+                self.defaults.output_files = n;
             }
             "output_file" => self.max_output_file_bytes = size()?,
             "output_total" => self.max_output_total_bytes = size()?,
@@ -839,6 +916,7 @@ mod tests {
             r#"{"pids": "8"}"#,
             r#"{"timeout_ms": 5}"#,
             r#"{"timeout": 1, "timeout": 2}"#,
+            r#"{"timeout": null, "timeout": 2}"#,
         ] {
             assert!(overrides(bad).is_err(), "{bad} must be refused");
         }
@@ -903,6 +981,30 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.limit, Limit::Timeout);
         assert!(e.to_string().contains("below the minimum"));
+    }
+
+    #[test]
+    fn a_huge_number_of_cores_is_the_policys_call() {
+        for cores in ["1e9", "1e300"] {
+            let o = overrides(&format!(r#"{{"cpus": {cores}}}"#)).unwrap();
+            let e = policy().resolve(&o).unwrap_err();
+            assert_eq!(e.limit, Limit::Cpus, "{cores}");
+            assert!(e.to_string().contains("above the maximum of 2 CPU"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_output_files_cap_still_sets_how_many_files_come_back() {
+        let mut p = policy();
+        p.set_cap("output_files", "500").unwrap();
+        assert_eq!(p.output_files_returned(), 500);
+        assert_eq!(p.max.output_files, Count(500));
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            v["max_output_files"], 500,
+            "the deprecated field, for one release"
+        );
+        assert_eq!(v["max"]["output_files"], 500);
     }
 
     #[test]

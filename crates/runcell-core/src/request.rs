@@ -10,8 +10,12 @@ use crate::limits::LimitOverrides;
 
 /// Run `code` in `language`. Unknown fields are rejected, so a typo in a limit name is an
 /// error rather than a silently ignored limit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+///
+/// Deserialized by hand (see below), not with `#[serde(flatten)]`: flatten buffers every
+/// value it does not recognise before looking at it, so a body of megabytes of nested
+/// arrays under an unknown key would be held several times over in memory before it is
+/// refused. Here an unknown key or a value of the wrong shape stops the parser at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ExecRequest {
     /// python, node (or javascript), ruby, go, bash.
     pub language: String,
@@ -43,6 +47,69 @@ pub struct InputFile {
     /// The file's content, base64-encoded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_base64: Option<String>,
+}
+
+/// The request's own fields; every other key must be a limit.
+const FIELDS: &[&str] = &["language", "code", "stdin", "files"];
+
+impl<'de> Deserialize<'de> for ExecRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(RequestVisitor)
+    }
+}
+
+struct RequestVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RequestVisitor {
+    type Value = ExecRequest;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a request object with language and code")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ExecRequest, A::Error> {
+        use serde::de::Error;
+        let (mut language, mut code, mut stdin, mut files) = (None, None, None, None);
+        let mut limits = crate::limits::LimitsBuilder::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "language" => set(&mut language, "language", map.next_value()?)?,
+                "code" => set(&mut code, "code", map.next_value()?)?,
+                "stdin" => set(&mut stdin, "stdin", map.next_value::<Option<String>>()?)?,
+                "files" => set(&mut files, "files", map.next_value::<Vec<InputFile>>()?)?,
+                other => match crate::limits::Limit::from_name(other) {
+                    Some(limit) => limits.next_value(limit, &mut map)?,
+                    None => return Err(A::Error::unknown_field(other, expected_keys())),
+                },
+            }
+        }
+        Ok(ExecRequest {
+            language: language.ok_or_else(|| A::Error::missing_field("language"))?,
+            code: code.ok_or_else(|| A::Error::missing_field("code"))?,
+            stdin: stdin.flatten(),
+            files: files.unwrap_or_default(),
+            limits: limits.finish(),
+        })
+    }
+}
+
+/// Every key a request may have, for the message of an unknown one.
+fn expected_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let mut keys = FIELDS.to_vec();
+        keys.extend(crate::limits::Limit::ALL.iter().map(|l| l.name()));
+        keys
+    })
+}
+
+/// A field given twice is an error, as serde's derive makes it.
+fn set<T, E: serde::de::Error>(slot: &mut Option<T>, name: &'static str, v: T) -> Result<(), E> {
+    if slot.is_some() {
+        return Err(E::duplicate_field(name));
+    }
+    *slot = Some(v);
+    Ok(())
 }
 
 impl InputFile {

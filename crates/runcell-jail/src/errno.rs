@@ -7,6 +7,25 @@
 
 use std::fmt;
 
+/// An error and its sources, `: `-separated: "creating the cgroup: writing memory.max:
+/// Permission denied (os error 13)". The rule across the workspace: an error's `Display` says
+/// what failed at its own level and never repeats its source; whoever shows an error to a
+/// person or a model prints the whole chain with this.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        // A wrapper that still repeats its source adds nothing the second time.
+        if !text.is_empty() && !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
+}
+
 /// An errno, with its symbolic name when it is one of the common ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OsError {

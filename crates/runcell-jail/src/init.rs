@@ -790,7 +790,8 @@ impl ExecFailure {
         let code = ExecStage::ALL.iter().position(|&s| s == stage).unwrap_or(0) as u8;
         let mut buf = vec![b'E', code];
         buf.extend_from_slice(&errno_of(e).unwrap_or(0).to_le_bytes());
-        buf.extend_from_slice(e.to_string().as_bytes());
+        // The whole chain: the errors' own messages name the step, their sources the cause.
+        buf.extend_from_slice(crate::errno::error_chain(e).as_bytes());
         buf
     }
 

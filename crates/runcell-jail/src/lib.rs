@@ -31,7 +31,7 @@ mod sys;
 
 pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced};
 pub use config::{Overlay, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
-pub use errno::OsError;
+pub use errno::{error_chain, OsError};
 pub use hex::to_hex;
 pub use init::{helper_main, HELPER_ARG};
 pub use meminfo::MemInfo;

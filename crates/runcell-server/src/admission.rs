@@ -24,10 +24,20 @@ impl Reservation {
     ///
     /// This is the engine's own validation, done once, before the request waits for a slot
     /// (and before a stream's 200 is sent): what is checked here is not checked again.
-    pub fn admit(self, req: &ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
+    pub async fn admit(self, req: ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
         let s = &self.state.inner;
-        let audit = AuditRequest::from(req);
-        let valid = match s.engine.validate(req) {
+        let audit = AuditRequest::from(&req);
+        let validated = if req.files.is_empty() {
+            s.engine.validate(&req)
+        } else {
+            // Decoding the input files (tens of MiB of base64 at the policy's caps) is CPU
+            // work: it must not hold up the threads that serve every other connection.
+            let engine = s.engine.clone();
+            tokio::task::spawn_blocking(move || engine.validate(&req))
+                .await
+                .map_err(|_| ApiError::internal("Checking the request failed unexpectedly."))?
+        };
+        let valid = match validated {
             Ok(v) => v,
             Err(e) => {
                 let e = ApiError::from(e);

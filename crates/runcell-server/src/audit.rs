@@ -105,7 +105,7 @@ struct Line<'a> {
     limits: Option<&'a Limits>,
     /// What a refused request asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    requested_limits: Option<&'a LimitOverrides>,
+    requested_limits: Option<serde_json::Map<String, serde_json::Value>>,
     /// `ok`, a verdict category, or the API category of a refusal.
     category: &'a str,
     exit_code: Option<i32>,
@@ -158,7 +158,9 @@ impl AuditLog {
             code_bytes: req.code_bytes,
             input_files: req.input_files,
             limits,
-            requested_limits: outcome.is_err().then_some(&req.requested),
+            requested_limits: outcome
+                .is_err()
+                .then(|| req.requested.to_wire_with_legacy()),
             category,
             exit_code,
             duration_seconds: (duration_seconds * 1000.0).round() / 1000.0,
@@ -241,6 +243,21 @@ mod tests {
         assert_eq!(lines[1]["category"], "invalid_request");
         assert!(lines[1]["exit_code"].is_null());
         assert!(lines[1]["requested_limits"].is_object());
+        let mut asked = ExecRequest::new("python", "");
+        asked.limits.timeout = Some(runcell_core::limits::Millis(5000));
+        log.record(
+            &caller,
+            &AuditRequest::from(&asked),
+            Err("invalid_request"),
+            0.0,
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(
+            last["requested_limits"],
+            serde_json::json!({"timeout": 5, "timeout_ms": 5000}),
+            "the wire name, and the name the audit log used before"
+        );
         assert!(lines[0].get("requested_limits").is_none());
         assert!(!text.contains("secret"));
         use std::os::unix::fs::PermissionsExt;

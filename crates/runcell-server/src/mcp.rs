@@ -17,6 +17,7 @@ use runcell_mcp::{Executor, HttpEndpoint, HttpOptions, Rejection};
 
 use crate::middleware::caller_of;
 use crate::{ApiError, AppState, Caller, Hold};
+use tracing::Instrument;
 
 fn rejection(e: ApiError) -> Rejection {
     Rejection::new(e.category, e.message)
@@ -42,20 +43,22 @@ impl Executor for AppState {
                 ..Caller::default()
             },
         };
-        let admitted = self.admit(&req, caller);
-        drop(req);
-        // The result travels in the response of the HTTP request that carried the call: the
-        // place in line is kept until it is delivered, as for `POST /v1/execute`.
-        if let (Ok(admitted), Some(hold)) = (&admitted, &hold) {
-            admitted.hold_until_delivered(hold);
-        }
-        Box::pin(async move {
-            admitted
-                .map_err(rejection)?
-                .run(sink)
-                .await
-                .map_err(rejection)
-        })
+        // rmcp runs tool calls in its own tasks: the span carries the HTTP request's id into
+        // the run, as for `POST /v1/execute`.
+        let span = tracing::info_span!("mcp_call", id = %caller.request_id);
+        let state = self.clone();
+        Box::pin(
+            async move {
+                let admitted = state.admit(req, caller).await.map_err(rejection)?;
+                // The result travels in the response of the HTTP request that carried the
+                // call: the place in line is kept until it is delivered.
+                if let Some(hold) = &hold {
+                    admitted.hold_until_delivered(hold);
+                }
+                admitted.run(sink).await.map_err(rejection)
+            }
+            .instrument(span),
+        )
     }
 }
 

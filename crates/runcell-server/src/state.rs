@@ -173,8 +173,8 @@ impl AppState {
 
     /// [`AppState::reserve`] and [`Reservation::admit`] in one: for front ends that have the
     /// request in hand (MCP).
-    pub fn admit(&self, req: &ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
-        self.reserve()?.admit(req, caller)
+    pub async fn admit(&self, req: ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
+        self.reserve()?.admit(req, caller).await
     }
 
     /// The runtimes of this host. Finding a runtime and asking its version runs host

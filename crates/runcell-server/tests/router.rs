@@ -527,6 +527,34 @@ async fn bad_input_file_paths_are_400_never_500() {
     assert_error(&j, "invalid_request");
 }
 
+/// The engine validates a request once, input files included, before it waits for a slot and
+/// before a stream's 200 is sent: a bad file is a 400 with or without an event stream (before
+/// the engine's validation was the server's pre-check, files came back as a `result` event).
+#[tokio::test]
+async fn a_stream_is_refused_before_it_starts() {
+    let r = router(&config(&[]));
+    for body in [
+        r#"{"language":"bash","code":"true","files":[{"path":"../x","content":"x"}]}"#,
+        r#"{"language":"bash","code":"true","files":[{"path":"x","content_base64":"%%%"}]}"#,
+        r#"{"language":"bash","code":"true","memory":"1T"}"#,
+    ] {
+        let req = Request::post("/v1/execute")
+            .header("accept", "text/event-stream")
+            .body(Body::from(body))
+            .unwrap();
+        let (s, h, j) = send(&r, req).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {j}");
+        assert!(
+            h["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/json"),
+            "{body}"
+        );
+        assert_error(&j, "invalid_request");
+    }
+}
+
 fn pending_body() -> (
     tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
     Body,

@@ -237,17 +237,26 @@ fn main() -> ExitCode {
 /// `tracing`, filtered by `RUNCELL_LOG` (by default runcell's own `info` and the libraries'
 /// warnings; e.g. `debug`, `runcell_server=debug`). Every line logged while a request is
 /// handled carries its request id. The audit log is separate and unaffected.
+///
+/// Whatever the filter says, the libraries' debug and trace events are never written: the MCP
+/// SDK logs whole requests and results there (code and output, which may hold users' data),
+/// and the HTTP stack their headers (API keys).
 fn init_logging() {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::{filter_fn, EnvFilter};
+    use tracing_subscriber::prelude::*;
     const DEFAULT: &str =
         "warn,runcell=info,runcell_core=info,runcell_server=info,runcell_mcp=info";
     let filter = EnvFilter::try_from_env("RUNCELL_LOG").unwrap_or_else(|_| EnvFilter::new(DEFAULT));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let ours_or_quiet = filter_fn(|meta| {
+        meta.target().starts_with("runcell") || *meta.level() <= tracing::Level::INFO
+    });
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_filter(filter)
+        .with_filter(ours_or_quiet);
+    let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
 /// A command line clap rejects. With `run --json` the caller expects exactly one JSON verdict,
@@ -434,6 +443,7 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
                 .map_err(|e| invalid(format!("--{}: {e}.", flag_name(limit))))?;
         }
     }
+    let mut named = std::collections::HashSet::new();
     for pair in &args.limit {
         let (name, text) = pair.split_once('=').ok_or_else(|| {
             invalid(format!(
@@ -446,6 +456,15 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
                 runcell_core::limits::limit_names()
             ))
         })?;
+        let flag_given = args
+            .limits()
+            .iter()
+            .any(|(l, v)| *l == limit && v.is_some());
+        if flag_given || !named.insert(limit) {
+            return Err(invalid(format!(
+                "--limit {pair}: {limit} is given twice; give each limit once."
+            )));
+        }
         req.limits
             .set_text(limit, text)
             .map_err(|e| invalid(format!("--limit {name}: {e}.")))?;

@@ -582,4 +582,13 @@ fn any_limit_can_be_set_by_name() {
         let message = r.verdict["error"]["message"].as_str().unwrap();
         assert!(message.contains(want), "{arg}: {message}");
     }
+    for args in [
+        &["--timeout", "1", "--limit", "timeout=5"][..],
+        &["--limit", "timeout=1", "--limit", "timeout=5"][..],
+    ] {
+        let r = run("bash", "true", args);
+        r.assert_category("invalid_request");
+        let message = r.verdict["error"]["message"].as_str().unwrap();
+        assert!(message.contains("given twice"), "{args:?}: {message}");
+    }
 }

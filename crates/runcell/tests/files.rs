@@ -295,10 +295,10 @@ fn a_request_chooses_how_many_output_files_come_back() {
     r.assert_ok();
     assert_eq!(files(&r).len(), 0);
     assert_eq!(r.verdict["files_omitted"], 5);
-    let r = run("python", code, &["--limit", "output_files=100000"]);
+    let r = run("python", code, &["--limit", "output_files=101"]);
     r.assert_category("invalid_request");
     assert!(r.verdict["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("output_files is 100000, above the maximum of 1000"));
+        .contains("output_files is 101, above the maximum of 100"));
 }

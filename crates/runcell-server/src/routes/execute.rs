@@ -16,6 +16,7 @@ use runcell_core::stream::TextSink;
 use runcell_core::{ExecRequest, NoSink, Stream, Verdict};
 use serde_json::json;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 
 use crate::deliver::Hold;
 use crate::error::{ApiError, ErrorBody};
@@ -165,9 +166,7 @@ pub(crate) async fn execute(
         Err(e) => Err(e),
     };
     let req = parsed.inspect_err(|e| state.inner.metrics.rejected(e.category))?;
-    let admitted = reservation.admit(&req, caller_of(&parts, "http"))?;
-    // The engine has its own copy of what it runs: the request's text and base64 go now.
-    drop(req);
+    let admitted = reservation.admit(req, caller_of(&parts, "http")).await?;
     if let Some(hold) = parts.extensions.get::<Hold>() {
         admitted.hold_until_delivered(hold);
     }
@@ -177,14 +176,18 @@ pub(crate) async fn execute(
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let done = tx.clone();
-    let task = tokio::spawn(async move {
-        let sink = TextSink::new(move |stream, text| {
-            // A closed channel means the client is gone; the kill switch handles that.
-            let _ = tx.send(Message::Output(stream, text));
-        });
-        let result = admitted.run(Box::new(sink)).await;
-        let _ = done.send(Message::Done(Box::new(result)));
-    });
+    let task = tokio::spawn(
+        async move {
+            let sink = TextSink::new(move |stream, text| {
+                // A closed channel means the client is gone; the kill switch handles that.
+                let _ = tx.send(Message::Output(stream, text));
+            });
+            let result = admitted.run(Box::new(sink)).await;
+            let _ = done.send(Message::Done(Box::new(result)));
+        }
+        // The run outlives the handler: it keeps the request's span (its id) all the same.
+        .in_current_span(),
+    );
     let abort = AbortOnDrop(task.abort_handle());
     let events = futures_util::stream::unfold((rx, Some(abort)), |(mut rx, abort)| async move {
         // Once the result is out (the abort guard gone), the stream ends.
