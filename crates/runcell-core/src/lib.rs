@@ -30,6 +30,10 @@ pub use verdict::{ErrorCategory, Verdict, VerdictError};
 pub use runcell_jail::{KillOnDrop, KillSwitch, NoSink, OutputSink, Stream};
 pub use runcell_runtimes::{python_stack, Language};
 
+/// Raise runcell's own soft open-files limit to the hard one (servers hold a descriptor per
+/// connection).
+pub use runcell_jail::raise_open_files_limit;
+
 /// The one hex encoder: sha256 digests in verdicts, audit lines and tests.
 pub use runcell_jail::to_hex;
 

@@ -164,6 +164,7 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
             return e.into_response();
         }
         req.extensions_mut().insert(KeyId(None));
+        mark_authenticated(&req);
         return next.run(req).await;
     }
     let error = match presented(req.headers()) {
@@ -174,6 +175,7 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
             Some(id) => {
                 let id = KeyId(Some(id.to_string()));
                 req.extensions_mut().insert(id);
+                mark_authenticated(&req);
                 return next.run(req).await;
             }
             None => ApiError::unauthorized("The API key is not valid."),
@@ -181,6 +183,14 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
     };
     state.inner.metrics.rejected(error.category);
     error.into_response()
+}
+
+/// The connection that carried `req` has passed authentication once: it may stay open past
+/// [`crate::connections::UNAUTHENTICATED_GRACE`].
+fn mark_authenticated(req: &Request) {
+    if let Some(a) = req.extensions().get::<crate::connections::Authenticated>() {
+        a.mark();
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 //! listen = "0.0.0.0:8080"
 //! max_concurrent = 4          # sandboxes at once (default: cores)
 //! max_queue = 16              # waiting beyond those (default: 4 x max_concurrent)
+//! max_connections = 4096      # client connections at once (default: from the open-files limit)
+//! max_connections_per_peer = 256   # from one address (default: a quarter of those)
 //! max_body = "64M"            # larger request bodies get 413
 //! shutdown_grace = "30s"
 //! strict = true               # refuse to run when an isolation layer is missing
@@ -51,6 +53,8 @@ pub struct FileConfig {
     pub api_keys: Vec<FileKey>,
     pub max_concurrent: Option<usize>,
     pub max_queue: Option<usize>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_peer: Option<usize>,
     pub max_body: Option<toml::Value>,
     pub shutdown_grace: Option<toml::Value>,
     pub strict: Option<bool>,
@@ -116,6 +120,8 @@ pub struct Overrides {
     pub api_keys: Vec<String>,
     pub max_concurrent: Option<usize>,
     pub max_queue: Option<usize>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_peer: Option<usize>,
     pub max_body: Option<String>,
     pub shutdown_grace: Option<String>,
     pub strict: bool,
@@ -313,6 +319,25 @@ pub fn build(
             )));
         }
         c.max_queue = n;
+    }
+    for (name, value, slot) in [
+        (
+            "max_connections",
+            o.max_connections.or(file.max_connections),
+            &mut c.max_connections,
+        ),
+        (
+            "max_connections_per_peer",
+            o.max_connections_per_peer.or(file.max_connections_per_peer),
+            &mut c.max_connections_per_peer,
+        ),
+    ] {
+        if let Some(n) = value {
+            if n == 0 {
+                return Err(ServerError::Config(format!("{name} must be at least 1")));
+            }
+            *slot = Some(n);
+        }
     }
     if let Some(v) = o
         .max_body

@@ -19,6 +19,7 @@ pub mod admission;
 pub mod audit;
 pub mod auth;
 pub mod config;
+pub mod connections;
 pub mod deliver;
 pub mod error;
 pub mod listener;
@@ -60,6 +61,11 @@ pub struct ServerConfig {
     /// Largest request body. Default: the policy's code, stdin and input-file caps (base64
     /// counted) plus 1 MiB.
     pub max_body_bytes: usize,
+    /// Client connections open at once, in total and from one address; beyond them a new
+    /// connection is closed at once. `None`: derived at start from the open-files limit
+    /// (see [`connections::ConnectionLimits::for_fd_limit`]).
+    pub max_connections: Option<usize>,
+    pub max_connections_per_peer: Option<usize>,
     /// On SIGTERM/SIGINT, how long running executions may take before they are killed.
     pub shutdown_grace: Duration,
     /// Where the audit log goes (default: stderr).
@@ -75,6 +81,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_concurrent", &self.max_concurrent)
             .field("max_queue", &self.max_queue)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("max_connections_per_peer", &self.max_connections_per_peer)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("audit", &self.audit)
             .field("engine", &self.engine)
@@ -103,6 +111,8 @@ impl ServerConfig {
             max_concurrent: cores,
             max_queue: 4 * cores,
             max_body_bytes: default_max_body_bytes(&engine.policy),
+            max_connections: None,
+            max_connections_per_peer: None,
             shutdown_grace: Duration::from_secs(30),
             audit: AuditTarget::Stderr,
             engine,

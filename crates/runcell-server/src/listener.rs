@@ -7,6 +7,9 @@ use axum::extract::{ConnectInfo, Request};
 use axum::Router;
 
 use crate::audit::{AuditLog, AuditTarget};
+use crate::connections::{
+    Authenticated, ConnectionLimits, Refused, UNAUTHENTICATED_DRAIN, UNAUTHENTICATED_GRACE,
+};
 use crate::state::AppState;
 use crate::{app, ServerConfig, ServerError};
 
@@ -52,12 +55,19 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// send a complete request head within [`HEADER_READ_TIMEOUT`] is closed: without that, idle
 /// or trickling connections (no key needed to open them) would pile up until the process runs
 /// out of file descriptors. So is one whose writes make no progress for [`WRITE_STALL`].
+///
+/// Connections are counted against `limits` (beyond them a new one is closed at once and
+/// `refused` is told why), and one that has not carried an authenticated request within
+/// [`UNAUTHENTICATED_GRACE`] is shut down gracefully (a request in flight is still answered).
 pub async fn serve_connections(
     listener: tokio::net::TcpListener,
     router: Router,
     stop: impl std::future::Future<Output = ()>,
+    limits: ConnectionLimits,
+    refused: impl Fn(Refused),
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let tracker = tokio_util::task::TaskTracker::new();
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
@@ -77,20 +87,64 @@ pub async fn serve_connections(
             },
             _ = &mut stop => break,
         };
+        let guard = match limits.admit(peer.ip()) {
+            Ok(g) => g,
+            Err(why) => {
+                // Closed at once: it holds no descriptor and no task.
+                drop(stream);
+                refused(why);
+                continue;
+            }
+        };
         let router = router.clone();
+        let authenticated = Authenticated::default();
+        let marker = authenticated.clone();
         let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(ConnectInfo(peer));
+            req.extensions_mut().insert(marker.clone());
             tower::ServiceExt::oneshot(router.clone(), req)
         });
         let io = hyper_util::rt::TokioIo::new(WriteStall::new(stream));
         let conn = http.serve_connection(io, service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
+        let mut closing = closing.clone();
+        tracker.spawn(async move {
+            let _guard = guard;
+            tokio::pin!(conn);
+            let grace = tokio::time::sleep(UNAUTHENTICATED_GRACE);
+            tokio::pin!(grace);
+            let (mut shutting_down, mut grace_over) = (false, false);
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    // (A branch's condition is read when `select!` starts waiting: whether
+                    // the connection has authenticated since is checked when it fires.)
+                    _ = &mut grace, if !shutting_down && !grace_over => {
+                        grace_over = true;
+                        if authenticated.get() {
+                            continue;
+                        }
+                        // A graceful shutdown still waits for a half-sent request head (up
+                        // to the header deadline): what is in flight on a connection that
+                        // never authenticated is at most a public or a 401 answer, so it
+                        // gets a moment, and then the connection is closed.
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(UNAUTHENTICATED_DRAIN, conn.as_mut()).await;
+                        return;
+                    }
+                    // The only change is to "closing" (or the sender gone): shut down.
+                    _ = closing.changed(), if !shutting_down => {
+                        shutting_down = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Every connection: finish what is in flight, take no new request, close.
+    let _ = closing_tx.send(true);
+    tracker.close();
+    tracker.wait().await;
 }
 
 /// How long a write to a client may make no progress at all before the connection is closed.
@@ -245,9 +299,30 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
         },
         if config.engine.strict { "; strict" } else { "" }
     );
+    let limits = connection_limits(&config);
+    tracing::info!(
+        "connections: at most {} at once, {} from one address; without an authenticated \
+         request, closed after {:?}",
+        limits.max_total(),
+        limits.max_per_peer(),
+        UNAUTHENTICATED_GRACE
+    );
     let runs = state.runs().clone();
     let shutdown = state.shutdown_token();
-    let server = serve_connections(listener, app(state), signalled(signals.clone(), 1));
+    let metrics_state = state.clone();
+    let refused = move |why: Refused| {
+        metrics_state.metrics().rejected(match why {
+            Refused::Total => "too_many_connections",
+            Refused::PerPeer => "too_many_connections_from_peer",
+        });
+    };
+    let server = serve_connections(
+        listener,
+        app(state),
+        signalled(signals.clone(), 1),
+        limits,
+        refused,
+    );
     tokio::pin!(server);
     let grace = config.shutdown_grace;
     let grace_over = async {
@@ -282,6 +357,26 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The caps on client connections: the configured ones, else derived from the open-files
+/// limit, which is first raised as far as the hard limit allows.
+fn connection_limits(config: &ServerConfig) -> ConnectionLimits {
+    let open_files = match runcell_core::raise_open_files_limit(1 << 20) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-files limit");
+            1024
+        }
+    };
+    let (total, per_peer) = ConnectionLimits::for_fd_limit(open_files, config.max_concurrent);
+    let total = config.max_connections.unwrap_or(total);
+    let per_peer = config
+        .max_connections_per_peer
+        .unwrap_or(per_peer)
+        .min(total);
+    tracing::info!("open files: soft limit {open_files}");
+    ConnectionLimits::new(total, per_peer)
 }
 
 /// After the grace period, how long connections get to deliver the verdicts of the killed

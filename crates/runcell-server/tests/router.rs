@@ -630,9 +630,15 @@ async fn connections_that_never_send_a_request_are_closed() {
     let addr = listener.local_addr().unwrap();
     let r = router(&config(&["k1"]));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(runcell_server::serve_connections(listener, r, async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(runcell_server::serve_connections(
+        listener,
+        r,
+        async {
+            let _ = stop_rx.await;
+        },
+        runcell_server::connections::ConnectionLimits::unlimited(),
+        |_| {},
+    ));
     // A complete request is answered ...
     let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
     ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -667,9 +673,15 @@ async fn connections_that_stop_reading_are_closed() {
     let addr = listener.local_addr().unwrap();
     let r = Router::new().route("/big", axum::routing::get(|| async { vec![b'x'; SIZE] }));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(runcell_server::serve_connections(listener, r, async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(runcell_server::serve_connections(
+        listener,
+        r,
+        async {
+            let _ = stop_rx.await;
+        },
+        runcell_server::connections::ConnectionLimits::unlimited(),
+        |_| {},
+    ));
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let mut conn = socket.connect(addr).await.unwrap();

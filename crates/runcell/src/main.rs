@@ -89,6 +89,15 @@ struct ServeArgs {
     /// [default: 4 x max-concurrent].
     #[arg(long, env = "RUNCELL_MAX_QUEUE", value_name = "N")]
     max_queue: Option<usize>,
+    /// Client connections open at once; beyond it a new connection is closed at once
+    /// [default: what the open-files limit leaves after the sandboxes' share; the soft limit
+    /// is raised to the hard one at start].
+    #[arg(long, env = "RUNCELL_MAX_CONNECTIONS", value_name = "N")]
+    max_connections: Option<usize>,
+    /// Client connections open at once from one address [default: a quarter of
+    /// max-connections]. Behind a reverse proxy every client is the proxy: raise it there.
+    #[arg(long, env = "RUNCELL_MAX_CONNECTIONS_PER_PEER", value_name = "N")]
+    max_connections_per_peer: Option<usize>,
     /// Largest request body (e.g. 10M); larger ones get 413 [default: room for the largest
     /// code, stdin and input files the policy allows].
     #[arg(long, env = "RUNCELL_MAX_BODY", value_name = "SIZE")]
@@ -581,6 +590,8 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         api_keys: args.api_keys,
         max_concurrent: args.max_concurrent,
         max_queue: args.max_queue,
+        max_connections: args.max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
         max_body: args.max_body,
         shutdown_grace: args.shutdown_grace,
         strict: args.strict,

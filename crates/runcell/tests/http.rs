@@ -820,3 +820,112 @@ fn an_undelivered_response_keeps_its_place_in_line() {
     let (st, v) = s.execute(json!({"language": "bash", "code": "echo ok"}));
     assert_eq!((st, v["stdout"].as_str()), (200, Some("ok\n")), "{v}");
 }
+
+/// Opening a connection needs no key and each one holds a descriptor of the server: a client
+/// that opens hundreds and sends half a request head must not starve the others (before the
+/// fix, 1,100 such connections under `ulimit -n 1024` starved authenticated calls). They are
+/// capped per address and in total, and one that has not carried an authenticated request is
+/// closed after a short grace, while an authenticated keep-alive connection stays.
+#[test]
+fn idle_half_sent_connections_do_not_starve_authenticated_calls() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    const KEY: &str = "connections-test-key-0123456789";
+    /// runcell_server::connections::UNAUTHENTICATED_GRACE.
+    const GRACE: Duration = Duration::from_secs(10);
+    let s = Server::start_env(
+        &[
+            "--max-connections",
+            "64",
+            "--max-connections-per-peer",
+            "16",
+        ],
+        &[("RUNCELL_API_KEY", KEY)],
+    );
+    let addr = format!("127.0.0.1:{}", s.port());
+    let keyed_request =
+        format!("GET /v1/runtimes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+    // An authenticated keep-alive connection, from the same address as the attack.
+    let mut keyed = TcpStream::connect(&addr).unwrap();
+    keyed.write_all(keyed_request.as_bytes()).unwrap();
+    let read_response = |c: &mut TcpStream| -> String {
+        c.set_read_timeout(Some(START_WITHIN)).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 65536];
+        // Until the head and the body announced by Content-Length are in.
+        loop {
+            let n = c.read(&mut buf).expect("a response");
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    return head.to_string();
+                }
+            }
+        }
+    };
+    assert!(read_response(&mut keyed).starts_with("HTTP/1.1 200"));
+    // 200 connections that send half a request head and wait.
+    let mut attack = Vec::new();
+    for _ in 0..200 {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        let _ = c.write_all(b"POST /v1/execute HTTP/1.1\r\nHost: x\r\n");
+        attack.push(c);
+    }
+    // Calls from another address still get through, at once.
+    let other = Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .timeout(START_WITHIN)
+        .build()
+        .unwrap();
+    let res = other
+        .get(s.url("/v1/runtimes"))
+        .bearer_auth(KEY)
+        .send()
+        .expect("an authenticated call from another address is served");
+    assert_eq!(res.status(), 200);
+    // Beyond the per-address cap the attack's connections were closed at once; the rest are
+    // closed when the grace is over.
+    let mut buf = [0u8; 1024];
+    let mut open = Vec::new();
+    for mut c in attack {
+        c.set_nonblocking(true).unwrap();
+        match c.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => open.push(c),
+            _ => {} // closed (EOF or reset)
+        }
+    }
+    // The keyed connection counts against the address too.
+    assert!(open.len() <= 15, "{} attack connections kept", open.len());
+    let started = Instant::now();
+    for mut c in open {
+        c.set_nonblocking(false).unwrap();
+        c.set_read_timeout(Some(GRACE + LOADED_MARGIN)).unwrap();
+        let closed = matches!(c.read(&mut buf), Ok(0) | Err(_));
+        assert!(
+            closed,
+            "a half-sent connection was kept open past the grace"
+        );
+    }
+    assert!(started.elapsed() < GRACE + LOADED_MARGIN);
+    // The authenticated connection outlived the grace and still serves.
+    keyed.write_all(keyed_request.as_bytes()).unwrap();
+    assert!(read_response(&mut keyed).starts_with("HTTP/1.1 200"));
+    let metrics = other
+        .get(s.url("/metrics"))
+        .bearer_auth(KEY)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains(r#"runcell_rejections_total{reason="too_many_connections_from_peer"}"#),
+        "{metrics}"
+    );
+}
