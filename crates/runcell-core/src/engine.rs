@@ -10,7 +10,7 @@ use runcell_jail::{
 };
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
-use crate::limits::{Limit, LimitError, Limits, Policy};
+use crate::limits::{FileTableError, Limit, LimitError, Limits, Policy};
 use crate::request::{workspace_path, ExecRequest, PathError};
 use crate::units::format_size;
 use crate::verdict::{classify, lossy, EnforcementReport, ErrorCategory, Phase, Usage, Verdict};
@@ -37,8 +37,13 @@ impl EngineConfig {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get() as u64)
             .unwrap_or(1);
+        let mut policy = Policy::for_host(memory, cpus);
+        if let Some(file_max) = crate::limits::host_file_max("/proc/sys/fs/file-max".as_ref()) {
+            // One run at a time (the CLI); a server shares it again by its concurrency.
+            policy.share_file_table(file_max, 1);
+        }
         EngineConfig {
-            policy: Policy::for_host(memory, cpus),
+            policy,
             strict: false,
             helper_exe: PathBuf::from("/proc/self/exe"),
             hostname: "runcell".into(),
@@ -93,6 +98,8 @@ pub enum ValidationError {
     /// A limit outside its range: which limit, its value, the minimum and the maximum.
     #[error("Invalid limit: {0}.")]
     Limit(LimitError),
+    #[error("Invalid limits: {0}.")]
+    FileTable(FileTableError),
     #[error("{count} input files is more than the limit of {max}.")]
     TooManyFiles { count: u64, max: u64 },
     #[error("Invalid file: {0}.")]
@@ -123,6 +130,7 @@ impl ValidationError {
     pub fn limit(&self) -> Option<Limit> {
         match self {
             ValidationError::Limit(e) => Some(e.limit),
+            ValidationError::FileTable(_) => Some(Limit::OpenFiles),
             _ => None,
         }
     }
@@ -213,6 +221,8 @@ impl Engine {
             }
         }
         let limits = p.resolve(&req.limits)?;
+        p.check_file_table(&limits)
+            .map_err(ValidationError::FileTable)?;
         let files = self.validate_files(req, language, &limits)?;
         Ok(ValidRequest {
             language,

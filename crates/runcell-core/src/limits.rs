@@ -680,6 +680,19 @@ impl fmt::Display for LimitError {
     }
 }
 
+/// `pids × open_files` beyond what one run may hold of the host's file table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "pids × open_files is {pids} × {open_files} = {} open files, more than the {max} one run may \
+     hold (the host's file table is shared); ask for fewer processes or open files",
+    .pids.saturating_mul(*.open_files)
+)]
+pub struct FileTableError {
+    pub pids: u64,
+    pub open_files: u64,
+    pub max: u64,
+}
+
 /// The operator's policy: defaults and the most a request may ask for.
 #[derive(
     Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
@@ -697,6 +710,11 @@ pub struct Policy {
     pub max_input_file_bytes: u64,
     pub max_input_total_bytes: u64,
     pub max_input_files: u64,
+    /// The most open files one run may hold at once, `pids × open_files` (every process may
+    /// open `open_files`): the kernel's file table is shared by the whole host, and a run
+    /// that fills it makes every other process fail with ENFILE. Derived from the host's
+    /// `fs.file-max` so that all runs at once stay well within it.
+    pub max_open_files_per_run: u64,
     /// Output files: up to which size (each, and all together) their content is included;
     /// beyond that only path, size, type and sha256 come back. How many are returned is the
     /// `output_files` limit.
@@ -715,6 +733,7 @@ struct PolicyWire {
     max_input_file_bytes: u64,
     max_input_total_bytes: u64,
     max_input_files: u64,
+    max_open_files_per_run: u64,
     max_output_file_bytes: u64,
     max_output_total_bytes: u64,
     /// Deprecated: `max.output_files`.
@@ -733,6 +752,7 @@ impl From<Policy> for PolicyWire {
             max_input_file_bytes: p.max_input_file_bytes,
             max_input_total_bytes: p.max_input_total_bytes,
             max_input_files: p.max_input_files,
+            max_open_files_per_run: p.max_open_files_per_run,
             max_output_file_bytes: p.max_output_file_bytes,
             max_output_total_bytes: p.max_output_total_bytes,
         }
@@ -762,6 +782,9 @@ impl Policy {
             max_input_file_bytes: 32 << 20,
             max_input_total_bytes: 64 << 20,
             max_input_files: 1000,
+            // Until the host's file table is known (see `share_file_table`): the default
+            // limits' product, 64 × 1024, is well within this.
+            max_open_files_per_run: 1 << 20,
             max_output_file_bytes: 10 << 20,
             max_output_total_bytes: 32 << 20,
         }
@@ -798,6 +821,7 @@ pub const CAP_NAMES: &[&str] = &[
     "input_file",
     "input_total",
     "input_files",
+    "open_files_per_run",
     "output_files",
     "output_file",
     "output_total",
@@ -818,6 +842,7 @@ impl Policy {
             "input_file" => self.max_input_file_bytes = size()?,
             "input_total" => self.max_input_total_bytes = size()?,
             "input_files" => self.max_input_files = count()?,
+            "open_files_per_run" => self.max_open_files_per_run = count()?,
             // Before `output_files` was a limit it was this cap: how many files every run
             // returned. It still means that: the default and the most a request may ask.
             "output_files" => {
@@ -837,11 +862,39 @@ impl Policy {
         Ok(())
     }
 
+    /// Bound what `runs` runs at once may hold of a host file table of `file_max` entries to a
+    /// quarter of it (the rest is the host's): each run gets its share, never less than the
+    /// default limits need.
+    pub fn share_file_table(&mut self, file_max: u64, runs: u64) {
+        let share = file_max / 4 / runs.max(1);
+        let floor = self.defaults.pids.0 * self.defaults.open_files.0;
+        self.max_open_files_per_run = self.max_open_files_per_run.min(share.max(floor));
+    }
+
+    /// The file-table bound of a run with these limits: `pids × open_files` within
+    /// `max_open_files_per_run`.
+    pub fn check_file_table(&self, l: &Limits) -> Result<(), FileTableError> {
+        let product = l.pids.0.saturating_mul(l.open_files.0);
+        if product > self.max_open_files_per_run {
+            return Err(FileTableError {
+                pids: l.pids.0,
+                open_files: l.open_files.0,
+                max: self.max_open_files_per_run,
+            });
+        }
+        Ok(())
+    }
+
     /// How many output files a run returns unless it asks otherwise (the rest are counted in
     /// `files_omitted`).
     pub fn output_files_returned(&self) -> u64 {
         self.defaults.output_files.0
     }
+}
+
+/// The size of the host's file table from `fs.file-max` (normally /proc/sys/fs/file-max).
+pub fn host_file_max(path: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// Total memory of the host from a meminfo file (normally /proc/meminfo).
@@ -1005,6 +1058,26 @@ mod tests {
             "the deprecated field, for one release"
         );
         assert_eq!(v["max"]["output_files"], 500);
+    }
+
+    #[test]
+    fn the_file_table_is_shared_between_runs() {
+        let mut p = policy();
+        p.share_file_table(2_466_170, 2);
+        assert_eq!(p.max_open_files_per_run, 2_466_170 / 8);
+        assert!(p.check_file_table(&p.defaults).is_ok());
+        let mut big = p.defaults;
+        big.pids = Count(4096);
+        big.open_files = Count(65_536);
+        let e = p.check_file_table(&big).unwrap_err();
+        assert!(e.to_string().contains("4096 × 65536 = 268435456"), "{e}");
+        // A tiny table never refuses the defaults.
+        let mut p = policy();
+        p.share_file_table(1000, 64);
+        assert_eq!(p.max_open_files_per_run, 64 * 1024);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file-max"), "2466170\n").unwrap();
+        assert_eq!(host_file_max(&dir.path().join("file-max")), Some(2_466_170));
     }
 
     #[test]

@@ -251,7 +251,8 @@ pub fn build(
         &merged(&file.limits.max, &o.max_limits)?,
         "maximum",
     )?;
-    apply_caps(policy, &merged(&file.caps, &o.caps)?)?;
+    let caps = merged(&file.caps, &o.caps)?;
+    apply_caps(policy, &caps)?;
     // Every default must lie between the minimum and the operator's maximum.
     policy
         .resolve(&LimitOverrides::default())
@@ -339,6 +340,20 @@ pub fn build(
             *slot = Some(n);
         }
     }
+    // The host's file table is shared by the runs at once (unless the operator set the cap).
+    if !caps.iter().any(|(name, _)| name == "open_files_per_run") {
+        if let Some(file_max) =
+            runcell_core::limits::host_file_max("/proc/sys/fs/file-max".as_ref())
+        {
+            c.engine
+                .policy
+                .share_file_table(file_max, c.max_concurrent as u64);
+        }
+    }
+    c.engine
+        .policy
+        .check_file_table(&c.engine.policy.defaults)
+        .map_err(|e| ServerError::Config(format!("the default limits: {e}")))?;
     if let Some(v) = o
         .max_body
         .map(Value::String)

@@ -703,3 +703,14 @@ async fn connections_that_stop_reading_are_closed() {
     stop_tx.send(()).unwrap();
     server.await.unwrap();
 }
+
+/// The file-table bound is a 400 naming `open_files`, like any limit.
+#[tokio::test]
+async fn pids_times_open_files_is_bounded() {
+    let r = router(&config(&[]));
+    let body = r#"{"language":"bash","code":"true","pids":4096,"open_files":65536}"#;
+    let (s, _, j) = send(&r, post(body)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
+    assert!(assert_error(&j, "invalid_request").contains("pids × open_files"));
+    assert_eq!(j["error"]["limit"], "open_files");
+}

@@ -592,3 +592,21 @@ fn any_limit_can_be_set_by_name() {
         assert!(message.contains("given twice"), "{args:?}: {message}");
     }
 }
+
+/// Every process of a run may open `open_files` files: `pids × open_files` of one run reached
+/// 300,000 entries of the host's file table (shared by every process on the host) before the
+/// product was bounded. Each limit within its own maximum is not enough.
+#[test]
+fn the_host_file_table_is_not_one_runs_to_fill() {
+    let r = run("bash", "true", &["--pids", "4096", "--open-files", "65536"]);
+    r.assert_category("invalid_request");
+    assert_eq!(r.code, Some(2));
+    let message = r.verdict["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("pids × open_files is 4096 × 65536"),
+        "{message}"
+    );
+    // Many processes, or many files each, are fine.
+    run("bash", "true", &["--pids", "512"]).assert_ok();
+    run("bash", "true", &["--pids", "16", "--open-files", "16000"]).assert_ok();
+}
