@@ -121,10 +121,17 @@ pub enum SessionError {
     Local(#[from] LocalSessionManagerError),
 }
 
+/// How long a finished call's result is kept for a client that resumes its stream (older
+/// protocol versions): long enough for a reconnect, short enough that results do not pile up.
+pub const COMPLETED_RESULTS_KEPT: Duration = Duration::from_secs(10);
+
 impl BoundedSessions {
     pub fn new(max: usize, idle: Duration) -> BoundedSessions {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = Some(idle);
+        // A finished call's result is kept for a client that lost its stream and resumes it;
+        // each may be a whole verdict, so not for rmcp's default minute.
+        inner.session_config.completed_cache_ttl = COMPLETED_RESULTS_KEPT;
         BoundedSessions {
             inner,
             max: max.max(1),

@@ -929,3 +929,47 @@ fn idle_half_sent_connections_do_not_starve_authenticated_calls() {
         "{metrics}"
     );
 }
+
+/// The output cap counts the output as it is delivered: before, a program that wrote control
+/// bytes made the server hold (and send) six times the cap, each byte escaped as `\u0001`.
+/// The verdict's JSON for a 64 KiB cap now stays within it, whatever the program writes.
+#[test]
+fn the_output_cap_bounds_the_delivered_size() {
+    let s = Server::start(&[]);
+    for (what, code) in [
+        (
+            "control bytes",
+            "import sys; sys.stdout.buffer.write(b'\\x01' * (1 << 20))",
+        ),
+        (
+            "invalid UTF-8",
+            "import sys; sys.stdout.buffer.write(b'\\xff' * (1 << 20))",
+        ),
+        ("quotes", "import sys; sys.stdout.write('\"' * (1 << 20))"),
+    ] {
+        let res = client()
+            .post(s.url("/v1/execute"))
+            .json(&json!({"language": "python", "code": code, "output": "64K"}))
+            .send()
+            .expect("request");
+        assert_eq!(res.status(), 200, "{what}");
+        let body = res.bytes().unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["stdout_truncated"], true, "{what}");
+        assert_eq!(v["error"]["category"], "output_limit", "{what}");
+        let stdout_json = serde_json::to_string(&v["stdout"]).unwrap().len() - 2;
+        assert!(
+            stdout_json <= 64 << 10,
+            "{what}: {stdout_json} bytes delivered"
+        );
+        assert!(
+            stdout_json > 60 << 10,
+            "{what}: the cap is used: {stdout_json}"
+        );
+        assert!(
+            body.len() < (64 << 10) + 8192,
+            "{what}: a {} byte body",
+            body.len()
+        );
+    }
+}

@@ -505,7 +505,12 @@ fn a_stdout_flood_is_cut_at_1_mib_and_stopped() {
         &["--timeout", "30"],
     );
     r.assert_category("output_limit");
-    assert_eq!(r.stdout().len(), 1 << 20);
+    // The cap is on the size as delivered in JSON, where each newline is `\n`.
+    assert!(
+        ((1 << 20) - 1..=1 << 20).contains(&delivered(r.stdout())),
+        "{}",
+        delivered(r.stdout())
+    );
     assert!(r.stdout().starts_with(&"x".repeat(1000)));
     assert_eq!(r.verdict["stdout_truncated"], true);
     assert_eq!(r.verdict["stderr_truncated"], false);
@@ -545,13 +550,19 @@ fn output_cap_keeps_exactly_the_cap() {
 
 #[test]
 fn output_exactly_at_the_cap_is_not_truncated() {
-    let r = run("python", "print('y' * 99)", &["--output", "100"]);
+    // 98 characters and a newline (`\n`, two in JSON) are 100 delivered.
+    let r = run("python", "print('y' * 98)", &["--output", "100"]);
     r.assert_ok();
-    assert_eq!(r.stdout().len(), 100);
+    assert_eq!(delivered(r.stdout()), 100);
     assert_eq!(r.verdict["stdout_truncated"], false);
-    let r = run("python", "print('y' * 100)", &["--output", "100"]);
+    let r = run("python", "print('y' * 99)", &["--output", "100"]);
     r.assert_category("output_limit");
-    assert_eq!(r.stdout().len(), 100);
+    assert_eq!(r.stdout(), "y".repeat(99));
+}
+
+/// The size of output as a verdict delivers it: in a JSON string.
+fn delivered(text: &str) -> usize {
+    serde_json::to_string(text).unwrap().len() - 2
 }
 
 #[test]

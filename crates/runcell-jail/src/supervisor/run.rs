@@ -48,6 +48,8 @@ pub struct Program {
     pub stdin: Option<Vec<u8>>,
     pub rlimits: Rlimits,
     pub wall_timeout: Duration,
+    /// Caps of stdout and stderr, on their size as delivered in JSON text (see
+    /// `capture::Capture`): what a server holds for a run's output is bounded by them.
     pub stdout_cap: u64,
     pub stderr_cap: u64,
 }
