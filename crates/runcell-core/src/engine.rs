@@ -28,16 +28,21 @@ pub struct EngineConfig {
     pub setup_timeout: Duration,
     /// Where `runcell setup` put prepared runtimes (Python stack, Go cache).
     pub host: Host,
+    /// The memory all runs may use together (the host's less a reserve): the limit of the
+    /// cgroup every run's group is made in. `None`: no such limit.
+    pub all_runs_memory_bytes: Option<u64>,
 }
 
 impl EngineConfig {
     /// Defaults for this host.
     pub fn for_host() -> EngineConfig {
-        let memory = crate::limits::host_memory_bytes("/proc/meminfo".as_ref()).unwrap_or(1 << 30);
+        let memory = crate::limits::host_memory_bytes("/proc/meminfo".as_ref());
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get() as u64)
             .unwrap_or(1);
-        let mut policy = Policy::for_host(memory, cpus);
+        // What runs may use of the host's memory: all of it but a reserve for the host.
+        let usable = memory.map(crate::limits::usable_memory);
+        let mut policy = Policy::for_host(usable.unwrap_or(1 << 30), cpus);
         if let Some(file_max) = crate::limits::host_file_max("/proc/sys/fs/file-max".as_ref()) {
             // One run at a time (the CLI); a server shares it again by its concurrency.
             policy.share_file_table(file_max, 1);
@@ -49,6 +54,7 @@ impl EngineConfig {
             hostname: "runcell".into(),
             setup_timeout: Duration::from_secs(20),
             host: Host::default(),
+            all_runs_memory_bytes: usable,
         }
     }
 }
@@ -379,6 +385,7 @@ impl Engine {
             setup_timeout: self.config.setup_timeout,
             helper_exe: self.config.helper_exe.clone(),
             overlays: runtime.overlays.clone(),
+            all_runs_memory_bytes: self.config.all_runs_memory_bytes,
         }
     }
 

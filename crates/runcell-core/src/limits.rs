@@ -760,6 +760,15 @@ impl From<Policy> for PolicyWire {
 }
 
 impl Policy {
+    /// Share the memory runs may use (`usable_bytes`, see [`usable_memory`]) between `runs`
+    /// at once: each run's maximum memory, and its maximum disk (its tmpfs pages are memory
+    /// too), is at most its share, never below the defaults.
+    pub fn share_memory(&mut self, usable_bytes: u64, runs: u64) {
+        let share = usable_bytes / runs.max(1);
+        self.max.memory = Bytes(self.max.memory.0.min(share.max(self.defaults.memory.0)));
+        self.max.disk = Bytes(self.max.disk.0.min(share.max(self.defaults.disk.0)));
+    }
+
     /// Maxima for this host: no more memory than it has, no more cores than it has, and
     /// generous but finite caps elsewhere.
     pub fn for_host(host_memory_bytes: u64, host_cpus: u64) -> Policy {
@@ -890,6 +899,15 @@ impl Policy {
     pub fn output_files_returned(&self) -> u64 {
         self.defaults.output_files.0
     }
+}
+
+/// What runs may use of a host's memory: all of it but a reserve for the host itself, an
+/// eighth and at least 1 GiB (never more than half).
+pub fn usable_memory(host_memory_bytes: u64) -> u64 {
+    let reserve = (host_memory_bytes / 8)
+        .max(1 << 30)
+        .min(host_memory_bytes / 2);
+    host_memory_bytes - reserve
 }
 
 /// The size of the host's file table from `fs.file-max` (normally /proc/sys/fs/file-max).
@@ -1058,6 +1076,21 @@ mod tests {
             "the deprecated field, for one release"
         );
         assert_eq!(v["max"]["output_files"], 500);
+    }
+
+    #[test]
+    fn runs_share_the_memory_and_the_host_keeps_a_reserve() {
+        assert_eq!(usable_memory(24 << 30), 21 << 30);
+        assert_eq!(usable_memory(4 << 30), 3 << 30);
+        assert_eq!(usable_memory(1 << 30), 512 << 20);
+        let mut p = Policy::for_host(21 << 30, 2);
+        p.share_memory(21 << 30, 4);
+        assert_eq!(p.max.memory, Bytes((21 << 30) / 4));
+        assert_eq!(p.max.disk, Bytes((21 << 30) / 4));
+        // Never below the defaults.
+        p.share_memory(1 << 30, 64);
+        assert_eq!(p.max.memory, p.defaults.memory);
+        assert!(p.resolve(&LimitOverrides::default()).is_ok());
     }
 
     #[test]

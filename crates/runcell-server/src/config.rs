@@ -340,6 +340,22 @@ pub fn build(
             *slot = Some(n);
         }
     }
+    // The memory runs may use is shared by the runs at once, unless the operator set the
+    // maxima of memory and disk.
+    if let Some(usable) = c.engine.all_runs_memory_bytes {
+        let set = merged(&file.limits.max, &o.max_limits)?;
+        let explicit = |name: &str| set.iter().any(|(n, _)| n == name);
+        let before = c.engine.policy.max;
+        c.engine
+            .policy
+            .share_memory(usable, c.max_concurrent as u64);
+        if explicit("memory") {
+            c.engine.policy.max.memory = before.memory;
+        }
+        if explicit("disk") {
+            c.engine.policy.max.disk = before.disk;
+        }
+    }
     // The host's file table is shared by the runs at once (unless the operator set the cap).
     if !caps.iter().any(|(name, _)| name == "open_files_per_run") {
         if let Some(file_max) =

@@ -30,6 +30,7 @@ fn spec() -> SandboxSpec {
         setup_timeout: Duration::from_secs(20),
         helper_exe: common::runcell_bin(),
         overlays: Vec::new(),
+        all_runs_memory_bytes: None,
     }
 }
 

@@ -741,3 +741,37 @@ fn signals_give_128_plus_n() {
         assert!(r.message().contains(name), "{}", r.message());
     }
 }
+
+/// The parent cgroup every run's group is made in has a memory limit that leaves the host a
+/// reserve (before, it had none: one run's tmpfs, or many runs at once, could push the host
+/// itself into OOM).
+#[test]
+#[cfg_attr(not(host_root), ignore = "needs root (runcell's own cgroups)")]
+fn all_runs_together_leave_the_host_a_reserve() {
+    run("bash", "true", &[]).assert_ok();
+    let total_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let total = total_kb * 1024;
+    let limit_file = [
+        "/sys/fs/cgroup/memory/runcell/memory.limit_in_bytes",
+        "/sys/fs/cgroup/runcell/memory.max",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("runcell's parent cgroup");
+    let limit: u64 = std::fs::read_to_string(limit_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or(u64::MAX);
+    let reserve = (total / 8).max(1 << 30).min(total / 2);
+    // The kernel rounds a limit down to whole pages.
+    assert!(
+        limit <= total - reserve && limit > total - reserve - 4096,
+        "{limit_file}: {limit} for {total} bytes of memory"
+    );
+}

@@ -64,9 +64,14 @@ pub(crate) struct FakeFs {
     failing_files: Mutex<Vec<String>>,
 }
 
+/// Create interface files; those that exist keep their content (a group whose parent enables
+/// a controller later gets the new controller's files, as the kernel gives them).
 fn write_files(dir: &Path, files: &[(&str, &str)]) {
     for (name, content) in files {
-        fs::write(dir.join(name), content).expect("fake: write file");
+        let path = dir.join(name);
+        if !path.exists() {
+            fs::write(path, content).expect("fake: write file");
+        }
     }
 }
 
@@ -103,7 +108,8 @@ impl FakeFs {
         };
         populate(root, &kind);
         if controllers.contains(&"cpuset") {
-            write_files(root, &[("cpuset.cpus", "0-7\n"), ("cpuset.mems", "0\n")]);
+            fs::write(root.join("cpuset.cpus"), "0-7\n").expect("fake: write file");
+            fs::write(root.join("cpuset.mems"), "0\n").expect("fake: write file");
         }
         self.roots.push((root.to_path_buf(), kind));
     }
@@ -398,7 +404,16 @@ impl CgroupFs for FakeFs {
                         enabled.push(controller.to_owned());
                     }
                 }
-                fs::write(path, enabled.join(" "))
+                fs::write(path, enabled.join(" "))?;
+                // The children that exist get the enabled controllers' files.
+                if let Some(kind) = self.kind_for(dir) {
+                    for child in fs::read_dir(dir)?.flatten() {
+                        if child.path().is_dir() {
+                            populate(&child.path(), kind);
+                        }
+                    }
+                }
+                Ok(())
             }
             "cgroup.procs" => {
                 let mut content = fs::read_to_string(path)?;

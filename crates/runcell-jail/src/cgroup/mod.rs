@@ -458,6 +458,48 @@ impl CgroupManager {
         }
     }
 
+    /// Limit the memory of every group runcell makes, together: the limit of the base group
+    /// they are made in (`runcell`). Without it the host has no reserve: a run's tmpfs pages,
+    /// which outlive the processes that wrote them, or many runs at once could push the host
+    /// itself into OOM. Call it after [`CgroupManager::create`] made the base (and, on v2,
+    /// enabled the memory controller for it). Returns whether the limit is in force.
+    pub fn limit_all_groups(&self, memory_bytes: u64) -> Result<bool, CgroupError> {
+        let fs = self.fs.as_ref();
+        let value = memory_bytes.to_string();
+        match &self.layout {
+            Layout::V2 { base, .. } => {
+                let max = base.join("memory.max");
+                if !fs.exists(&max) {
+                    return Ok(false);
+                }
+                set_limit(fs, max, value)?;
+                Ok(true)
+            }
+            Layout::V1 { hierarchies } => {
+                let Some(h) = hierarchies.iter().find(|h| h.has("memory")) else {
+                    return Ok(false);
+                };
+                let limit = h.base.join("memory.limit_in_bytes");
+                let memsw = h.base.join("memory.memsw.limit_in_bytes");
+                if !fs.exists(&memsw) {
+                    set_limit(fs, limit, value)?;
+                    return Ok(true);
+                }
+                // memsw is never below the memory limit: lowering goes limit first, raising
+                // memsw first. The current values decide which this is.
+                let raising = read_u64(fs, &limit).is_some_and(|now| memory_bytes > now);
+                if raising {
+                    set_limit(fs, memsw, value.clone())?;
+                    set_limit(fs, limit, value)?;
+                } else {
+                    set_limit(fs, limit, value.clone())?;
+                    set_limit(fs, memsw, value)?;
+                }
+                Ok(true)
+            }
+        }
+    }
+
     /// Remove leftover groups under the base for which `is_stale(name)` says their supervisor
     /// is gone (the caller owns the naming scheme), killing anything left in them first. Best
     /// effort; returns how many were removed.
@@ -1049,6 +1091,61 @@ mod tests {
             .create("4321-ab", &CgroupLimits::default())
             .expect("create");
         assert_eq!(group.path(), mp.join("runcell/4321-ab"));
+    }
+
+    #[test]
+    fn all_groups_together_get_a_memory_limit() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, ALL, V2Features::MODERN);
+        let fake = Arc::new(fake);
+        let manager = discover(&fake, &mounts_for(PURE_V2, &mp), "/", ROOT).expect("usable");
+        let _group = manager.create("1-a", &CgroupLimits::default()).unwrap();
+        assert!(manager.limit_all_groups(8 << 30).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(mp.join("runcell/memory.max")).unwrap(),
+            (8u64 << 30).to_string()
+        );
+
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        let fake = hybrid_fake(root);
+        let manager = CgroupManager::v1_with(
+            fake.clone(),
+            vec![("memory".into(), root.join("memory/runcell"))],
+        );
+        let _group = manager.create("1-b", &CgroupLimits::default()).unwrap();
+        assert!(manager.limit_all_groups(4 << 30).unwrap());
+        let limit = root.join("memory/runcell/memory.limit_in_bytes");
+        let memsw = root.join("memory/runcell/memory.memsw.limit_in_bytes");
+        assert_eq!(
+            std::fs::read_to_string(&limit).unwrap(),
+            (4u64 << 30).to_string()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&memsw).unwrap(),
+            (4u64 << 30).to_string()
+        );
+        // Raising goes memsw first (memsw may never be below the limit), lowering limit first.
+        assert!(manager.limit_all_groups(6 << 30).unwrap());
+        assert!(manager.limit_all_groups(2 << 30).unwrap());
+        let order: Vec<String> = fake
+            .writes_to("memory.memsw.limit_in_bytes")
+            .into_iter()
+            .chain(fake.writes_to("memory.limit_in_bytes"))
+            .filter(|(p, _)| p.parent() == Some(&root.join("memory/runcell")))
+            .map(|(_, v)| v)
+            .collect();
+        assert!(order.contains(&(6u64 << 30).to_string()), "{order:?}");
+        assert_eq!(
+            std::fs::read_to_string(&limit).unwrap(),
+            (2u64 << 30).to_string()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&memsw).unwrap(),
+            (2u64 << 30).to_string()
+        );
     }
 
     #[test]

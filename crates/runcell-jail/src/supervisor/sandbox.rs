@@ -66,6 +66,9 @@ pub struct SandboxSpec {
     pub helper_exe: PathBuf,
     /// Read-only host directories shown writable through an overlay (prepared caches).
     pub overlays: Vec<Overlay>,
+    /// The memory of all runs together: the limit of the parent group every sandbox's group
+    /// is made in, so that the host keeps a reserve whatever the runs do. `None`: not set.
+    pub all_runs_memory_bytes: Option<u64>,
 }
 
 /// Which isolation layers a sandbox really has, for the verdict and `runcell doctor`.
@@ -82,6 +85,8 @@ pub struct Enforcement {
     pub rootless: bool,
     /// The host has swap space (so a memory limit without swap accounting leaks into it).
     pub host_has_swap: bool,
+    /// Whether the memory of all runs together is limited (`None`: it was not asked for).
+    pub all_runs_memory: Option<bool>,
 }
 
 impl Enforcement {
@@ -118,6 +123,11 @@ impl Enforcement {
                 }
                 if !l.cpu {
                     m.push("cgroup cpu limit".into());
+                }
+                if self.all_runs_memory == Some(false) {
+                    m.push(
+                        "a memory limit on all runs together (the host keeps no reserve)".into(),
+                    );
                 }
             }
         }
@@ -178,6 +188,7 @@ impl Sandbox {
 
         retry_pending_removals();
         // S2. The cgroup first: if it cannot be created the run must not start half-limited.
+        let mut all_runs_memory = None;
         let cgroup = match cgroup_manager() {
             Some(m) => {
                 let limits = CgroupLimits {
@@ -185,7 +196,13 @@ impl Sandbox {
                     pids_max: spec.cgroup.pids_max.map(|p| p + 1),
                     ..spec.cgroup
                 };
-                Some(m.create(&new_group_name(), &limits)?)
+                let group = m.create(&new_group_name(), &limits)?;
+                // Every time: another runcell process may have set another value, and the
+                // parent group exists (with its controllers) once a group is made in it.
+                if let Some(total) = spec.all_runs_memory_bytes {
+                    all_runs_memory = Some(m.limit_all_groups(total).unwrap_or(false));
+                }
+                Some(group)
             }
             None => None,
         };
@@ -248,6 +265,7 @@ impl Sandbox {
                 .ok()
                 .and_then(|m| m.swap_total_bytes)
                 .is_some_and(|b| b > 0),
+            all_runs_memory,
         };
         let helper_pidfd = rustix::process::Pid::from_raw(helper.id() as i32).and_then(|pid| {
             rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
