@@ -17,8 +17,9 @@ pub fn mime_type(path: &str) -> String {
         .to_string()
 }
 
-/// Convert collected files; returns them and the number left out.
-pub fn to_verdict(c: CollectedFiles) -> (Vec<OutputFile>, u64) {
+/// Convert collected files; returns them, the number left out, and why files were left out
+/// beyond the caps (for the verdict's warnings).
+pub fn to_verdict(c: CollectedFiles) -> (Vec<OutputFile>, u64, Vec<String>) {
     let files = c
         .files
         .into_iter()
@@ -35,7 +36,7 @@ pub fn to_verdict(c: CollectedFiles) -> (Vec<OutputFile>, u64) {
             }
         })
         .collect();
-    (files, c.omitted)
+    (files, c.omitted, c.notes)
 }
 
 /// Write the returned files (those whose content came back) under `dir`, at their relative
@@ -143,8 +144,10 @@ mod tests {
             ],
             blobs: vec![b"hi".to_vec()],
             omitted: 3,
+            notes: vec!["1 output file(s) left out: their paths are not valid UTF-8".into()],
         };
-        let (files, omitted) = to_verdict(c);
+        let (files, omitted, notes) = to_verdict(c);
+        assert_eq!(notes.len(), 1);
         assert_eq!(omitted, 3);
         assert_eq!(files[0].content_base64.as_deref(), Some("aGk="));
         assert!(!files[0].truncated);

@@ -210,7 +210,9 @@ pub struct Verdict {
     pub error: Option<VerdictError>,
     pub usage: Usage,
     pub files: Vec<OutputFile>,
-    /// Output files left out of `files` because of the file-count cap.
+    /// Output files left out of `files`: because of the file-count cap, or because their
+    /// paths could not be returned faithfully (not valid UTF-8, longer than 1024 bytes; a
+    /// warning then says so).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub files_omitted: u64,
     pub enforcement: EnforcementReport,

@@ -184,14 +184,17 @@ os.read(r, 7)
     }
 }
 
+/// Issue 10: names that differ only in invalid UTF-8 collapsed into one path; they are left
+/// out (counted, with a warning) and every returned path is exactly a file's name.
 #[test]
-fn odd_names_come_back_as_valid_strings_inside_the_workspace() {
+fn odd_names_come_back_faithfully_and_non_utf8_names_are_left_out() {
     let r = run(
         "python",
         r#"
 import os
-for name in [b"new\nline.txt", b"bad\xffbyte.txt", b"-rf", b"...", b" spaced "]:
-    with open(name, "wb") as f: f.write(b"x")
+for name in [b"new\nline.txt", b"bad\xffbyte.txt", b"bad\xfebyte.txt", b"-rf", b"...", b" spaced ",
+             "bad\ufffdbyte.txt".encode()]:
+    with open(name, "wb") as f: f.write(name)
 "#,
         &[],
     );
@@ -208,6 +211,39 @@ for name in [b"new\nline.txt", b"bad\xffbyte.txt", b"-rf", b"...", b" spaced "]:
             "new\nline.txt"
         ]
     );
+    let real = files(&r)
+        .into_iter()
+        .find(|f| f["path"] == "bad\u{fffd}byte.txt")
+        .unwrap();
+    assert_eq!(content(&real).unwrap(), "bad\u{fffd}byte.txt".as_bytes());
+    assert_eq!(r.verdict["files_omitted"], 2);
+    assert_eq!(
+        r.verdict["warnings"],
+        serde_json::json!(["2 output file(s) left out: their paths are not valid UTF-8"])
+    );
+}
+
+/// Issue 10: one over-long output path made the whole collection fail; it is left out and
+/// the other files come back.
+#[test]
+fn an_over_long_output_path_is_left_out_and_the_rest_come_back() {
+    let r = run(
+        "python",
+        r#"
+import os
+for i in range(30):
+    os.makedirs("d" * 200, exist_ok=True)
+    os.chdir("d" * 200)
+open("long.txt", "w").write("L")
+os.chdir("/workspace")
+open("a.txt", "w").write("A")
+open("z.txt", "w").write("Z")
+"#,
+        &[],
+    );
+    r.assert_ok();
+    assert_eq!(paths(&r), ["a.txt", "z.txt"]);
+    assert_eq!(r.verdict["files_omitted"], 1);
 }
 
 #[test]
