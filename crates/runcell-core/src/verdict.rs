@@ -141,6 +141,10 @@ pub struct OutputFile {
     /// True when the content was left out because of a cap.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// Set by `runcell run --output-dir` only: why this file was not written to the output
+    /// directory (absent when it was written, and in every other front end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_written: Option<String>,
 }
 
 /// Which isolation layers were in force for this run.

@@ -393,6 +393,7 @@ mod tests {
             sha256: None,
             content_base64: content.map(b64),
             truncated: content.is_none(),
+            not_written: None,
         };
         let mut v = ok("");
         v.files = vec![
