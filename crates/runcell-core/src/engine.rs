@@ -526,7 +526,9 @@ impl Engine {
         // reported); what they left in /workspace is the output. A sandbox killed outright
         // (cancelled, or pid 1 lost) has no files to give.
         if let Ok(collected) = sandbox.collect(&self.collect_limits(limits)) {
-            (verdict.files, verdict.files_omitted) = crate::files::to_verdict(collected);
+            let notes;
+            (verdict.files, verdict.files_omitted, notes) = crate::files::to_verdict(collected);
+            verdict.warnings.extend(notes);
         }
         if let Err(e) = sandbox.destroy() {
             tracing::warn!(error = %crate::error::chain(&e), "sandbox teardown failed");

@@ -165,7 +165,7 @@ pub fn workspace_path(path: &str) -> Result<String, PathError> {
     if path.is_empty() {
         return Err(PathError::Empty);
     }
-    if path.len() > 1024 {
+    if path.len() > runcell_jail::MAX_PATH_BYTES {
         return Err(PathError::TooLong(prefix(path, 40).to_string()));
     }
     if path.starts_with('/') {

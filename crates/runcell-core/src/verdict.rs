@@ -141,6 +141,10 @@ pub struct OutputFile {
     /// True when the content was left out because of a cap.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// Set by `runcell run --output-dir` only: why this file was not written to the output
+    /// directory (absent when it was written, and in every other front end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_written: Option<String>,
 }
 
 /// Which isolation layers were in force for this run.
@@ -210,7 +214,9 @@ pub struct Verdict {
     pub error: Option<VerdictError>,
     pub usage: Usage,
     pub files: Vec<OutputFile>,
-    /// Output files left out of `files` because of the file-count cap.
+    /// Output files left out of `files`: because of the file-count cap, or because their
+    /// paths could not be returned faithfully (not valid UTF-8, longer than 1024 bytes; a
+    /// warning then says so).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub files_omitted: u64,
     pub enforcement: EnforcementReport,

@@ -8,7 +8,11 @@
 //! * only what lies under /workspace's own descriptor can be reached, so no name (`..`, odd
 //!   bytes, newlines) can lead elsewhere, and /workspace holds nothing but sandbox data (a hard
 //!   link cannot cross into the read-only host binds: different mounts);
-//! * the walk is bounded in entries visited, depth, files returned and bytes read.
+//! * the walk is bounded in entries visited, depth, files returned and bytes read;
+//! * a name is returned only if it can be returned faithfully: a path that is not valid UTF-8
+//!   (turned into a string lossily, two such names could collapse into one, and one file would
+//!   overwrite the other wherever they are written) or longer than [`MAX_PATH_BYTES`] is left
+//!   out, counted in `omitted` and explained in a note, and never makes the rest fail.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -23,6 +27,25 @@ use crate::protocol::{CollectLimits, CollectedFile};
 
 /// Deepest directory nesting walked.
 const MAX_DEPTH: usize = 64;
+
+/// Longest output path returned, in bytes: the bound every path of a request (input files)
+/// has too, so a returned path can be written back and sent again.
+pub const MAX_PATH_BYTES: usize = 1024;
+
+/// The file list of one `Files` report stays under this many bytes of JSON, so that however
+/// many files a request may ask for (and however their names escape), the report fits the
+/// frame the supervisor accepts; files past it are left out and counted.
+const MAX_LIST_JSON: usize = crate::protocol::MAX_JSON as usize - (64 << 10);
+
+/// What a collection found: the files (sorted by path), their contents as blobs, how many were
+/// left out, and why (one sentence per reason other than the caps the caller set).
+#[derive(Debug, Default)]
+pub struct Collection {
+    pub files: Vec<CollectedFile>,
+    pub blobs: Vec<Vec<u8>>,
+    pub omitted: u64,
+    pub notes: Vec<String>,
+}
 
 /// What identifies a version of a file: a rewrite, append, truncate, chmod or rename changes
 /// the inode's ctime (which a program cannot set), a new file has a new inode.
@@ -119,21 +142,37 @@ impl Baseline {
 }
 
 /// Files created or changed under `root` since `baseline`, with their contents within the caps.
-/// Returns the files (sorted by path), their contents as blobs, and how many were left out.
-pub fn collect(
-    root: &str,
-    baseline: &Baseline,
-    limits: &CollectLimits,
-) -> (Vec<CollectedFile>, Vec<Vec<u8>>, u64) {
+pub fn collect(root: &str, baseline: &Baseline, limits: &CollectLimits) -> Collection {
     let mut changed = Vec::new();
+    let (mut not_utf8, mut too_long) = (0u64, 0u64);
     let skipped = walk(root, limits.max_entries, |f| {
-        if baseline.0.get(&f.rel) != Some(&f.stamp) {
+        if baseline.0.get(&f.rel) == Some(&f.stamp) {
+            return;
+        }
+        // Checked before the count cap, so that a skipped name never takes a returned one's
+        // place.
+        if std::str::from_utf8(&f.rel).is_err() {
+            not_utf8 += 1;
+        } else if f.rel.len() > MAX_PATH_BYTES {
+            too_long += 1;
+        } else {
             changed.push(f);
         }
     })
     .unwrap_or(0);
     changed.sort_by(|a, b| a.rel.cmp(&b.rel));
-    let mut omitted = skipped;
+    let mut notes = Vec::new();
+    if not_utf8 > 0 {
+        notes.push(format!(
+            "{not_utf8} output file(s) left out: their paths are not valid UTF-8"
+        ));
+    }
+    if too_long > 0 {
+        notes.push(format!(
+            "{too_long} output file(s) left out: their paths are longer than {MAX_PATH_BYTES} bytes"
+        ));
+    }
+    let mut omitted = skipped + not_utf8 + too_long;
     if changed.len() as u64 > limits.max_files {
         omitted += changed.len() as u64 - limits.max_files;
         changed.truncate(limits.max_files as usize);
@@ -143,11 +182,17 @@ pub fn collect(
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     ) else {
-        return (Vec::new(), Vec::new(), omitted);
+        return Collection {
+            omitted: omitted + changed.len() as u64,
+            notes,
+            ..Collection::default()
+        };
     };
     let mut files = Vec::new();
     let mut blobs = Vec::new();
     let mut total = 0u64;
+    let mut list_json = 0usize;
+    let mut over_list = 0u64;
     let mut read_budget = limits.max_read_bytes;
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(limits.deadline_ms);
     let count = changed.len();
@@ -156,24 +201,47 @@ pub fn collect(
             omitted += (count - i) as u64;
             break;
         }
+        // Checked to be UTF-8 above: the path is the name, byte for byte.
+        let Ok(path) = String::from_utf8(f.rel) else {
+            continue;
+        };
+        // The entry's JSON at its largest (every byte escaped as \u00XX, a 64-char hash, the
+        // numbers and keys).
+        let entry_json = path.len() * 6 + 160;
+        if list_json + entry_json > MAX_LIST_JSON {
+            over_list += (count - i) as u64;
+            break;
+        }
         let Some((size, sha256, content)) =
-            read_file(&top, &f.rel, limits, total, &mut read_budget)
+            read_file(&top, path.as_bytes(), limits, total, &mut read_budget)
         else {
             continue;
         };
+        list_json += entry_json;
         let blob = content.map(|c| {
             total += c.len() as u64;
             blobs.push(c);
             blobs.len() - 1
         });
         files.push(CollectedFile {
-            path: String::from_utf8_lossy(&f.rel).into_owned(),
+            path,
             size,
             sha256,
             blob,
         });
     }
-    (files, blobs, omitted)
+    if over_list > 0 {
+        omitted += over_list;
+        notes.push(format!(
+            "{over_list} output file(s) left out: the list of files reached its size bound"
+        ));
+    }
+    Collection {
+        files,
+        blobs,
+        omitted,
+        notes,
+    }
 }
 
 /// Open `rel` beneath `top` one component at a time without following symlinks, check it is a
@@ -274,7 +342,12 @@ mod tests {
         fs::write(d.path().join("touched.txt"), "new").unwrap();
         fs::create_dir_all(d.path().join("out/deep")).unwrap();
         fs::write(d.path().join("out/deep/r.csv"), "x,y\n1,2\n").unwrap();
-        let (files, blobs, omitted) = collect(root, &base, &limits());
+        let Collection {
+            files,
+            blobs,
+            omitted,
+            ..
+        } = collect(root, &base, &limits());
         let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(paths, ["out/deep/r.csv", "touched.txt"]);
         assert_eq!(omitted, 0);
@@ -300,7 +373,7 @@ mod tests {
         .unwrap();
         fs::write(d.path().join("big.bin"), vec![7u8; 1200]).unwrap();
         fs::write(d.path().join("small.txt"), "hi").unwrap();
-        let (files, blobs, _) = collect(root, &base, &limits());
+        let Collection { files, blobs, .. } = collect(root, &base, &limits());
         let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(paths, ["big.bin", "small.txt"], "no symlink, no fifo");
         assert_eq!(files[0].size, 1200);
@@ -319,7 +392,12 @@ mod tests {
             fs::write(d.path().join(format!("f{i}")), vec![b'x'; 600]).unwrap();
         }
         let mut l = limits();
-        let (files, blobs, omitted) = collect(root, &Baseline::default(), &l);
+        let Collection {
+            files,
+            blobs,
+            omitted,
+            ..
+        } = collect(root, &Baseline::default(), &l);
         assert_eq!(files.len(), 5);
         assert_eq!(
             blobs.len(),
@@ -328,10 +406,10 @@ mod tests {
         );
         assert_eq!(omitted, 0);
         l.max_files = 3;
-        let (files, _, omitted) = collect(root, &Baseline::default(), &l);
+        let Collection { files, omitted, .. } = collect(root, &Baseline::default(), &l);
         assert_eq!((files.len(), omitted), (3, 2));
         l.max_entries = 2;
-        let (files, _, omitted) = collect(root, &Baseline::default(), &l);
+        let Collection { files, omitted, .. } = collect(root, &Baseline::default(), &l);
         assert_eq!((files.len(), omitted), (2, 3));
     }
 
@@ -345,7 +423,7 @@ mod tests {
         let mut l = limits();
         l.max_read_bytes = 1 << 20;
         let started = std::time::Instant::now();
-        let (files, blobs, _) = collect(root, &Baseline::default(), &l);
+        let Collection { files, blobs, .. } = collect(root, &Baseline::default(), &l);
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
         assert_eq!(files[0].path, "small");
         assert!(files[0].sha256.is_some());
@@ -359,10 +437,107 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = d.path().to_str().unwrap();
         fs::write(d.path().join("new\nline"), "1").unwrap();
-        fs::write(d.path().join(OsStr::from_bytes(b"bad\xffutf8")), "2").unwrap();
         fs::write(d.path().join("..."), "3").unwrap();
-        let (files, _, _) = collect(root, &Baseline::default(), &limits());
-        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-        assert_eq!(paths, ["...", "bad\u{fffd}utf8", "new\nline"]);
+        fs::write(d.path().join("lit\u{fffd}eral"), "4").unwrap();
+        let c = collect(root, &Baseline::default(), &limits());
+        let paths: Vec<&str> = c.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["...", "lit\u{fffd}eral", "new\nline"]);
+        assert_eq!(c.omitted, 0);
+    }
+
+    /// Issue 10: two names that differ only in invalid UTF-8 were both returned as the same
+    /// lossy string, and one overwrote the other wherever they were written. Names that are not
+    /// UTF-8 are now left out, counted and explained; no two files share a path.
+    #[test]
+    fn names_that_are_not_utf8_are_left_out_never_collapsed() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        fs::write(d.path().join(OsStr::from_bytes(b"bad\xffutf8")), "A").unwrap();
+        fs::write(d.path().join(OsStr::from_bytes(b"bad\xfeutf8")), "B").unwrap();
+        fs::create_dir(d.path().join(OsStr::from_bytes(b"dir\xff"))).unwrap();
+        fs::write(d.path().join(OsStr::from_bytes(b"dir\xff/in")), "C").unwrap();
+        fs::write(d.path().join("bad\u{fffd}utf8"), "real").unwrap();
+        let mut l = limits();
+        l.max_files = 1;
+        let c = collect(root, &Baseline::default(), &l);
+        let paths: Vec<&str> = c.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["bad\u{fffd}utf8"], "the file really named so, only");
+        assert_eq!(c.blobs, [b"real".to_vec()]);
+        assert_eq!(c.omitted, 3);
+        assert_eq!(
+            c.notes,
+            ["3 output file(s) left out: their paths are not valid UTF-8"]
+        );
+        let mut seen = std::collections::HashSet::new();
+        assert!(c.files.iter().all(|f| seen.insert(&f.path)));
+    }
+
+    /// Issue 10: one over-long output path made the whole collection fail. It is left out and
+    /// counted; the other files come back.
+    #[test]
+    fn an_over_long_path_is_left_out_and_the_rest_collected() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        // Built one level at a time: the whole path is longer than PATH_MAX.
+        let mut cur = fs::File::open(d.path()).unwrap();
+        for _ in 0..30 {
+            let name = "d".repeat(200);
+            rustix::fs::mkdirat(&cur, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+            cur = fs::File::from(
+                openat(
+                    &cur,
+                    name.as_str(),
+                    OFlags::RDONLY | OFlags::DIRECTORY,
+                    Mode::empty(),
+                )
+                .unwrap(),
+            );
+        }
+        let fd = openat(
+            &cur,
+            "long.txt",
+            OFlags::WRONLY | OFlags::CREATE,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        rustix::io::write(&fd, b"L").unwrap();
+        // Exactly at the bound: returned.
+        let dirs = vec!["e".repeat(200); 4].join("/");
+        fs::create_dir_all(d.path().join(&dirs)).unwrap();
+        let exact = format!("{dirs}/{}", "f".repeat(MAX_PATH_BYTES - dirs.len() - 1));
+        assert_eq!(exact.len(), MAX_PATH_BYTES);
+        fs::write(d.path().join(&exact), "E").unwrap();
+        fs::write(d.path().join("a.txt"), "A").unwrap();
+        fs::write(d.path().join("z.txt"), "Z").unwrap();
+        let c = collect(root, &Baseline::default(), &limits());
+        let paths: Vec<&str> = c.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["a.txt", exact.as_str(), "z.txt"]);
+        assert_eq!(c.omitted, 1);
+        assert_eq!(
+            c.notes,
+            ["1 output file(s) left out: their paths are longer than 1024 bytes"]
+        );
+    }
+
+    #[test]
+    fn the_file_list_stays_within_the_frame_however_many_files_are_asked_for() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        // 1000 files with names of 1000 escaped bytes each: about 6 MB of JSON, over a frame.
+        for i in 0..1000 {
+            let name = format!("{i:04}{}", "\u{1}".repeat(250));
+            fs::write(d.path().join(name), "").unwrap();
+        }
+        let mut l = limits();
+        l.max_files = 10_000;
+        let c = collect(root, &Baseline::default(), &l);
+        assert!(!c.files.is_empty());
+        assert_eq!(c.files.len() as u64 + c.omitted, 1000);
+        let report = crate::protocol::Report::Files {
+            files: c.files,
+            omitted: c.omitted,
+            notes: c.notes,
+        };
+        assert!(serde_json::to_vec(&report).unwrap().len() < crate::protocol::MAX_JSON as usize);
     }
 }

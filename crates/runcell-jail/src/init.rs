@@ -499,9 +499,14 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
                     .unwrap_or_else(|e| Report::from(&e))
             }
             Request::Collect(limits) => {
-                let (files, blobs, omitted) = collect::collect(WORKSPACE, &baseline, &limits);
-                let blobs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
-                if protocol::send(ctrl, &Report::Files { files, omitted }, &blobs).is_err() {
+                let c = collect::collect(WORKSPACE, &baseline, &limits);
+                let blobs: Vec<&[u8]> = c.blobs.iter().map(Vec::as_slice).collect();
+                let report = Report::Files {
+                    files: c.files,
+                    omitted: c.omitted,
+                    notes: c.notes,
+                };
+                if protocol::send(ctrl, &report, &blobs).is_err() {
                     sys::exit_now(125);
                 }
                 continue;

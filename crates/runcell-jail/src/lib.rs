@@ -31,6 +31,7 @@ mod supervisor;
 mod sys;
 
 pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced};
+pub use collect::MAX_PATH_BYTES;
 pub use config::{Overlay, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 pub use errno::{error_chain, OsError};
 pub use fdlimit::raise_open_files_limit;

@@ -63,7 +63,8 @@ pub struct CollectLimits {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CollectedFile {
-    /// Relative to /workspace ('/'-separated; invalid UTF-8 replaced by U+FFFD).
+    /// Relative to /workspace ('/'-separated), exactly the file's name: valid UTF-8, at most
+    /// `MAX_PATH_BYTES` long (other files are left out and counted).
     pub path: String,
     pub size: u64,
     /// Hex sha256 of the whole content; `None` when reading it would exceed the read budget.
@@ -133,8 +134,12 @@ pub enum Report {
     /// From pid 1: the files of a `Collect`, sorted by path.
     Files {
         files: Vec<CollectedFile>,
-        /// Files left out because of `max_files` or `max_entries`.
+        /// Files left out because of `max_files` or `max_entries`, or because their names
+        /// could not be returned faithfully.
         omitted: u64,
+        /// Why files were left out, beyond the caps of the request (one sentence each).
+        #[serde(default)]
+        notes: Vec<String>,
     },
     /// From any helper: a setup step failed.
     Failed {

