@@ -973,3 +973,42 @@ fn the_output_cap_bounds_the_delivered_size() {
         );
     }
 }
+
+/// `kill -9` of the server mid-run: no process of the sandbox survives it (each sandbox's
+/// helper dies with its supervisor's lifeline), and the next server sweeps the cgroups left.
+#[test]
+fn killing_the_server_mid_run_leaves_nothing_behind() {
+    let tag = common::unique_digits();
+    let mut s = Server::start(&[]);
+    let pid = s.pid();
+    let url = s.url("/v1/execute");
+    let code = format!("import os\nos.execvp('sleep', ['sleep', '1000.{tag}'])");
+    let request = std::thread::spawn(move || {
+        let _ = client()
+            .post(url)
+            .json(&json!({"language": "python", "code": code, "timeout": 60}))
+            .send();
+    });
+    assert!(
+        wait_for_marker(&tag, START_WITHIN),
+        "the program never ran (test is void)"
+    );
+    assert!(!common::cgroups_of(pid).is_empty(), "the run has cgroups");
+    s.child.kill().expect("SIGKILL runcell serve");
+    s.child.wait().expect("reap runcell serve");
+    assert_marker_gone(&tag, LOADED_MARGIN);
+    request.join().unwrap();
+    // The next server, at its first run, removes what the killed one left.
+    let next = Server::start(&[]);
+    let (status, v) = next.execute(json!({"language": "bash", "code": "true"}));
+    assert_eq!(status, 200, "{v}");
+    let deadline = Instant::now() + LOADED_MARGIN;
+    while !common::cgroups_of(pid).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        common::cgroups_of(pid),
+        Vec::<std::path::PathBuf>::new(),
+        "stale cgroups of the killed server"
+    );
+}
