@@ -2,6 +2,10 @@
 //! keys, and run through the same admission control (429 becomes an `isError` result that
 //! says to retry), policy check, metrics and audit log as `POST /v1/execute`.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{ALLOW, CONTENT_TYPE};
@@ -72,6 +76,7 @@ pub fn endpoint(state: &AppState) -> MethodRouter<AppState> {
     } else {
         HttpOptions::loopback(max_body)
     };
+    let owners = SessionOwners::new(options.max_sessions, options.session_idle);
     let mcp = HttpEndpoint::new(
         state.clone(),
         state.engine().clone(),
@@ -80,7 +85,100 @@ pub fn endpoint(state: &AppState) -> MethodRouter<AppState> {
     );
     any_service(mcp)
         .layer(middleware::map_response(json_error))
+        .layer(middleware::from_fn_with_state(owners, owned_sessions))
         .layer(middleware::from_fn_with_state(state.clone(), buffered))
+}
+
+/// Session id → the id of the key that opened it (`None` without keys), and when it was last
+/// used.
+type Owners = HashMap<String, (Option<String>, Instant)>;
+
+/// Which API key opened each MCP session (older protocol versions, which have sessions): a
+/// session is its opener's. Another key that learns a session id can neither call in it nor
+/// end it: its requests get the answer for an unknown session (404).
+#[derive(Clone)]
+struct SessionOwners {
+    inner: Arc<Mutex<Owners>>,
+    /// A bound on the entries: sessions beyond the cap are refused anyway.
+    max: usize,
+    /// An entry unused this long belongs to a session that has idled out.
+    idle: Duration,
+}
+
+impl SessionOwners {
+    fn new(max_sessions: usize, idle: Duration) -> SessionOwners {
+        SessionOwners {
+            inner: Arc::default(),
+            max: max_sessions.saturating_mul(2).max(16),
+            idle,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Owners> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+async fn owned_sessions(State(owners): State<SessionOwners>, req: Request, next: Next) -> Response {
+    let key = req
+        .extensions()
+        .get::<crate::KeyId>()
+        .and_then(|k| k.0.clone());
+    let session = req
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let is_delete = req.method() == Method::DELETE;
+    if let Some(id) = &session {
+        let mut map = owners.lock();
+        match map.get_mut(id) {
+            Some((owner, used)) if *owner == key => *used = Instant::now(),
+            Some(_) => {
+                drop(map);
+                tracing::warn!("an MCP session was used with another key than its own");
+                return ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "Session not found: start a new one with initialize.",
+                )
+                .into_response();
+            }
+            // Unknown here: rmcp answers for sessions it does not have either.
+            None => {}
+        }
+    }
+    let res = next.run(req).await;
+    let mut map = owners.lock();
+    if let (Some(id), true) = (&session, is_delete) {
+        if res.status().is_success() {
+            map.remove(id);
+        }
+    }
+    if let Some(id) = res
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        if session.is_none() {
+            let idle = owners.idle;
+            map.retain(|_, (_, used)| used.elapsed() < idle);
+            if map.len() >= owners.max {
+                // The oldest first: they are the likeliest to have ended.
+                if let Some(oldest) = map
+                    .iter()
+                    .min_by_key(|(_, (_, used))| *used)
+                    .map(|(k, _)| k.clone())
+                {
+                    map.remove(&oldest);
+                }
+            }
+            map.insert(id.to_owned(), (key, Instant::now()));
+        }
+    }
+    res
 }
 
 /// A JSON-RPC message is read here, not by rmcp: with the same deadline as a body of

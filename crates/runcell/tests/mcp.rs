@@ -628,6 +628,67 @@ fn older_protocol_over_http_raw() {
     s.stop();
 }
 
+/// A session (older protocol versions) belongs to the key that opened it: another key that
+/// learns its id can neither call in it nor end it (before, any valid key could).
+#[test]
+fn an_mcp_session_is_its_openers_only() {
+    const OTHER: &str = "mcp-test-other-key-0123456789";
+    let s = Server::start(&[KEY, OTHER]);
+    let http = Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let send = |method: reqwest::Method, key: &str, body: Option<&Value>, session: Option<&str>| {
+        let mut req = http
+            .request(method, s.url())
+            .header("authorization", format!("Bearer {key}"))
+            .header("accept", "application/json, text/event-stream");
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        if let Some(id) = session {
+            req = req
+                .header("mcp-session-id", id)
+                .header("mcp-protocol-version", "2025-06-18");
+        }
+        req.send().unwrap()
+    };
+    let res = send(
+        reqwest::Method::POST,
+        KEY,
+        Some(&initialize("2025-06-18")),
+        None,
+    );
+    assert_eq!(res.status(), 200);
+    let session = res.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    drop(messages(res));
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let res = send(
+        reqwest::Method::POST,
+        KEY,
+        Some(&initialized),
+        Some(&session),
+    );
+    assert_eq!(res.status(), 202);
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    // The other key: as if the session did not exist.
+    let res = send(reqwest::Method::POST, OTHER, Some(&list), Some(&session));
+    assert_eq!(res.status(), 404);
+    let res = send(reqwest::Method::DELETE, OTHER, None, Some(&session));
+    assert_eq!(res.status(), 404);
+    // Its own key still can.
+    let res = send(reqwest::Method::POST, KEY, Some(&list), Some(&session));
+    assert_eq!(res.status(), 200);
+    let msgs = messages(res);
+    assert!(response(&msgs, 2)["result"]["tools"].is_array());
+    let res = send(reqwest::Method::DELETE, KEY, None, Some(&session));
+    assert!(res.status().is_success(), "{}", res.status());
+    s.stop();
+}
+
 #[test]
 fn http_without_keys_guards_against_dns_rebinding() {
     // Without API keys (loopback only), a request must name a loopback host, and a browser's
