@@ -227,6 +227,8 @@ pub const PROC_MASKED_FILES: &[&str] = &[
     "slabinfo",
     "pagetypeinfo",
     "config.gz",
+    // Counts every cgroup on the host per controller: a run would see others start and end.
+    "cgroups",
 ];
 
 /// Directories of /proc hidden behind an empty read-only tmpfs.
