@@ -343,3 +343,72 @@ print("sethostname=" + ("OK" if libc.sethostname(b"pwned", 5) == 0 else _en(ctyp
         hostname
     );
 }
+
+/// Flush requests completed by every block device of the host (field 16 of
+/// `/sys/block/*/stat`, Linux 5.5+).
+fn host_device_flushes() -> u64 {
+    let mut total = 0;
+    for dev in fs::read_dir("/sys/block").unwrap().flatten() {
+        let stat = fs::read_to_string(dev.path().join("stat")).unwrap_or_default();
+        total += stat
+            .split_whitespace()
+            .nth(15)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
+}
+
+/// Issue 10: a `sync()` loop did 117,000 host-wide flushes in 8 s, and each `fsync` of a
+/// read-only host file sent a cache flush to the host's disk. The sync family (and
+/// `POSIX_FADV_DONTNEED`, which evicted host files from the page cache) returns 0 without
+/// running: an invalid fd gets 0 instead of EBADF, the host's disks see (next to) no
+/// flushes, and programs that sync their own files keep working.
+#[test]
+fn issue10_sync_and_fsync_do_not_reach_the_host() {
+    const CALLS: u64 = 3000;
+    let before = host_device_flushes();
+    let r = run(
+        "python",
+        &py(&format!(
+            r#"
+sc("syncfs_bad_fd", 306, -1)
+sc("fsync_bad_fd", 74, -1)
+sc("fdatasync_bad_fd", 75, -1)
+sc("fadvise_dontneed_bad_fd", 221, -1, 0, 0, 4)
+ro = os.open("/etc/ld.so.cache", os.O_RDONLY)
+for _ in range({CALLS}):
+    os.fsync(ro)
+    os.sync()
+    libc.syncfs(ro)
+with open("/workspace/own.txt", "w") as fh:
+    fh.write("kept")
+    fh.flush()
+    os.fsync(fh.fileno())
+print("own=" + open("/workspace/own.txt").read())
+"#
+        )),
+        &[],
+    );
+    let flushes = host_device_flushes() - before;
+    r.assert_ok();
+    r.expect(&[
+        ("syncfs_bad_fd", "OK"),
+        ("fsync_bad_fd", "OK"),
+        ("fdatasync_bad_fd", "OK"),
+        ("fadvise_dontneed_bad_fd", "OK"),
+        ("own", "kept"),
+    ]);
+    // Before the fix: at least one flush per fsync (3000). Leave room for the host's own.
+    assert!(
+        flushes < CALLS / 3,
+        "{flushes} device flushes during {CALLS} fsync+sync+syncfs calls"
+    );
+    let r = run(
+        "bash",
+        "sync && sync -f /tmp && sync /etc/ld.so.cache && echo synced=OK",
+        &[],
+    );
+    r.assert_ok();
+    r.expect(&[("synced", "OK")]);
+}
