@@ -344,6 +344,70 @@ print("sethostname=" + ("OK" if libc.sethostname(b"pwned", 5) == 0 else _en(ctyp
     );
 }
 
+/// Issue 10: with inotify allowed and `/usr` bound from the host, a run saw within
+/// milliseconds which programs the host and other runs started. inotify, fanotify and
+/// dnotify (`fcntl(F_NOTIFY)`) are refused, and so is the page-cache oracle
+/// `preadv2(RWF_NOWAIT)`; other fcntl commands, locks included, still work.
+#[test]
+fn issue10_file_event_apis_are_refused() {
+    let r = run(
+        "python",
+        &py(r#"
+import fcntl
+sc("inotify_init", 253)
+sc("inotify_init1", 294, 0)
+sc("inotify_add_watch", 254, -1, 0, 0)
+sc("fanotify_init", 300, 0, 0)
+sc("fanotify_mark", 301, -1, 0, 0, -1, 0)
+d = os.open("/usr/bin", os.O_RDONLY | os.O_DIRECTORY)
+attempt("dnotify_usr_bin", lambda: fcntl.fcntl(d, 1026, 0x1 | 0x80000000))
+attempt("fcntl_getfl", lambda: fcntl.fcntl(d, fcntl.F_GETFL))
+# The page-cache oracle: EAGAIN for a page of a host file that is not cached.
+u = os.open("/usr/bin/env", os.O_RDONLY)
+attempt("preadv2_nowait", lambda: os.preadv(u, [bytearray(4096)], 0, os.RWF_NOWAIT))
+attempt("preadv2_plain", lambda: os.preadv(u, [bytearray(4096)], 0, 0))
+f = os.open("/tmp/own", os.O_RDWR | os.O_CREAT)
+attempt("posix_lock_own_file", lambda: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB))
+attempt("flock_own_file", lambda: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB))
+"#),
+        &[],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("inotify_init", "EPERM"),
+        ("inotify_init1", "EPERM"),
+        ("inotify_add_watch", "EPERM"),
+        ("fanotify_init", "EPERM"),
+        ("fanotify_mark", "EPERM"),
+        ("dnotify_usr_bin", "EPERM"),
+        ("fcntl_getfl", "OK"),
+        ("preadv2_nowait", "ENOTSUP"),
+        ("preadv2_plain", "OK"),
+        ("posix_lock_own_file", "OK"),
+        ("flock_own_file", "OK"),
+    ]);
+}
+
+/// Issue 10: Node's `fs.watch` (libuv, inotify) reports the refusal as an error the program
+/// can catch; the polling watcher still works.
+#[test]
+#[cfg_attr(not(host_node), ignore = "needs node on this host")]
+fn issue10_node_fs_watch_fails_gracefully() {
+    let r = run(
+        "node",
+        r#"
+const fs = require('fs');
+fs.writeFileSync('/tmp/w', 'a');
+try { fs.watch('/tmp/w'); console.log('watch=OK'); } catch (e) { console.log('watch=' + e.code); }
+fs.watchFile('/tmp/w', { interval: 20 }, () => { console.log('watchFile=OK'); fs.unwatchFile('/tmp/w'); });
+setTimeout(() => fs.writeFileSync('/tmp/w', 'bb'), 100);
+"#,
+        &[],
+    );
+    r.assert_ok();
+    r.expect(&[("watch", "EPERM"), ("watchFile", "OK")]);
+}
+
 /// Flush requests completed by every block device of the host (field 16 of
 /// `/sys/block/*/stat`, Linux 5.5+).
 fn host_device_flushes() -> u64 {

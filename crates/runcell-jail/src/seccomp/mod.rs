@@ -34,8 +34,10 @@
 //! `AF_INET`, `AF_INET6` and `AF_NETLINK`/`NETLINK_ROUTE`; so no `AF_ALG`, `AF_VSOCK`,
 //! `AF_PACKET`, `AF_KEY`, ...), `ioctl` (refused for `TIOCSTI` and `TIOCLINUX`, the
 //! terminal input injection requests of the CVE-2017-5226 class), `setsockopt` (no socket
-//! buffer sizes) and `prlimit64` (own limits
-//! only). `msync` (`MS_SYNC` goes to the `noop` filter) is conditional in the allowlist alone.
+//! buffer sizes), `prlimit64` (own limits
+//! only) and `fcntl` (no `F_NOTIFY`: directory events on the host's shared directories).
+//! `preadv2` (not with `RWF_NOWAIT`, a page-cache oracle) and `msync` (`MS_SYNC` goes to the
+//! `noop` filter) are conditional in the allowlist alone.
 //!
 //! # `ENOSYS` versus `EPERM`
 //!
@@ -88,8 +90,9 @@
 //! the matching capability, and allows `adjtimex`, `clock_adjtime`, `name_to_handle_at`,
 //! `modify_ldt`, and `ptrace`/`process_vm_*` on recent kernels): `socket` is limited to four
 //! families rather than "anything but `AF_VSOCK`"; `ioctl` refuses `TIOCSTI`/`TIOCLINUX`;
-//! `sync`, `syncfs` and `fsync` do nothing (issue 10); and `fanotify_mark` (useless without
-//! `fanotify_init`), `memfd_secret`,
+//! inotify, fanotify and dnotify are refused (the read-only binds are the host's inodes, so
+//! they reported the host's activity, issue 10); `sync`, `syncfs` and `fsync` do nothing;
+//! and `memfd_secret`,
 //! `set_thread_area`/`get_thread_area` (32-bit TLS), `epoll_ctl_old`/`epoll_wait_old`
 //! (never implemented) and the NUMA policy calls are simply absent (`ENOSYS`).
 //!
@@ -259,13 +262,14 @@ mod tests {
     // ---------------------------------------------------------------------------------------
 
     /// Syscalls that appear in both filters, with complementary argument conditions.
-    const CONDITIONAL: [&str; 6] = [
+    const CONDITIONAL: [&str; 7] = [
         "clone",
         "ioctl",
         "personality",
         "socket",
         "prlimit64",
         "setsockopt",
+        "fcntl",
     ];
 
     fn names(filter: &FilterDoc) -> BTreeSet<&str> {
@@ -610,6 +614,12 @@ mod tests {
             "sysfs" => SYS_sysfs,
             "_sysctl" => SYS__sysctl,
             "fanotify_init" => SYS_fanotify_init,
+            "fanotify_mark" => SYS_fanotify_mark,
+            "inotify_init" => SYS_inotify_init,
+            "inotify_init1" => SYS_inotify_init1,
+            "inotify_add_watch" => SYS_inotify_add_watch,
+            "inotify_rm_watch" => SYS_inotify_rm_watch,
+            "fcntl" => SYS_fcntl,
             "sethostname" => SYS_sethostname,
             "setdomainname" => SYS_setdomainname,
             "migrate_pages" => SYS_migrate_pages,
@@ -849,6 +859,49 @@ mod tests {
         assert_eq!(check(&policy, libc::SYS_socket, &[0x1_0000_0026]), EPERM);
     }
 
+    /// Issue 10: file-event APIs report host activity on the shared read-only binds.
+    #[test]
+    fn bpf_file_event_apis_are_refused() {
+        let policy = SeccompPolicy::embedded();
+        for nr in [
+            libc::SYS_inotify_init,
+            libc::SYS_inotify_init1,
+            libc::SYS_inotify_add_watch,
+            libc::SYS_inotify_rm_watch,
+            libc::SYS_fanotify_init,
+            libc::SYS_fanotify_mark,
+        ] {
+            assert_eq!(check(&policy, nr, &[0, 0, 0]), EPERM, "syscall {nr}");
+        }
+        const F_NOTIFY: u64 = 1026;
+        assert_eq!(check(&policy, libc::SYS_fcntl, &[3, F_NOTIFY, 0]), EPERM);
+        assert_eq!(
+            check(
+                &policy,
+                libc::SYS_fcntl,
+                &[3, F_NOTIFY | 0xffff_ffff_0000_0000, 0]
+            ),
+            EPERM
+        );
+        for cmd in [
+            libc::F_GETFL,
+            libc::F_SETFL,
+            libc::F_SETFD,
+            libc::F_DUPFD_CLOEXEC,
+            libc::F_SETLK,
+            libc::F_SETLKW,
+            libc::F_GETLK,
+            libc::F_OFD_SETLK,
+            libc::F_SETPIPE_SZ,
+        ] {
+            assert_eq!(
+                check(&policy, libc::SYS_fcntl, &[3, cmd as u64, 0]),
+                RET_ALLOW,
+                "fcntl cmd {cmd}"
+            );
+        }
+    }
+
     /// Issue 10: a `sync()` loop did 117,000 host-wide flushes in 8 s; an `fsync` of a
     /// read-only host file costs one device flush. They return 0 without running.
     #[test]
@@ -884,6 +937,20 @@ mod tests {
         let noop_only = |nr: i64| run_bpf(policy.noop, &Data::x86_64(nr, &[]));
         for nr in [libc::SYS_read, libc::SYS_ptrace, libc::SYS_clone3, 1000] {
             assert_eq!(noop_only(nr), RET_ALLOW, "syscall {nr}");
+        }
+    }
+
+    /// Issue 10: `preadv2(RWF_NOWAIT)` answers EAGAIN for pages not in the page cache, an
+    /// oracle for the host's and other runs' use of the shared binds.
+    #[test]
+    fn bpf_preadv2_nowait_is_refused() {
+        let policy = SeccompPolicy::embedded();
+        let p = |flags: u64| check(&policy, libc::SYS_preadv2, &[3, 0, 1, 0, 0, flags]);
+        for flags in [0, 0x1 /* RWF_HIPRI */, 0x10 /* RWF_APPEND */] {
+            assert_eq!(p(flags), RET_ALLOW, "{flags:#x}");
+        }
+        for flags in [0x8, 0x9, 0xffff_ffff] {
+            assert_eq!(p(flags), ENOSYS, "{flags:#x}");
         }
     }
 
@@ -1351,6 +1418,15 @@ mod tests {
                     libc::NETLINK_AUDIT
                 )
             }),
+            // Issue 10: file events.
+            ("inotify_init1", || sys!(libc::SYS_inotify_init1, 0)),
+            ("inotify_add_watch", || {
+                sys!(libc::SYS_inotify_add_watch, -1, 0, 0)
+            }),
+            ("fanotify_mark", || {
+                sys!(libc::SYS_fanotify_mark, -1, 0, 0, 0, 0)
+            }),
+            ("fcntl(F_NOTIFY)", || sys!(libc::SYS_fcntl, -1, 1026, 0)),
             // fd -1 rather than a terminal, so nothing is injected even if unblocked (EBADF).
             ("ioctl(TIOCSTI)", || {
                 let c = b'x';
