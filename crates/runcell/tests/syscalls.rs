@@ -476,3 +476,55 @@ print("own=" + open("/workspace/own.txt").read())
     r.assert_ok();
     r.expect(&[("synced", "OK")]);
 }
+
+/// Issue 10: MPTCP, UDP-Lite and other protocols of AF_INET/AF_INET6, and socket filters,
+/// were reachable though nothing in the sandbox needs them.
+#[test]
+fn issue10_rare_protocols_and_socket_filters_are_refused() {
+    let r = run(
+        "python",
+        &py(r#"
+import struct
+def sock(label, fam, typ, proto):
+    attempt(label, lambda: socket.socket(fam, typ, proto).close())
+for fam, name in [(socket.AF_INET, "inet"), (socket.AF_INET6, "inet6")]:
+    sock(name + "_tcp", fam, socket.SOCK_STREAM, 6)
+    sock(name + "_udp", fam, socket.SOCK_DGRAM, 17)
+    sock(name + "_mptcp", fam, socket.SOCK_STREAM, 262)
+    sock(name + "_udplite", fam, socket.SOCK_DGRAM, 136)
+    sock(name + "_sctp", fam, socket.SOCK_STREAM, 132)
+    sock(name + "_icmp", fam, socket.SOCK_DGRAM, 1 if fam == socket.AF_INET else 58)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# A one-instruction classic BPF program: ret #0xffff (accept).
+insn = (ctypes.c_ubyte * 8)(*struct.pack("HBBI", 0x06, 0, 0, 0xffff))
+prog = struct.pack("HL", 1, ctypes.addressof(insn))
+attempt("so_attach_filter", lambda: s.setsockopt(socket.SOL_SOCKET, 26, prog))
+attempt("so_attach_reuseport_cbpf", lambda: s.setsockopt(socket.SOL_SOCKET, 51, prog))
+attempt("so_attach_bpf", lambda: s.setsockopt(socket.SOL_SOCKET, 50, struct.pack("i", -1)))
+attempt("so_reuseaddr", lambda: s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1))
+"#),
+        &[],
+    );
+    r.assert_ok();
+    let mut want = vec![];
+    for fam in ["inet", "inet6"] {
+        for (p, v) in [
+            ("tcp", "OK"),
+            ("udp", "OK"),
+            ("mptcp", "EPERM"),
+            ("udplite", "EPERM"),
+            ("sctp", "EPERM"),
+            ("icmp", "EPERM"),
+        ] {
+            want.push((format!("{fam}_{p}"), v));
+        }
+    }
+    let want: Vec<(&str, &str)> = want.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    r.expect(&want);
+    r.expect(&[
+        ("so_attach_filter", "EPERM"),
+        ("so_attach_reuseport_cbpf", "EPERM"),
+        ("so_attach_bpf", "EPERM"),
+        ("so_reuseaddr", "OK"),
+    ]);
+}

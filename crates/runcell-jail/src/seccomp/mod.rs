@@ -31,10 +31,10 @@
 //! complementary conditions, so that every call is either allowed or refused with `EPERM`:
 //! `clone` (refused with any namespace flag), `personality` (only the five personas Docker
 //! allows; `ADDR_NO_RANDOMIZE` and friends are refused), `socket` (only `AF_UNIX`,
-//! `AF_INET`, `AF_INET6` and `AF_NETLINK`/`NETLINK_ROUTE`; so no `AF_ALG`, `AF_VSOCK`,
-//! `AF_PACKET`, `AF_KEY`, ...), `ioctl` (refused for `TIOCSTI` and `TIOCLINUX`, the
-//! terminal input injection requests of the CVE-2017-5226 class), `setsockopt` (no socket
-//! buffer sizes), `prlimit64` (own limits
+//! `AF_INET`/`AF_INET6` with TCP or UDP, and `AF_NETLINK`/`NETLINK_ROUTE`; so no `AF_ALG`,
+//! `AF_VSOCK`, `AF_PACKET`, `AF_KEY`, MPTCP, UDP-Lite, SCTP, ...), `ioctl` (refused for
+//! `TIOCSTI` and `TIOCLINUX`, the terminal input injection requests of the CVE-2017-5226
+//! class), `setsockopt` (no socket buffer sizes, no socket filters), `prlimit64` (own limits
 //! only) and `fcntl` (no `F_NOTIFY`: directory events on the host's shared directories).
 //! `preadv2` (not with `RWF_NOWAIT`, a page-cache oracle) and `msync` (`MS_SYNC` goes to the
 //! `noop` filter) are conditional in the allowlist alone.
@@ -840,9 +840,12 @@ mod tests {
     #[test]
     fn bpf_socket_families_and_netlink_protocols() {
         let policy = SeccompPolicy::embedded();
+        // Issue 10: MPTCP (262), UDP-Lite (136), SCTP (132), raw (255) among the protocols.
         for family in 0..=64u64 {
-            for protocol in 0..=32u64 {
-                let ok = matches!(family, 1 | 2 | 10) || (family == 16 && protocol == 0);
+            for protocol in (0..=32u64).chain([58, 132, 136, 255, 256, 262, 1 << 32 | 6]) {
+                let ok = family == 1
+                    || (matches!(family, 2 | 10) && matches!(protocol as u32, 0 | 6 | 17))
+                    || (family == 16 && protocol == 0);
                 let want = if ok { RET_ALLOW } else { EPERM };
                 assert_eq!(
                     check(&policy, libc::SYS_socket, &[family, 1, protocol]),
@@ -857,6 +860,33 @@ mod tests {
             RET_ALLOW
         );
         assert_eq!(check(&policy, libc::SYS_socket, &[0x1_0000_0026]), EPERM);
+    }
+
+    /// Issue 10: socket filters are kernel code nothing in the sandbox needs.
+    #[test]
+    fn bpf_socket_filter_options_are_refused() {
+        let policy = SeccompPolicy::embedded();
+        // SO_ATTACH_FILTER, SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_CBPF, SO_ATTACH_REUSEPORT_EBPF.
+        for opt in [26, 50, 51, 52] {
+            assert_eq!(
+                check(&policy, libc::SYS_setsockopt, &[3, 1, opt, 0, 16, 0]),
+                EPERM,
+                "SOL_SOCKET option {opt}"
+            );
+        }
+        // SO_DETACH_FILTER, SO_LOCK_FILTER, SO_KEEPALIVE, SO_REUSEPORT stay; so do the same
+        // numbers at IPPROTO_IP (26 is IP_NODEFRAG there).
+        for opt in [27, 44, 9, 15] {
+            assert_eq!(
+                check(&policy, libc::SYS_setsockopt, &[3, 1, opt, 0, 4, 0]),
+                RET_ALLOW,
+                "SOL_SOCKET option {opt}"
+            );
+        }
+        assert_eq!(
+            check(&policy, libc::SYS_setsockopt, &[3, 0, 26, 0, 4, 0]),
+            RET_ALLOW
+        );
     }
 
     /// Issue 10: file-event APIs report host activity on the shared read-only binds.
@@ -1418,7 +1448,29 @@ mod tests {
                     libc::NETLINK_AUDIT
                 )
             }),
-            // Issue 10: file events.
+            // Issue 10: rare protocols, socket filters, file events.
+            ("socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP)", || {
+                sys!(libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM, 262)
+            }),
+            ("socket(AF_INET6, SOCK_STREAM, IPPROTO_MPTCP)", || {
+                sys!(libc::SYS_socket, libc::AF_INET6, libc::SOCK_STREAM, 262)
+            }),
+            ("socket(AF_INET, SOCK_DGRAM, IPPROTO_UDPLITE)", || {
+                sys!(libc::SYS_socket, libc::AF_INET, libc::SOCK_DGRAM, 136)
+            }),
+            ("setsockopt(SO_ATTACH_FILTER)", || {
+                sys!(
+                    libc::SYS_setsockopt,
+                    -1,
+                    libc::SOL_SOCKET,
+                    libc::SO_ATTACH_FILTER,
+                    0,
+                    0
+                )
+            }),
+            ("setsockopt(SO_ATTACH_REUSEPORT_CBPF)", || {
+                sys!(libc::SYS_setsockopt, -1, libc::SOL_SOCKET, 51, 0, 0)
+            }),
             ("inotify_init1", || sys!(libc::SYS_inotify_init1, 0)),
             ("inotify_add_watch", || {
                 sys!(libc::SYS_inotify_add_watch, -1, 0, 0)
