@@ -21,8 +21,9 @@
 //!    (b) the program and the agent reading its output get "Operation not permitted" instead
 //!    of a misleading "Function not implemented".
 //! 3. `noop` — syscalls that return 0 without running (`SECCOMP_RET_ERRNO` with errno 0):
-//!    the `sync` family. `sync()` flushes every filesystem of the host, and even an `fsync`
-//!    of a read-only host file sends a cache flush to the host's disk; everything a run can
+//!    the `sync` family and `POSIX_FADV_DONTNEED`. `sync()` flushes every filesystem of the
+//!    host, even an `fsync` of a read-only host file sends a cache flush to the host's disk,
+//!    and `POSIX_FADV_DONTNEED` evicts a host file from the page cache; everything a run can
 //!    write is tmpfs, where they have nothing to do, so success is the answer that keeps
 //!    programs working (issue 10). They are on no other list: should this filter be missing,
 //!    the allowlist refuses them with `ENOSYS`.
