@@ -2,7 +2,7 @@
 //!
 //! * Compiles the seccomp policy (`src/seccomp/policy.json`, the reviewed source of truth) to
 //!   classic BPF for the target architecture, as Firecracker does with seccompiler, and writes
-//!   the two programs to `OUT_DIR`, where `src/seccomp/mod.rs` embeds them. The sandbox's pid 1
+//!   the three programs to `OUT_DIR`, where `src/seccomp/mod.rs` embeds them. The sandbox's pid 1
 //!   then installs ready-made programs instead of parsing JSON on every start.
 //! * Test-only cfgs from probes of this host (see build-support/host_probe.rs): the unit tests
 //!   that need a runtime or a real cgroup v1 hierarchy report as ignored where it is missing.
@@ -42,11 +42,15 @@ fn main() {
     };
     let json =
         std::fs::read(POLICY).unwrap_or_else(|e| panic!("runcell-jail: reading {POLICY}: {e}"));
-    let (allow, deny) = compile::compile(&json, arch).unwrap_or_else(|e| {
+    let programs = compile::compile(&json, arch).unwrap_or_else(|e| {
         panic!("runcell-jail: {POLICY} does not compile for {target_arch}: {e}")
     });
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for (name, prog) in [(compile::ALLOW, &allow), (compile::DENY, &deny)] {
+    for (name, prog) in [
+        (compile::ALLOW, &programs.allow),
+        (compile::DENY, &programs.deny),
+        (compile::NOOP, &programs.noop),
+    ] {
         let path = out.join(format!("seccomp_{name}.bpf"));
         std::fs::write(&path, compile::serialize(prog))
             .unwrap_or_else(|e| panic!("runcell-jail: writing {}: {e}", path.display()));

@@ -9,6 +9,8 @@ use std::fmt;
 pub const ALLOW: &str = "allow";
 /// Name of the deny-list filter in `policy.json`.
 pub const DENY: &str = "deny";
+/// Name of the filter in `policy.json` whose syscalls return 0 without running.
+pub const NOOP: &str = "noop";
 
 /// Bytes per serialised instruction: `code` (u16 LE), `jt`, `jf` (u8 each), `k` (u32 LE), the
 /// layout of `struct sock_filter`.
@@ -22,7 +24,7 @@ pub const MAX_INSNS: usize = 4096;
 pub enum CompileError {
     /// Malformed JSON, a syscall name unknown on the architecture, an invalid condition.
     Json(seccompiler::Error),
-    /// The policy lacks one of the two filters.
+    /// The policy lacks one of the three filters.
     MissingFilter(&'static str),
     /// A filter is longer than the kernel accepts.
     TooLong { filter: &'static str, len: usize },
@@ -41,11 +43,15 @@ impl fmt::Display for CompileError {
     }
 }
 
-/// The two filters of a policy file, compiled for `arch`: `(allow, deny)`.
-pub fn compile(
-    json: &[u8],
-    arch: seccompiler::TargetArch,
-) -> Result<(seccompiler::BpfProgram, seccompiler::BpfProgram), CompileError> {
+/// The three filters of a policy file, compiled for `arch`.
+pub struct Programs {
+    pub allow: seccompiler::BpfProgram,
+    pub deny: seccompiler::BpfProgram,
+    pub noop: seccompiler::BpfProgram,
+}
+
+/// Compiles the three filters of a policy file for `arch`.
+pub fn compile(json: &[u8], arch: seccompiler::TargetArch) -> Result<Programs, CompileError> {
     let mut map: HashMap<String, seccompiler::BpfProgram> =
         seccompiler::compile_from_json(json, arch).map_err(CompileError::Json)?;
     let mut take = |name: &'static str| {
@@ -58,9 +64,11 @@ pub fn compile(
         }
         Ok(prog)
     };
-    let allow = take(ALLOW)?;
-    let deny = take(DENY)?;
-    Ok((allow, deny))
+    Ok(Programs {
+        allow: take(ALLOW)?,
+        deny: take(DENY)?,
+        noop: take(NOOP)?,
+    })
 }
 
 /// A program as bytes, [`INSN_BYTES`] per instruction.
