@@ -629,16 +629,7 @@ async fn connections_that_never_send_a_request_are_closed() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let r = router(&config(&["k1"]));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(runcell_server::serve_connections(
-        listener,
-        r,
-        async {
-            let _ = stop_rx.await;
-        },
-        runcell_server::connections::ConnectionLimits::unlimited(),
-        |_| {},
-    ));
+    let (stop_tx, server) = serve_until_stopped(listener, r);
     // A complete request is answered ...
     let mut ok = tokio::net::TcpStream::connect(addr).await.unwrap();
     ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -663,6 +654,27 @@ async fn connections_that_never_send_a_request_are_closed() {
     server.await.unwrap();
 }
 
+/// Serve `router` on `listener` without connection caps until the sender is used.
+fn serve_until_stopped(
+    listener: tokio::net::TcpListener,
+    router: Router,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(runcell_server::serve_connections(
+        listener,
+        router,
+        async {
+            let _ = stop_rx.await;
+        },
+        runcell_server::connections::ConnectionLimits::unlimited(),
+        |_| {},
+    ));
+    (stop_tx, server)
+}
+
 /// A client that stops reading its response has its connection closed once the writes have
 /// made no progress for a while (it used to keep it, and what was buffered for it, forever).
 #[tokio::test(start_paused = true)]
@@ -672,16 +684,7 @@ async fn connections_that_stop_reading_are_closed() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let r = Router::new().route("/big", axum::routing::get(|| async { vec![b'x'; SIZE] }));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(runcell_server::serve_connections(
-        listener,
-        r,
-        async {
-            let _ = stop_rx.await;
-        },
-        runcell_server::connections::ConnectionLimits::unlimited(),
-        |_| {},
-    ));
+    let (stop_tx, server) = serve_until_stopped(listener, r);
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let mut conn = socket.connect(addr).await.unwrap();
