@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use runcell_jail::{
-    CgroupLimits, CollectLimits, Enforcement, InputFile, KillSwitch, Outcome, OutputSink, Program,
-    Rlimits, Sandbox, SandboxSpec,
+    CgroupLimits, CollectLimits, Enforcement, InputFile, IoLimits, KillSwitch, Outcome, OutputSink,
+    Program, Rlimits, Sandbox, SandboxSpec,
 };
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
@@ -31,6 +31,9 @@ pub struct EngineConfig {
     /// The memory all runs may use together (the host's less a reserve): the limit of the
     /// cgroup every run's group is made in. `None`: no such limit.
     pub all_runs_memory_bytes: Option<u64>,
+    /// The disk the host's files a run sees are on (`major:minor`), whose reads and writes
+    /// the `io_read` and `io_write` limits throttle. `None`: not on a block device.
+    pub io_device: Option<(u32, u32)>,
 }
 
 impl EngineConfig {
@@ -43,6 +46,13 @@ impl EngineConfig {
         // What runs may use of the host's memory: all of it but a reserve for the host.
         let usable = memory.map(crate::limits::usable_memory);
         let mut policy = Policy::for_host(usable.unwrap_or(1 << 30), cpus);
+        // The runtimes and their libraries are read from /usr.
+        let disk = runcell_jail::block_device_of("/usr".as_ref(), "/sys/dev/block".as_ref());
+        if let Some(d) = disk {
+            let (read, write) = crate::limits::io_defaults(d.rotational);
+            policy.defaults.io_read = crate::limits::Bytes(read);
+            policy.defaults.io_write = crate::limits::Bytes(write);
+        }
         if let Some(file_max) = crate::limits::host_file_max("/proc/sys/fs/file-max".as_ref()) {
             // One run at a time (the CLI); a server shares it again by its concurrency.
             policy.share_file_table(file_max, 1);
@@ -55,6 +65,7 @@ impl EngineConfig {
             setup_timeout: Duration::from_secs(20),
             host: Host::default(),
             all_runs_memory_bytes: usable,
+            io_device: disk.map(|d| (d.major, d.minor)),
         }
     }
 }
@@ -381,6 +392,15 @@ impl Engine {
                 memory_bytes: Some(limits.memory.0),
                 pids_max: Some(limits.pids.0),
                 cpu_millis: Some(limits.cpus.0),
+                io: self.config.io_device.map(|device| IoLimits {
+                    device,
+                    read_bps: limits.io_read.0,
+                    write_bps: limits.io_write.0,
+                    // Operations too, so that a flood of small reads is bounded as well: one
+                    // per 4 KiB page of the throughput, and never fewer than a hundred.
+                    read_iops: (limits.io_read.0 / 4096).max(100),
+                    write_iops: (limits.io_write.0 / 4096).max(100),
+                }),
             },
             setup_timeout: self.config.setup_timeout,
             helper_exe: self.config.helper_exe.clone(),

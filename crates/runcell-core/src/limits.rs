@@ -303,6 +303,13 @@ limits! {
     /// `files_omitted`.
     OutputFiles output_files: Count, legacy "output_files",
         default Count(100), minimum Count(0);
+    /// Bytes per second read from the host's disk (the host files a run reads that are not
+    /// in the page cache). The default depends on the disk.
+    IoRead io_read: Bytes, legacy "io_read",
+        default Bytes(256 << 20), minimum Bytes(1 << 20);
+    /// Bytes per second written to the host's disk.
+    IoWrite io_write: Bytes, legacy "io_write",
+        default Bytes(128 << 20), minimum Bytes(1 << 20);
 }
 
 impl fmt::Display for Limit {
@@ -785,6 +792,8 @@ impl Policy {
                 open_files: Count(65_536),
                 // As many as before this was a limit: more is the operator's choice.
                 output_files: Count(100),
+                io_read: Bytes(4 << 30),
+                io_write: Bytes(4 << 30),
             },
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 16 << 20,
@@ -898,6 +907,17 @@ impl Policy {
     /// `files_omitted`).
     pub fn output_files_returned(&self) -> u64 {
         self.defaults.output_files.0
+    }
+}
+
+/// Disk throughput defaults for the disk the host's files are on (read, write), in bytes per
+/// second: a quarter for a disk that says it spins (many virtual disks say so too, so it is
+/// still generous for a cold start of a runtime).
+pub fn io_defaults(rotational: bool) -> (u64, u64) {
+    if rotational {
+        (64 << 20, 32 << 20)
+    } else {
+        (256 << 20, 128 << 20)
     }
 }
 

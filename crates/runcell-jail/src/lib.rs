@@ -14,6 +14,7 @@
 //! which is reachable through [`std::error::Error::source`]; the caller that shows an error
 //! formats the chain. [`SandboxError::os_error`] gives the errno behind a failure.
 
+mod blockdev;
 mod cgroup;
 mod collect;
 mod config;
@@ -30,7 +31,8 @@ mod seccomp;
 mod supervisor;
 mod sys;
 
-pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced};
+pub use blockdev::{block_device_of, BlockDevice};
+pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced, IoLimits};
 pub use collect::MAX_PATH_BYTES;
 pub use config::{Overlay, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 pub use errno::{error_chain, OsError};

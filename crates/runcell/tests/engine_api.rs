@@ -26,6 +26,7 @@ fn spec() -> SandboxSpec {
             memory_bytes: Some(128 << 20),
             pids_max: Some(32),
             cpu_millis: Some(1000),
+            io: None,
         },
         setup_timeout: Duration::from_secs(20),
         helper_exe: common::runcell_bin(),

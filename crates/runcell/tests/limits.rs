@@ -775,3 +775,59 @@ fn all_runs_together_leave_the_host_a_reserve() {
         "{limit_file}: {limit} for {total} bytes of memory"
     );
 }
+
+/// Reads and writes of the host's disk are throttled per run (before, a run that evicted host
+/// files from the page cache and reread them took the disk from everyone): the run's group
+/// carries its `io_read` and `io_write` for the disk the host's files are on.
+#[test]
+#[cfg_attr(not(host_root), ignore = "needs root (runcell's own cgroups)")]
+fn reads_and_writes_of_the_hosts_disk_are_throttled() {
+    let tag = unique_digits();
+    let p = spawn(
+        "bash",
+        &format!("exec -a sleep-{tag} sleep 30"),
+        &[
+            "--limit",
+            "io_read=8M",
+            "--limit",
+            "io_write=4M",
+            "--timeout",
+            "3",
+        ],
+    );
+    assert!(
+        wait_for_marker(&tag, START_WITHIN),
+        "the program never ran (test is void)"
+    );
+    let groups: Vec<std::path::PathBuf> =
+        ["/sys/fs/cgroup/blkio/runcell", "/sys/fs/cgroup/runcell"]
+            .iter()
+            .filter_map(|base| std::fs::read_dir(base).ok())
+            .flat_map(|rd| rd.flatten().map(|e| e.path()))
+            .filter(|d| {
+                d.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{}-", p.pid)))
+            })
+            .collect();
+    let settings: String = groups
+        .iter()
+        .flat_map(|g| {
+            [
+                "blkio.throttle.read_bps_device",
+                "blkio.throttle.write_bps_device",
+                "io.max",
+            ]
+            .map(|f| std::fs::read_to_string(g.join(f)).unwrap_or_default())
+        })
+        .collect();
+    let r = p.finish();
+    r.assert_category("timeout");
+    assert!(
+        settings.contains(" 8388608") || settings.contains("rbps=8388608"),
+        "{groups:?}: {settings:?}"
+    );
+    assert!(
+        settings.contains(" 4194304") || settings.contains("wbps=4194304"),
+        "{settings:?}"
+    );
+}

@@ -263,6 +263,9 @@ fn populate(dir: &Path, kind: &Kind) {
                     ],
                 );
             }
+            if on("io") {
+                write_files(dir, &[("io.max", "")]);
+            }
             if on("cpu") {
                 write_files(dir, &[("cpu.max", "max 100000\n"), ("cpu.weight", "100\n")]);
             }
@@ -327,6 +330,15 @@ fn populate(dir: &Path, kind: &Kind) {
                     ),
                     "cpuacct" => write_files(dir, &[("cpuacct.usage", "0\n")]),
                     "freezer" => write_files(dir, &[("freezer.state", "THAWED\n")]),
+                    "blkio" => write_files(
+                        dir,
+                        &[
+                            ("blkio.throttle.read_bps_device", ""),
+                            ("blkio.throttle.write_bps_device", ""),
+                            ("blkio.throttle.read_iops_device", ""),
+                            ("blkio.throttle.write_iops_device", ""),
+                        ],
+                    ),
                     "cpuset" => {
                         write_files(dir, &[("cpuset.cpus", "\n"), ("cpuset.mems", "\n")]);
                     }

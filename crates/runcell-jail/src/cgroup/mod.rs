@@ -107,6 +107,21 @@ pub struct CgroupLimits {
     pub pids_max: Option<u64>,
     /// CPU bandwidth in thousandths of a core (1000 = one full core).
     pub cpu_millis: Option<u64>,
+    /// Reads and writes per second on the host's disk.
+    pub io: Option<IoLimits>,
+}
+
+/// Throughput and operations per second on one block device (the disk the host's files the
+/// sandbox sees are on): v1 `blkio.throttle.*`, v2 `io.max`. Without them a run that evicts
+/// host files from the page cache and rereads them in a loop takes the disk from everyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoLimits {
+    /// The whole disk's `major:minor` (throttling applies to disks, not partitions).
+    pub device: (u32, u32),
+    pub read_bps: u64,
+    pub write_bps: u64,
+    pub read_iops: u64,
+    pub write_iops: u64,
 }
 
 /// The CFS bandwidth period every group uses, in microseconds: the kernel's default (100 ms),
@@ -149,6 +164,8 @@ pub struct Enforced {
     pub cpu: bool,
     /// CPU usage can be read back ([`CgroupStats::cpu_usage_ns`]).
     pub cpu_accounting: bool,
+    /// I/O limits were requested and written.
+    pub io: bool,
 }
 
 /// Counters read back from a group. Missing files read as `None` / 0.
@@ -987,10 +1004,11 @@ mod tests {
         let mounts = mounts_for(HYBRID, root);
         let manager = discover(&fake, &mounts, "/", ROOT).expect("usable");
         assert_eq!(manager.version(), CgroupVersion::V1);
-        let expected: Vec<(Vec<String>, PathBuf)> = ["cpu", "cpuacct", "memory", "freezer", "pids"]
-            .iter()
-            .map(|c| (vec![(*c).to_owned()], root.join(c).join("runcell")))
-            .collect();
+        let expected: Vec<(Vec<String>, PathBuf)> =
+            ["cpu", "cpuacct", "memory", "freezer", "blkio", "pids"]
+                .iter()
+                .map(|c| (vec![(*c).to_owned()], root.join(c).join("runcell")))
+                .collect();
         assert_eq!(v1_hierarchies(&manager), expected);
 
         let group = manager
@@ -1000,11 +1018,12 @@ mod tests {
                     memory_bytes: Some(1 << 30),
                     pids_max: Some(64),
                     cpu_millis: None,
+                    io: None,
                 },
             )
             .expect("create");
         assert_eq!(group.path(), root.join("memory/runcell/4321-ab"));
-        assert_eq!(group.procs_files().len(), 5);
+        assert_eq!(group.procs_files().len(), 6);
         assert!(
             !root.join("cpuset/runcell").exists(),
             "cpuset is never used"

@@ -126,6 +126,7 @@ fn real_v1_limits_stats_kill_and_destroy() {
         memory_bytes: Some(256 << 20),
         pids_max: Some(16),
         cpu_millis: Some(500),
+        io: None,
     };
     let mut group = fx.manager.create(&name, &limits).expect("create");
     let e = group.enforced();

@@ -12,7 +12,7 @@ use super::{
 
 /// Hierarchies runcell places sandboxes in. cpuacct gives CPU usage, freezer makes
 /// killing race-free; the others enforce limits.
-const WANTED: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+const WANTED: [&str; 6] = ["memory", "pids", "cpu", "cpuacct", "freezer", "blkio"];
 /// At least one of these must exist, or the hierarchy set limits nothing.
 const LIMITING: [&str; 3] = ["memory", "pids", "cpu"];
 
@@ -129,6 +129,18 @@ pub(super) fn create(
         set_limit(fs, dir.join("cpu.cfs_quota_us"), quota.quota_us.to_string())?;
         enforced.cpu = true;
     }
+    if let (Some(dir), Some(io)) = (group.dir_with("blkio"), limits.io) {
+        let (major, minor) = io.device;
+        for (file, value) in [
+            ("blkio.throttle.read_bps_device", io.read_bps),
+            ("blkio.throttle.write_bps_device", io.write_bps),
+            ("blkio.throttle.read_iops_device", io.read_iops),
+            ("blkio.throttle.write_iops_device", io.write_iops),
+        ] {
+            set_limit(fs, dir.join(file), format!("{major}:{minor} {value}"))?;
+        }
+        enforced.io = true;
+    }
     enforced.cpu_accounting = group.dir_with("cpuacct").is_some();
     group.enforced = enforced;
     Ok(group)
@@ -244,6 +256,7 @@ mod tests {
             memory_bytes: Some(64 << 20),
             pids_max: Some(16),
             cpu_millis: Some(500),
+            io: None,
         }
     }
 
@@ -252,6 +265,36 @@ mod tests {
             .iter()
             .position(|e| matches!(e, Event::Write(p, _) if p == file))
             .unwrap_or_else(|| panic!("no write to {}", file.display()))
+    }
+
+    #[test]
+    fn io_limits_are_written_for_the_disk() {
+        let s = setup(&["memory", "blkio"], true);
+        let limits = CgroupLimits {
+            io: Some(crate::cgroup::IoLimits {
+                device: (254, 0),
+                read_bps: 64 << 20,
+                write_bps: 32 << 20,
+                read_iops: 16384,
+                write_iops: 8192,
+            }),
+            ..full_limits()
+        };
+        let group = s.manager.create("1-io", &limits).expect("create");
+        assert!(group.enforced().io);
+        let dir = s.root.join("blkio/runcell/1-io");
+        for (file, want) in [
+            ("blkio.throttle.read_bps_device", "254:0 67108864"),
+            ("blkio.throttle.write_bps_device", "254:0 33554432"),
+            ("blkio.throttle.read_iops_device", "254:0 16384"),
+            ("blkio.throttle.write_iops_device", "254:0 8192"),
+        ] {
+            assert_eq!(read(&dir.join(file)), want, "{file}");
+        }
+        // Without a blkio hierarchy nothing is claimed.
+        let s = setup(&["memory"], true);
+        let group = s.manager.create("1-io", &limits).expect("create");
+        assert!(!group.enforced().io);
     }
 
     #[test]
@@ -290,6 +333,7 @@ mod tests {
                 pids: true,
                 cpu: true,
                 cpu_accounting: true,
+                io: false,
             }
         );
         let procs: Vec<PathBuf> = STANDARD

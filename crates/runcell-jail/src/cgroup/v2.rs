@@ -12,7 +12,7 @@ use super::{
 };
 
 /// The controllers runcell enables, whichever of them are available.
-pub(super) const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
+pub(super) const WANTED: [&str; 4] = ["memory", "pids", "cpu", "io"];
 
 /// The controllers listed in `<dir>/cgroup.controllers` (what the parent makes available).
 pub(super) fn controllers(fs: &dyn CgroupFs, dir: &Path) -> Result<Vec<String>, CgroupError> {
@@ -213,6 +213,17 @@ pub(super) fn create(
             enforced.cpu = true;
         }
     }
+    if has("io") {
+        if let Some(io) = limits.io {
+            let (major, minor) = io.device;
+            let value = format!(
+                "{major}:{minor} rbps={} wbps={} riops={} wiops={}",
+                io.read_bps, io.write_bps, io.read_iops, io.write_iops
+            );
+            set_limit(fs, path.join("io.max"), value)?;
+            enforced.io = true;
+        }
+    }
     // cpu.stat's usage is core cgroup accounting, present even without the cpu controller.
     enforced.cpu_accounting = fs.exists(&path.join("cpu.stat"));
     group.enforced = enforced;
@@ -329,6 +340,7 @@ mod tests {
             memory_bytes: Some(64 << 20),
             pids_max: Some(32),
             cpu_millis: Some(500),
+            io: None,
         }
     }
 
@@ -344,6 +356,31 @@ mod tests {
         let plain = s.mount.parent().expect("parent").join("plain");
         fs::create_dir(&plain).expect("mkdir");
         assert_eq!(find_top(fs, &plain.join("x")), plain.join("x"));
+    }
+
+    #[test]
+    fn io_limits_are_written_for_the_disk() {
+        let s = setup(ALL, V2Features::MODERN);
+        let limits = CgroupLimits {
+            io: Some(crate::cgroup::IoLimits {
+                device: (254, 0),
+                read_bps: 64 << 20,
+                write_bps: 32 << 20,
+                read_iops: 16384,
+                write_iops: 8192,
+            }),
+            ..full_limits()
+        };
+        let group = s.manager.create("1-io", &limits).expect("create");
+        assert!(group.enforced().io);
+        assert_eq!(
+            read(&s.mount.join("runcell/1-io/io.max")),
+            "254:0 rbps=67108864 wbps=33554432 riops=16384 wiops=8192"
+        );
+        // Without the io controller nothing is claimed.
+        let s = setup("cpu memory pids", V2Features::MODERN);
+        let group = s.manager.create("1-io", &limits).expect("create");
+        assert!(!group.enforced().io);
     }
 
     #[test]
@@ -369,7 +406,12 @@ mod tests {
             let control = read(&level.join("cgroup.subtree_control"));
             let mut enabled: Vec<&str> = control.split_whitespace().collect();
             enabled.sort_unstable();
-            assert_eq!(enabled, ["cpu", "memory", "pids"], "at {}", level.display());
+            assert_eq!(
+                enabled,
+                ["cpu", "io", "memory", "pids"],
+                "at {}",
+                level.display()
+            );
         }
         assert_eq!(
             group.enforced(),
@@ -380,6 +422,7 @@ mod tests {
                 pids: true,
                 cpu: true,
                 cpu_accounting: true,
+                io: false,
             }
         );
         assert_eq!(group.procs_files(), vec![dir.join("cgroup.procs")]);
@@ -398,7 +441,7 @@ mod tests {
             .writes_to("cgroup.subtree_control")
             .into_iter()
             .map(|(p, v)| {
-                assert_eq!(v, "+memory +pids +cpu");
+                assert_eq!(v, "+memory +pids +cpu +io");
                 p.parent().expect("dir").to_path_buf()
             })
             .collect();
@@ -418,7 +461,7 @@ mod tests {
             writes[0],
             (s.mount.join("cgroup.subtree_control"), "+pids +cpu".into())
         );
-        assert_eq!(writes[1].1, "+memory +pids +cpu");
+        assert_eq!(writes[1].1, "+memory +pids +cpu +io");
         assert_eq!(writes.len(), 2);
         // A second group needs no more writes.
         let _second = s.manager.create("1-y", &full_limits()).expect("create");

@@ -87,6 +87,8 @@ pub struct Enforcement {
     pub host_has_swap: bool,
     /// Whether the memory of all runs together is limited (`None`: it was not asked for).
     pub all_runs_memory: Option<bool>,
+    /// I/O limits were asked for (the host's files are on a disk runcell can throttle).
+    pub io_requested: bool,
 }
 
 impl Enforcement {
@@ -123,6 +125,9 @@ impl Enforcement {
                 }
                 if !l.cpu {
                     m.push("cgroup cpu limit".into());
+                }
+                if self.io_requested && !l.io {
+                    m.push("cgroup io limit (reads and writes of the host's disk)".into());
                 }
                 if self.all_runs_memory == Some(false) {
                     m.push(
@@ -269,6 +274,7 @@ impl Sandbox {
                 .and_then(|m| m.swap_total_bytes)
                 .is_some_and(|b| b > 0),
             all_runs_memory,
+            io_requested: spec.cgroup.io.is_some(),
         };
         let helper_pidfd = rustix::process::Pid::from_raw(helper.id() as i32).and_then(|pid| {
             rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
