@@ -467,28 +467,68 @@ mod proptests {
         })
     }
 
+    /// A value for a limit: mostly of a shape some kind of limit takes, sometimes anything.
+    fn limit_value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            (0u64..100_000).prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (0.0f64..5000.0).prop_map(Value::from),
+            (0.0f64..1e20).prop_map(Value::from),
+            "[0-9]{1,5}(\\.[0-9]{1,3})?[ ]?(|ms|s|min|m|h|K|M|G|T|MiB|bytes)".prop_map(Value::from),
+            leaf(),
+        ]
+    }
+
+    /// Limit entries: real names with plausible values, and now and then anything.
+    fn limit_entries() -> impl Strategy<Value = Vec<(String, Value)>> {
+        let names: Vec<String> = Limit::ALL.iter().map(|l| l.name().to_string()).collect();
+        prop::collection::vec(
+            prop_oneof![
+                6 => (prop::sample::select(names), limit_value()),
+                1 => (key(), json_value()),
+            ],
+            0..6,
+        )
+    }
+
     /// A body: often with language and code, so that many are accepted and reach the
-    /// policy; then random keys from the real names and junk.
+    /// policy; then limits and files, and random keys from the real names and junk.
     fn body() -> impl Strategy<Value = Value> {
-        let files = prop::collection::vec(
-            prop::collection::vec((key(), json_value()), 0..4)
+        let file = prop_oneof![
+            4 => ("[a-z./é]{0,12}", any::<String>(), any::<bool>()).prop_map(|(path, content, b64)| {
+                if b64 {
+                    json!({"path": path, "content_base64": content})
+                } else {
+                    json!({"path": path, "content": content})
+                }
+            }),
+            1 => prop::collection::vec((key(), json_value()), 0..4)
                 .prop_map(|kv| Value::Object(kv.into_iter().collect())),
-            0..3,
-        )
-        .prop_map(Value::Array);
+        ];
         (
-            any::<bool>(),
-            prop::collection::vec((key(), json_value()), 0..6),
-            prop::option::of(files),
+            0u8..8,
+            limit_entries(),
+            prop::option::of(prop::collection::vec(file, 0..3).prop_map(Value::Array)),
+            prop::option::of(prop_oneof![
+                Just(Value::Null),
+                any::<String>().prop_map(Value::from)
+            ]),
         )
-            .prop_map(|(base, extra, files)| {
+            .prop_map(|(base, extra, files, stdin)| {
                 let mut m = serde_json::Map::new();
-                if base {
+                // Mostly both required fields, sometimes one or none.
+                if base != 0 {
                     m.insert("language".into(), json!("python"));
+                }
+                if base != 1 {
                     m.insert("code".into(), json!("print(1)"));
                 }
                 if let Some(f) = files {
                     m.insert("files".into(), f);
+                }
+                if let Some(s) = stdin {
+                    m.insert("stdin".into(), s);
                 }
                 m.extend(extra);
                 Value::Object(m)
@@ -543,7 +583,10 @@ mod proptests {
         }
 
         #[test]
-        fn any_limits_object_is_parsed_or_refused(v in json_value()) {
+        fn any_limits_object_is_parsed_or_refused(v in prop_oneof![
+            3 => limit_entries().prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            1 => json_value(),
+        ]) {
             if let Ok(o) = serde_json::from_value::<LimitOverrides>(v) {
                 let back = serde_json::to_value(o).unwrap();
                 let again: LimitOverrides = serde_json::from_value(back.clone())
@@ -554,9 +597,31 @@ mod proptests {
         }
 
         #[test]
+        fn every_accepted_limit_value_reads_back_equal(
+            limit in prop::sample::select(Limit::ALL.to_vec()),
+            v in prop_oneof![
+                any::<f64>().prop_map(Value::from),
+                (0.0f64..1e17).prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+            ],
+        ) {
+            let body = json!({ limit.name(): v });
+            if let Ok(o) = serde_json::from_value::<LimitOverrides>(body.clone()) {
+                let back = serde_json::to_value(o).unwrap();
+                let again: LimitOverrides = serde_json::from_value(back.clone())
+                    .map_err(|e| TestCaseError::fail(format!("{back}: {e}")))?;
+                prop_assert_eq!(again, o, "{} -> {}", body, back);
+            }
+        }
+
+        #[test]
         fn any_text_for_any_limit_is_parsed_or_refused(
             limit in prop::sample::select(Limit::ALL.to_vec()),
-            text in prop_oneof![any::<String>(), "[ ]?-?[0-9.e]{0,25}(|ms|s|m|h|K|M|G|T|bytes)[ ]?"],
+            text in prop_oneof![
+                1 => any::<String>(),
+                1 => "[ ]?-?[0-9.e]{0,25}(|ms|s|m|h|K|M|G|T|bytes)[ ]?",
+                4 => "[0-9]{1,6}(\\.[0-9]{1,3})?(|ms|s|m|h|K|M|G|T|bytes)",
+            ],
         ) {
             let mut o = LimitOverrides::default();
             if o.set_text(limit, &text).is_ok() {
