@@ -397,6 +397,15 @@ mod proptests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2048))]
 
+        /// The cut that keeps error messages short never splits a character.
+        #[test]
+        fn a_cut_message_is_a_whole_character_prefix(s in any::<String>(), max in 0usize..64) {
+            let p = prefix(&s, max);
+            prop_assert!(s.starts_with(p));
+            prop_assert!(p.len() <= max);
+            prop_assert!(p.len() == s.len() || p.len() + 4 > max, "{} of {}", p.len(), max);
+        }
+
         #[test]
         fn an_accepted_workspace_path_is_plain_and_normal(path in path_text()) {
             match workspace_path(&path) {
@@ -579,6 +588,29 @@ mod proptests {
                     .map_err(|e| TestCaseError::fail(format!("{back}: {e}")))?;
                 prop_assert_eq!(&again, &r, "{}", back);
                 check_resolve(&r.limits)?;
+            }
+        }
+
+        /// JSON text can say a key twice, which a `Value` cannot: the first value must not be
+        /// silently replaced, so such a body is refused or means one thing.
+        #[test]
+        fn a_body_with_repeated_keys_is_refused_or_round_trips(
+            entries in limit_entries(),
+            repeat in prop::collection::vec(prop::sample::select(vec!["language", "code", "stdin", "files", "timeout", "memory", "cpus"]), 0..3),
+        ) {
+            let mut parts = vec![r#""language":"python""#.to_string(), r#""code":"""#.to_string()];
+            parts.extend(entries.iter().map(|(k, v)| format!("{}:{v}", Value::from(k.as_str()))));
+            parts.extend(repeat.iter().map(|k| format!("\"{k}\":null")));
+            let text = format!("{{{}}}", parts.join(","));
+            if let Ok(r) = serde_json::from_str::<ExecRequest>(&text) {
+                let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).chain(repeat.iter().copied()).collect();
+                keys.extend(["language", "code"]);
+                let n = keys.len();
+                keys.sort_unstable();
+                keys.dedup();
+                prop_assert_eq!(keys.len(), n, "a repeated key was accepted: {}", text);
+                let back = serde_json::to_string(&r).unwrap();
+                prop_assert_eq!(serde_json::from_str::<ExecRequest>(&back).ok(), Some(r));
             }
         }
 
