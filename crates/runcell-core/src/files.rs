@@ -366,3 +366,71 @@ mod tests {
         assert!(files[1].truncated);
     }
 }
+
+/// Property tests: output paths are chosen by the sandboxed program; whatever they are,
+/// writing them never panics, never lands outside the directory, and never puts two files
+/// at one path (one would overwrite the other).
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn path() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("/"),
+            Just("."),
+            Just(".."),
+            Just("a"),
+            Just("b"),
+            Just("é"),
+            Just("\u{fffd}"),
+            Just(".git"),
+            Just("\0"),
+        ];
+        prop_oneof![
+            6 => prop::collection::vec(piece, 1..7).prop_map(|v| v.concat()),
+            1 => any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn distinct_output_files_never_share_a_path(paths in prop::collection::vec(path(), 0..10)) {
+            let d = tempfile::tempdir().unwrap();
+            let dir = d.path().join("out");
+            let mut files: Vec<OutputFile> = paths
+                .iter()
+                .map(|p| OutputFile {
+                    path: p.clone(),
+                    size: p.len() as u64,
+                    mime_type: mime_type(p),
+                    sha256: None,
+                    content_base64: Some(base64::engine::general_purpose::STANDARD.encode(p)),
+                    truncated: false,
+                    not_written: None,
+                })
+                .collect();
+            let written = write_all(&dir, &mut files).unwrap();
+            let mut seen = HashSet::new();
+            for w in &written {
+                prop_assert!(seen.insert(w.clone()), "{w:?} written twice");
+                prop_assert!(w.starts_with(&dir));
+            }
+            let mut it = written.iter();
+            for f in &files {
+                if f.not_written.is_some() {
+                    continue;
+                }
+                // Written: at its normal path, no hidden component, with its own content.
+                let rel = crate::request::workspace_path(&f.path).unwrap();
+                prop_assert!(rel.split('/').all(|c| !c.starts_with('.')), "{rel:?}");
+                let w = it.next().unwrap();
+                prop_assert_eq!(w, &dir.join(&rel));
+                prop_assert_eq!(std::fs::read(w).unwrap(), f.path.as_bytes());
+            }
+            prop_assert!(it.next().is_none(), "every written file is one not marked not written");
+        }
+    }
+}

@@ -364,3 +364,302 @@ mod tests {
         assert_eq!(s["additionalProperties"], json!(false));
     }
 }
+
+/// Property tests: a path or a request body from a client is arbitrary text; none of it may
+/// panic the parser, and what is accepted is what the rest of runcell relies on.
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use crate::limits::{Limit, Limits, Policy};
+    use proptest::prelude::*;
+
+    /// Paths built from the pieces that matter ('/', '.', '..', NUL, multi-byte characters),
+    /// and arbitrary strings, and long ones around the length bound.
+    fn path_text() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("/".to_string()),
+            Just(".".to_string()),
+            Just("..".to_string()),
+            Just("\0".to_string()),
+            Just("é".to_string()),
+            Just("\u{1f600}".to_string()),
+            "[a-z.]{1,8}",
+            any::<String>(),
+        ];
+        prop_oneof![
+            4 => prop::collection::vec(piece, 0..12).prop_map(|v| v.concat()),
+            1 => any::<String>(),
+            1 => ("[a-zé/.]{0,3}", 250usize..1100, prop::sample::select(vec!["a", "é", "\u{1f600}", "/", "a/"]))
+                .prop_map(|(head, n, c)| format!("{head}{}", c.repeat(n / c.len()))),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// The cut that keeps error messages short never splits a character.
+        #[test]
+        fn a_cut_message_is_a_whole_character_prefix(s in any::<String>(), max in 0usize..64) {
+            let p = prefix(&s, max);
+            prop_assert!(s.starts_with(p));
+            prop_assert!(p.len() <= max);
+            prop_assert!(p.len() == s.len() || p.len() + 4 > max, "{} of {}", p.len(), max);
+        }
+
+        #[test]
+        fn an_accepted_workspace_path_is_plain_and_normal(path in path_text()) {
+            match workspace_path(&path) {
+                Ok(p) => {
+                    prop_assert!(!p.starts_with('/'), "{p:?}");
+                    prop_assert!(!p.contains('\0'), "{p:?}");
+                    prop_assert!(!p.is_empty());
+                    prop_assert!(p.len() <= runcell_jail::MAX_PATH_BYTES, "{}", p.len());
+                    for c in p.split('/') {
+                        prop_assert!(!matches!(c, "" | "." | ".."), "{path:?} -> {p:?}");
+                        prop_assert!(c.len() <= 255);
+                    }
+                    prop_assert_eq!(workspace_path(&p), Ok(p.clone()));
+                }
+                // Every message, the ones that cut the path included, can be written.
+                Err(e) => {
+                    let _ = e.to_string();
+                }
+            }
+        }
+    }
+
+    /// The keys a request body may have, and near misses.
+    fn key() -> impl Strategy<Value = String> {
+        let mut names: Vec<String> = FIELDS.iter().map(|s| s.to_string()).collect();
+        names.extend(Limit::ALL.iter().map(|l| l.name().to_string()));
+        names.extend(Limit::ALL.iter().map(|l| l.legacy_name().to_string()));
+        names.extend(
+            [
+                "path",
+                "content",
+                "content_base64",
+                "timeot",
+                "limits",
+                "",
+                "Language",
+            ]
+            .map(String::from),
+        );
+        prop_oneof![
+            6 => prop::sample::select(names),
+            1 => any::<String>(),
+        ]
+    }
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (0u64..100_000).prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from), // NaN and infinities become null
+            (0.0f64..5000.0).prop_map(Value::from),
+            "[0-9.]{1,6}(|ms|s|m|h|K|M|G|T|x)".prop_map(Value::from),
+            any::<String>().prop_map(Value::from),
+            "[A-Za-z0-9+/]{0,12}={0,2}".prop_map(Value::from),
+        ]
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec((key(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A value for a limit: mostly of a shape some kind of limit takes, sometimes anything.
+    fn limit_value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            (0u64..100_000).prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (0.0f64..5000.0).prop_map(Value::from),
+            (0.0f64..1e20).prop_map(Value::from),
+            "[0-9]{1,5}(\\.[0-9]{1,3})?[ ]?(|ms|s|min|m|h|K|M|G|T|MiB|bytes)".prop_map(Value::from),
+            leaf(),
+        ]
+    }
+
+    /// Limit entries: real names with plausible values, and now and then anything.
+    fn limit_entries() -> impl Strategy<Value = Vec<(String, Value)>> {
+        let names: Vec<String> = Limit::ALL.iter().map(|l| l.name().to_string()).collect();
+        prop::collection::vec(
+            prop_oneof![
+                6 => (prop::sample::select(names), limit_value()),
+                1 => (key(), json_value()),
+            ],
+            0..6,
+        )
+    }
+
+    /// A body: often with language and code, so that many are accepted and reach the
+    /// policy; then limits and files, and random keys from the real names and junk.
+    fn body() -> impl Strategy<Value = Value> {
+        let file = prop_oneof![
+            4 => ("[a-z./é]{0,12}", any::<String>(), any::<bool>()).prop_map(|(path, content, b64)| {
+                if b64 {
+                    json!({"path": path, "content_base64": content})
+                } else {
+                    json!({"path": path, "content": content})
+                }
+            }),
+            1 => prop::collection::vec((key(), json_value()), 0..4)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ];
+        (
+            0u8..8,
+            limit_entries(),
+            prop::option::of(prop::collection::vec(file, 0..3).prop_map(Value::Array)),
+            prop::option::of(prop_oneof![
+                Just(Value::Null),
+                any::<String>().prop_map(Value::from)
+            ]),
+        )
+            .prop_map(|(base, extra, files, stdin)| {
+                let mut m = serde_json::Map::new();
+                // Mostly both required fields, sometimes one or none.
+                if base != 0 {
+                    m.insert("language".into(), json!("python"));
+                }
+                if base != 1 {
+                    m.insert("code".into(), json!("print(1)"));
+                }
+                if let Some(f) = files {
+                    m.insert("files".into(), f);
+                }
+                if let Some(s) = stdin {
+                    m.insert("stdin".into(), s);
+                }
+                m.extend(extra);
+                Value::Object(m)
+            })
+    }
+
+    /// Check `resolve` against the definition: in range for every limit, or an error that
+    /// names a limit that really is out of range.
+    fn check_resolve(o: &LimitOverrides) -> Result<(), TestCaseError> {
+        let policy = Policy::for_host(8 << 30, 2);
+        let asked = o.apply_to(policy.defaults);
+        match policy.resolve(o) {
+            Ok(l) => {
+                prop_assert_eq!(l, asked);
+                for &limit in Limit::ALL {
+                    let v = l.get(limit);
+                    prop_assert!(
+                        v >= Limits::MINIMUM.get(limit) && v <= policy.max.get(limit),
+                        "{limit}: {v}"
+                    );
+                }
+            }
+            Err(e) => {
+                let v = asked.get(e.limit);
+                prop_assert_eq!(e.value, v);
+                prop_assert!(
+                    v < Limits::MINIMUM.get(e.limit) || v > policy.max.get(e.limit),
+                    "{e}"
+                );
+                let _ = e.to_string();
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn any_body_is_parsed_or_refused_and_what_is_accepted_round_trips(body in body()) {
+            let text = body.to_string();
+            let from_value = serde_json::from_value::<ExecRequest>(body);
+            let from_text = serde_json::from_str::<ExecRequest>(&text);
+            prop_assert_eq!(from_value.is_ok(), from_text.is_ok(), "{}", text);
+            if let Ok(r) = from_text {
+                let back = serde_json::to_string(&r).unwrap();
+                let again: ExecRequest = serde_json::from_str(&back)
+                    .map_err(|e| TestCaseError::fail(format!("{back}: {e}")))?;
+                prop_assert_eq!(&again, &r, "{}", back);
+                check_resolve(&r.limits)?;
+            }
+        }
+
+        /// JSON text can say a key twice, which a `Value` cannot: the first value must not be
+        /// silently replaced, so such a body is refused or means one thing.
+        #[test]
+        fn a_body_with_repeated_keys_is_refused_or_round_trips(
+            entries in limit_entries(),
+            repeat in prop::collection::vec(prop::sample::select(vec!["language", "code", "stdin", "files", "timeout", "memory", "cpus"]), 0..3),
+        ) {
+            let mut parts = vec![r#""language":"python""#.to_string(), r#""code":"""#.to_string()];
+            parts.extend(entries.iter().map(|(k, v)| format!("{}:{v}", Value::from(k.as_str()))));
+            parts.extend(repeat.iter().map(|k| format!("\"{k}\":null")));
+            let text = format!("{{{}}}", parts.join(","));
+            if let Ok(r) = serde_json::from_str::<ExecRequest>(&text) {
+                let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).chain(repeat.iter().copied()).collect();
+                keys.extend(["language", "code"]);
+                let n = keys.len();
+                keys.sort_unstable();
+                keys.dedup();
+                prop_assert_eq!(keys.len(), n, "a repeated key was accepted: {}", text);
+                let back = serde_json::to_string(&r).unwrap();
+                prop_assert_eq!(serde_json::from_str::<ExecRequest>(&back).ok(), Some(r));
+            }
+        }
+
+        #[test]
+        fn any_limits_object_is_parsed_or_refused(v in prop_oneof![
+            3 => limit_entries().prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            1 => json_value(),
+        ]) {
+            if let Ok(o) = serde_json::from_value::<LimitOverrides>(v) {
+                let back = serde_json::to_value(o).unwrap();
+                let again: LimitOverrides = serde_json::from_value(back.clone())
+                    .map_err(|e| TestCaseError::fail(format!("{back}: {e}")))?;
+                prop_assert_eq!(again, o, "{}", back);
+                check_resolve(&o)?;
+            }
+        }
+
+        #[test]
+        fn every_accepted_limit_value_reads_back_equal(
+            limit in prop::sample::select(Limit::ALL.to_vec()),
+            v in prop_oneof![
+                any::<f64>().prop_map(Value::from),
+                (0.0f64..1e17).prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+            ],
+        ) {
+            let body = json!({ limit.name(): v });
+            if let Ok(o) = serde_json::from_value::<LimitOverrides>(body.clone()) {
+                let back = serde_json::to_value(o).unwrap();
+                let again: LimitOverrides = serde_json::from_value(back.clone())
+                    .map_err(|e| TestCaseError::fail(format!("{back}: {e}")))?;
+                prop_assert_eq!(again, o, "{} -> {}", body, back);
+            }
+        }
+
+        #[test]
+        fn any_text_for_any_limit_is_parsed_or_refused(
+            limit in prop::sample::select(Limit::ALL.to_vec()),
+            text in prop_oneof![
+                1 => any::<String>(),
+                1 => "[ ]?-?[0-9.e]{0,25}(|ms|s|m|h|K|M|G|T|bytes)[ ]?",
+                4 => "[0-9]{1,6}(\\.[0-9]{1,3})?(|ms|s|m|h|K|M|G|T|bytes)",
+            ],
+        ) {
+            let mut o = LimitOverrides::default();
+            if o.set_text(limit, &text).is_ok() {
+                prop_assert!(o.get(limit).is_some());
+                check_resolve(&o)?;
+            }
+        }
+    }
+}

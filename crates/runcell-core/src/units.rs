@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 /// Parse a size: a non-negative number with an optional binary unit (K, M, G, T; "KB", "KiB",
-/// "MiB" and lowercase are accepted and all mean powers of 1024). Plain numbers are bytes.
+/// "MiB" and lowercase are accepted and all mean powers of 1024). Plain numbers are bytes, and
+/// so is "bytes", which [`format_size`] writes below 1 KiB.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -19,7 +20,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("'{s}' is not a size (expected e.g. 256M, 1G, 65536)"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
+        "" | "b" | "byte" | "bytes" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
@@ -125,6 +126,16 @@ mod tests {
         assert!(parse_duration("soon").is_err());
     }
 
+    /// Found by the property tests: `format_size` writes "12 bytes" below 1 KiB, which
+    /// `parse_size` refused ("unknown size unit 'bytes'"), so a size runcell printed (a limit
+    /// in a message, `runcell doctor`) could not be given back to it.
+    #[test]
+    fn small_formatted_sizes_read_back() {
+        assert_eq!(parse_size(&format_size(12)).unwrap(), 12);
+        assert_eq!(parse_size("1 byte").unwrap(), 1);
+        assert_eq!(parse_size("0 bytes").unwrap(), 0);
+    }
+
     #[test]
     fn formatting() {
         assert_eq!(format_size(256 << 20), "256 MiB");
@@ -133,5 +144,92 @@ mod tests {
         assert_eq!(format_duration(Duration::from_secs(30)), "30 s");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1.5 s");
         assert_eq!(format_duration(Duration::from_secs(600)), "10 min");
+    }
+}
+
+/// Property tests: whatever text a flag, a config file or a request carries, parsing never
+/// panics and never overflows, and what we format reads back as the same amount.
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Text that looks like a size or duration more often than arbitrary strings do.
+    fn amount_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[ ]{0,2}[0-9.]{0,30}[ ]{0,2}(|b|k|K|kb|KiB|m|M|MiB|g|G|gb|t|T|TiB|ms|s|sec|min|h|x|é)[ ]{0,2}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        #[test]
+        fn parsing_never_panics_and_refuses_what_does_not_fit(s in amount_text()) {
+            if let Ok(bytes) = parse_size(&s) {
+                prop_assert!(bytes <= u64::MAX / 2 + 1, "{s:?} gave {bytes}");
+            }
+            if let Ok(d) = parse_duration(&s) {
+                prop_assert!(d.as_secs() <= 1_000_000_000, "{s:?} gave {d:?}");
+            }
+        }
+
+        #[test]
+        fn a_formatted_size_reads_back_within_rounding(bytes in prop_oneof![
+            0u64..4096,
+            0u64..1 << 20,
+            any::<u64>().prop_map(|b| b >> 2),
+        ]) {
+            let text = format_size(bytes);
+            let back = parse_size(&text).map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+            // One decimal of the unit is kept, and "within 0.05 of a whole number" is written
+            // whole: at most 5% of the unit off.
+            let unit = if bytes >= 1 << 10 { 1u64 << (10 * ((63 - bytes.leading_zeros()) / 10)) } else { 1 };
+            let tolerance = unit as f64 * 0.05 + 1.0;
+            prop_assert!((back as f64 - bytes as f64).abs() <= tolerance, "{bytes} -> {text:?} -> {back}");
+        }
+
+        #[test]
+        fn a_formatted_duration_reads_back_within_rounding(ms in prop_oneof![
+            0u64..10_000_000,
+            0u64..1_000_000_000_000,
+        ]) {
+            let d = Duration::from_millis(ms);
+            let text = format_duration(d);
+            let back = parse_duration(&text).map_err(|e| TestCaseError::fail(format!("{text:?}: {e}")))?;
+            let diff = back.as_secs_f64() - d.as_secs_f64();
+            prop_assert!(diff.abs() <= 0.0005 + d.as_secs_f64() * 1e-12, "{d:?} -> {text:?} -> {back:?}");
+        }
+
+        #[test]
+        fn sizes_and_durations_grow_with_the_number(
+            a in 0u64..1 << 40,
+            b in 0u64..1 << 40,
+            frac in 0u32..1000,
+            size_unit in prop::sample::select(vec!["", "K", "M", "G", "T"]),
+            time_unit in prop::sample::select(vec!["", "ms", "s", "m", "h"]),
+        ) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let text = |n: u64, unit: &str| format!("{n}.{frac:03}{unit}");
+            match (parse_size(&text(lo, size_unit)), parse_size(&text(hi, size_unit))) {
+                (Ok(x), Ok(y)) => prop_assert!(x <= y),
+                // Too large: a larger number is refused too.
+                (Err(_), r) => prop_assert!(r.is_err()),
+                (Ok(_), Err(_)) => {}
+            }
+            match (parse_duration(&text(lo, time_unit)), parse_duration(&text(hi, time_unit))) {
+                (Ok(x), Ok(y)) => prop_assert!(x <= y),
+                (Err(_), r) => prop_assert!(r.is_err()),
+                (Ok(_), Err(_)) => {}
+            }
+        }
+
+        #[test]
+        fn huge_numbers_are_refused_not_wrapped(digits in "[1-9][0-9]{20,400}", unit in "(|K|M|G|T|ms|s|m|h)") {
+            let s = format!("{digits}{unit}");
+            prop_assert!(parse_size(&s).is_err(), "{s}");
+            prop_assert!(parse_duration(&s).is_err(), "{s}");
+        }
     }
 }

@@ -541,3 +541,80 @@ mod tests {
         assert!(serde_json::to_vec(&report).unwrap().len() < crate::protocol::MAX_JSON as usize);
     }
 }
+
+/// Property tests: a program names its files with whatever bytes it likes; collection never
+/// panics, returns each name faithfully (valid UTF-8, within the length bound, the file's own
+/// name) and never returns two files under one path.
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, HashSet};
+    use std::fs;
+
+    /// One path component: any bytes but '/' and NUL, never "." or "..", often multi-byte or
+    /// invalid UTF-8, sometimes long.
+    fn component() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop_oneof![
+            3 => b'a'..=b'e',
+            1 => Just(b'.'),
+            1 => 0x80u8..=0xff,
+            1 => 1u8..=0x7f,
+        ]
+        .prop_filter("no '/'", |b| *b != b'/');
+        prop_oneof![
+            4 => prop::collection::vec(byte.clone(), 1..12),
+            1 => prop::collection::vec(byte, 200..=255),
+            1 => "[a-zé\u{1f600}]{1,60}".prop_map(String::into_bytes),
+        ]
+        .prop_filter("not . or ..", |c| c != b"." && c != b"..")
+    }
+
+    fn tree() -> impl Strategy<Value = Vec<Vec<Vec<u8>>>> {
+        prop::collection::vec(prop::collection::vec(component(), 1..6), 0..8)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn names_come_back_faithfully_or_are_counted_out(tree in tree()) {
+            let d = tempfile::tempdir().unwrap();
+            let root = d.path().to_str().unwrap();
+            // What was really created: rel path -> content (its own path).
+            let mut made: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+            for parts in tree {
+                let rel = parts.join(&b'/');
+                let path = d.path().join(OsStr::from_bytes(&rel));
+                let parent = path.parent().unwrap();
+                if fs::create_dir_all(parent).is_ok() && !path.exists() && fs::write(&path, &rel).is_ok() {
+                    made.insert(rel.clone(), rel);
+                }
+            }
+            let limits = CollectLimits {
+                max_files: 1000,
+                max_file_bytes: 1 << 20,
+                max_total_bytes: 1 << 24,
+                max_entries: 100_000,
+                max_read_bytes: 1 << 30,
+                deadline_ms: 60_000,
+            };
+            let c = collect(root, &Baseline::default(), &limits);
+            let mut seen = HashSet::new();
+            for f in &c.files {
+                prop_assert!(seen.insert(f.path.clone()), "{:?} twice", f.path);
+                prop_assert!(f.path.len() <= MAX_PATH_BYTES);
+                let content = made.get(f.path.as_bytes());
+                prop_assert!(content.is_some(), "{:?} is no file's name", f.path);
+                let blob = f.blob.map(|i| &c.blobs[i]);
+                prop_assert_eq!(blob, content);
+            }
+            let faithful = made
+                .keys()
+                .filter(|rel| std::str::from_utf8(rel).is_ok() && rel.len() <= MAX_PATH_BYTES)
+                .count();
+            prop_assert_eq!(c.files.len(), faithful);
+            prop_assert_eq!(c.omitted as usize, made.len() - faithful);
+        }
+    }
+}

@@ -341,3 +341,263 @@ mod tests {
         assert_eq!(ExitStatus::Signal(9).code(), 137);
     }
 }
+
+/// Property tests: whatever bytes come down the control socket, the reader neither panics nor
+/// allocates past the frame's limits, and every frame the writer produces reads back equal,
+/// up to and including the limits.
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    /// The system allocator, noting the largest single allocation the current thread makes
+    /// while it is watched: the reader's buffers are single allocations sized from the frame.
+    struct Watch;
+
+    thread_local! {
+        static WATCHING: Cell<bool> = const { Cell::new(false) };
+        static LARGEST: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn note(size: usize) {
+        if WATCHING.try_with(Cell::get).unwrap_or(false) {
+            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+        }
+    }
+
+    // SAFETY: every call is forwarded unchanged to `System`; the bookkeeping touches only
+    // const-initialised thread-locals, which never allocate.
+    unsafe impl GlobalAlloc for Watch {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: the caller's contract for `alloc` is passed on as is.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: as for `alloc`.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: `ptr` was allocated by `System` with `layout` (every path above).
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            note(new_size);
+            // SAFETY: as for `dealloc`, and `new_size` is the caller's.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: Watch = Watch;
+
+    /// Read one frame from `bytes`, returning the outcome and the largest allocation made.
+    fn read_watched<T: DeserializeOwned>(
+        bytes: &[u8],
+        limits: FrameLimits,
+    ) -> (io::Result<Option<Frame<T>>>, usize) {
+        LARGEST.with(|l| l.set(0));
+        WATCHING.with(|w| w.set(true));
+        let r = recv_with::<T>(&mut &bytes[..], limits);
+        WATCHING.with(|w| w.set(false));
+        (r, LARGEST.with(Cell::get))
+    }
+
+    /// The most one frame within `limits` may make the reader hold in one allocation (plus
+    /// the parser's and the error messages' own small ones).
+    fn bound(limits: FrameLimits) -> usize {
+        (limits.max_json as usize)
+            .max(limits.max_blobs_total as usize)
+            .max(limits.max_blob_count as usize * std::mem::size_of::<Vec<u8>>())
+            .max(4096)
+    }
+
+    const SMALL: FrameLimits = FrameLimits {
+        max_json: 256,
+        max_blob_count: 8,
+        max_blobs_total: 1024,
+    };
+
+    /// Streams that are nearly frames: a header with any length, JSON or not, blob counts and
+    /// lengths of any size, cut anywhere; and plain noise.
+    fn stream() -> impl Strategy<Value = Vec<u8>> {
+        let framed = (
+            prop_oneof![any::<u32>(), 0u32..300],
+            prop_oneof![
+                Just(br#"{"type":"ready"}"#.to_vec()),
+                Just(br#"{"type":"spawned","pid":7}"#.to_vec()),
+                prop::collection::vec(any::<u8>(), 0..64),
+            ],
+            prop_oneof![any::<u32>(), 0u32..10],
+            prop::collection::vec(
+                (
+                    prop_oneof![any::<u64>(), 0u64..600],
+                    prop::collection::vec(any::<u8>(), 0..64),
+                ),
+                0..4,
+            ),
+            any::<prop::sample::Index>(),
+            any::<bool>(),
+        )
+            .prop_map(|(len, json, count, blobs, cut, exact)| {
+                let mut b = Vec::new();
+                let len = if exact { json.len() as u32 } else { len };
+                b.extend_from_slice(&len.to_le_bytes());
+                b.extend_from_slice(&json);
+                b.extend_from_slice(&count.to_le_bytes());
+                for (blen, data) in blobs {
+                    b.extend_from_slice(&blen.to_le_bytes());
+                    b.extend_from_slice(&data);
+                }
+                let keep = cut.index(b.len() + 1);
+                b.truncate(keep.max(b.len() * usize::from(exact)));
+                b
+            });
+        prop_oneof![framed, prop::collection::vec(any::<u8>(), 0..128)]
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof!["[a-z /]{0,12}", any::<String>()]
+    }
+
+    /// Every report the sandbox sends.
+    fn report() -> impl Strategy<Value = Report> {
+        let file = (
+            text(),
+            any::<u64>(),
+            prop::option::of("[0-9a-f]{64}"),
+            prop::option::of(0usize..8),
+        )
+            .prop_map(|(path, size, sha256, blob)| CollectedFile {
+                path,
+                size,
+                sha256,
+                blob,
+            });
+        prop_oneof![
+            any::<i32>().prop_map(|pid| Report::Spawned { pid }),
+            Just(()).prop_map(|()| Report::Ready),
+            (
+                any::<i32>(),
+                prop::sample::select(vec![
+                    LandlockStatus::Full,
+                    LandlockStatus::Partial,
+                    LandlockStatus::None
+                ])
+            )
+                .prop_map(|(pid, landlock)| Report::Started { pid, landlock }),
+            (
+                any::<bool>(),
+                any::<i32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<bool>()
+            )
+                .prop_map(|(sig, n, wall_ns, cpu_ns, max_rss_bytes, disk_full)| {
+                    Report::Exited {
+                        status: if sig {
+                            ExitStatus::Signal(n)
+                        } else {
+                            ExitStatus::Code(n)
+                        },
+                        wall_ns,
+                        cpu_ns,
+                        max_rss_bytes,
+                        disk_full,
+                    }
+                }),
+            (
+                prop::collection::vec(file, 0..4),
+                any::<u64>(),
+                prop::collection::vec(text(), 0..3)
+            )
+                .prop_map(|(files, omitted, notes)| Report::Files {
+                    files,
+                    omitted,
+                    notes
+                }),
+            (
+                text(),
+                prop::option::of(text()),
+                prop::option::of(any::<i32>()),
+                text()
+            )
+                .prop_map(|(step, path, errno, message)| Report::Failed {
+                    step,
+                    path: path.map(PathBuf::from),
+                    error: ChildError { errno, message },
+                }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn any_stream_is_read_or_refused_within_the_limits(bytes in stream()) {
+            for limits in [SMALL, FrameLimits::REPORT] {
+                let (r, largest) = read_watched::<serde_json::Value>(&bytes, limits);
+                prop_assert!(largest <= bound(limits), "allocated {largest} for {limits:?}");
+                if let Ok(Some(f)) = r {
+                    prop_assert!(f.blobs.len() <= limits.max_blob_count as usize);
+                    prop_assert!(f.blobs.iter().map(|b| b.len() as u64).sum::<u64>() <= limits.max_blobs_total);
+                }
+                let (_, largest) = read_watched::<Report>(&bytes, limits);
+                prop_assert!(largest <= bound(limits), "allocated {largest} for {limits:?}");
+            }
+        }
+
+        #[test]
+        fn a_written_frame_reads_back_equal_up_to_the_limits(
+            message in report(),
+            blobs in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..200), 0..6),
+        ) {
+            let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+            let mut buf = Vec::new();
+            send(&mut buf, &message, &refs).unwrap();
+            let json_len = serde_json::to_vec(&message).unwrap().len() as u32;
+            let total: u64 = blobs.iter().map(|b| b.len() as u64).sum();
+            // Limits exactly at this frame's size: accepted, and equal.
+            let exact = FrameLimits { max_json: json_len, max_blob_count: blobs.len() as u32, max_blobs_total: total };
+            let mut r = &buf[..];
+            let f: Frame<Report> = recv_with(&mut r, exact).unwrap().unwrap();
+            prop_assert!(r.is_empty(), "the reader took the whole frame, no more");
+            prop_assert_eq!(serde_json::to_value(&f.message).unwrap(), serde_json::to_value(&message).unwrap());
+            prop_assert_eq!(&f.blobs, &blobs);
+            prop_assert!(recv_with::<Report>(&mut r, exact).unwrap().is_none());
+            // One byte or one blob less: refused.
+            let tighter = [
+                FrameLimits { max_json: json_len - 1, ..exact },
+                FrameLimits { max_blob_count: exact.max_blob_count.wrapping_sub(1), ..exact },
+                FrameLimits { max_blobs_total: total.wrapping_sub(1), ..exact },
+            ];
+            prop_assert!(recv_with::<Report>(&mut &buf[..], tighter[0]).is_err());
+            if !blobs.is_empty() {
+                prop_assert!(recv_with::<Report>(&mut &buf[..], tighter[1]).is_err());
+            }
+            if total > 0 {
+                prop_assert!(recv_with::<Report>(&mut &buf[..], tighter[2]).is_err());
+            }
+        }
+    }
+
+    /// A request frame whose JSON is exactly `MAX_JSON` bytes is read back whole.
+    #[test]
+    fn a_frame_at_the_request_limit_reads_back() {
+        let s = "x".repeat(MAX_JSON as usize - 2);
+        let message = serde_json::Value::String(s);
+        let mut buf = Vec::new();
+        send(&mut buf, &message, &[b"blob"]).unwrap();
+        assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), MAX_JSON);
+        let f: Frame<serde_json::Value> = recv(&mut &buf[..]).unwrap().unwrap();
+        assert_eq!(f.message, message);
+        assert_eq!(f.blobs, [b"blob".to_vec()]);
+        buf.splice(4..5, *b"xx");
+        buf[..4].copy_from_slice(&(MAX_JSON + 1).to_le_bytes());
+        assert!(recv::<serde_json::Value>(&mut &buf[..]).is_err());
+    }
+}
