@@ -85,12 +85,19 @@ mod tests {
         assert_eq!(disk_of(9, 9, &by_number), None, "unknown");
     }
 
+    /// On the real host: /usr on a block device (a non-zero major) is found, as a disk (no
+    /// partition file); on a virtual filesystem it is `None`.
     #[test]
-    fn this_hosts_usr_is_found_or_says_none() {
-        // Whatever the host: no panic, and a found disk is a disk (no partition file).
-        if let Some(d) = block_device_of("/usr".as_ref(), "/sys/dev/block".as_ref()) {
-            let dir = Path::new("/sys/dev/block").join(format!("{}:{}", d.major, d.minor));
-            assert!(!dir.join("partition").exists());
+    fn this_hosts_usr_is_found_as_a_disk() {
+        let st = rustix::fs::stat("/usr").unwrap();
+        let found = block_device_of("/usr".as_ref(), "/sys/dev/block".as_ref());
+        if rustix::fs::major(st.st_dev) == 0 {
+            assert_eq!(found, None);
+            return;
         }
+        let d = found.expect("/usr is on a block device");
+        let dir = Path::new("/sys/dev/block").join(format!("{}:{}", d.major, d.minor));
+        assert!(dir.join("dev").exists(), "{dir:?}");
+        assert!(!dir.join("partition").exists(), "{dir:?} is a partition");
     }
 }

@@ -140,6 +140,16 @@ impl CgroupLimits {
     }
 }
 
+/// I/O limits for the fake-tree tests of both versions.
+#[cfg(test)]
+pub(crate) const TEST_IO: IoLimits = IoLimits {
+    device: (254, 0),
+    read_bps: 64 << 20,
+    write_bps: 32 << 20,
+    read_iops: 16384,
+    write_iops: 8192,
+};
+
 /// The group may run `quota_us` of CPU time every `period_us` (so 2 CPUs' worth is
 /// `quota_us = 2 * period_us`).
 #[derive(Debug, Clone, Copy)]

@@ -271,13 +271,7 @@ mod tests {
     fn io_limits_are_written_for_the_disk() {
         let s = setup(&["memory", "blkio"], true);
         let limits = CgroupLimits {
-            io: Some(crate::cgroup::IoLimits {
-                device: (254, 0),
-                read_bps: 64 << 20,
-                write_bps: 32 << 20,
-                read_iops: 16384,
-                write_iops: 8192,
-            }),
+            io: Some(crate::cgroup::TEST_IO),
             ..full_limits()
         };
         let group = s.manager.create("1-io", &limits).expect("create");
