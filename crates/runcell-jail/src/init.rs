@@ -50,6 +50,8 @@ const LIFELINE_FD: RawFd = 4;
 /// Where pid 1 assembles the new root before pivoting into it. It is a mount point in pid 1's
 /// private mount namespace only (after P6 nothing propagates back to the host).
 const NEW_ROOT: &str = "/tmp";
+/// The largest host file copied into the sandbox's root (P8): `/etc/ld.so.cache` is tens of KiB.
+const HOST_FILE_MAX: u64 = 4 << 20;
 const HOSTNAME_FILE_MODE: u32 = 0o644;
 
 /// Entry point of `runcell __jail`. Never returns.
@@ -121,6 +123,17 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     // H3. The "go" pipe: pid 1 waits on it until its uid/gid maps and cgroup are in place.
     let (go_r, go_w) = pipe_with(PipeFlags::CLOEXEC).step("pipe")?;
 
+    // H3a. As host root, build the sandbox's own /dev: fresh device nodes on a tiny tmpfs that
+    //      is never attached to the host's tree (pid 1 moves it into place in P9). Nodes made
+    //      inside the user namespace would not open, and nodes bound from the host share the
+    //      host's inodes (a lock on /dev/null would be seen by the host and every other run).
+    //      Rootless, the helper cannot make nodes: pid 1 binds the host's.
+    let dev = if cfg.privileged {
+        Some(rootfs::private_dev()?)
+    } else {
+        None
+    };
+
     // H4. Create pid 1 of the sandbox in new user, mount, pid, network, ipc and uts namespaces
     //     in one clone: the user namespace comes first in the kernel's order, so the others are
     //     owned by it, and the uid 0 of the host never owns anything inside.
@@ -152,11 +165,12 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         sys::Forked::Child => {
             drop(go_w);
             drop(lifeline);
-            sandbox_pid1(ctrl, &cfg, go_r)
+            sandbox_pid1(ctrl, &cfg, go_r, dev)
         }
         sys::Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
     drop(go_r);
+    drop(dev);
     let kill_child = |e: StepError| {
         let _ = pidfd_send_signal(&pidfd, Signal::KILL);
         e
@@ -244,8 +258,8 @@ fn write_proc(pid: i32, file: &str, content: &str) -> Result<(), StepError> {
 }
 
 /// Pid 1 of the sandbox. Never returns.
-fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd) -> ! {
-    let service = build_sandbox(cfg, go_r).and_then(|()| prepare_service());
+fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd, dev: Option<OwnedFd>) -> ! {
+    let service = build_sandbox(cfg, go_r, dev).and_then(|()| prepare_service());
     let (seccomp, sigchld) = match service {
         Ok(s) => s,
         Err(e) => {
@@ -271,7 +285,7 @@ fn prepare_service() -> Result<(SeccompPolicy, OwnedFd), StepError> {
 
 /// The linear setup of the sandbox, run by its pid 1. Each step says why it is there and why
 /// it comes where it does.
-fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
+fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd, dev: Option<OwnedFd>) -> Result<(), StepError> {
     // P1. Die with the helper (which dies with the supervisor): when pid 1 dies, the kernel
     //     kills the whole pid namespace, so nothing of the run can outlive its supervisor.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).step("pdeathsig")?;
@@ -337,10 +351,33 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
     let root = Path::new(NEW_ROOT);
     rootfs::mount_tmpfs(root, 8 << 20, 4096, 0o755)?;
 
-    // P8. The host parts the runtime needs, read-only, nosuid, nodev, recursively.
-    for entry in &cfg.root {
+    // P8. The host parts the runtime needs, read-only, nosuid, nodev. Each directory through a
+    //     lower-only overlay of its own: the files and the page cache are the host's, but the
+    //     inodes are this sandbox's, so a lock (flock, POSIX, OFD) on a shared file such as
+    //     the Python binary is neither seen by nor blocks the host and the other runs, and
+    //     mountinfo names no host path or device. Mounts below a directory (which an overlay
+    //     layer does not include) are bound on top as they are. Single files (ld.so.cache)
+    //     are copied into the root.
+    let layers = root.join(".layers");
+    // The second layer every read-only overlay needs: an empty read-only tmpfs. Its mount is
+    // detached once the overlays hold their own clones of it (its directory must stay alive:
+    // an overlay cannot list a merged directory whose layer was removed).
+    let empty = layers.join("empty");
+    rootfs::mkdir_p(&empty, 0o755)?;
+    rootfs::mount_empty(&empty)?;
+    let mountinfo = fs::read("/proc/self/mountinfo").step("read mountinfo")?;
+    for (i, entry) in cfg.root.iter().enumerate() {
         match entry {
-            RootEntry::Bind { path, dir } => rootfs::bind_readonly(path, &under(root, path), *dir)?,
+            RootEntry::Bind { path, dir: true } => {
+                let layer = layers.join(i.to_string());
+                rootfs::overlay_readonly(path, &layer, &empty, &under(root, path))?;
+                for sub in rootfs::submounts_under(&mountinfo, path) {
+                    rootfs::bind_readonly(&sub, &under(root, &sub), true)?;
+                }
+            }
+            RootEntry::Bind { path, dir: false } => {
+                rootfs::copy_host_file(path, &under(root, path), HOST_FILE_MAX)?
+            }
             RootEntry::Symlink { path, target } => {
                 let dst = under(root, path);
                 if let Some(parent) = dst.parent() {
@@ -351,22 +388,26 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
         }
     }
 
-    // P9. A minimal /dev: the harmless character devices bound from the host (a user namespace
-    //     cannot mknod), the /dev/fd links, and nothing else (no block devices, kmsg, mem, tty).
-    let dev = root.join("dev");
-    rootfs::mkdir_p(&dev, 0o755)?;
-    for name in ["null", "zero", "full", "random", "urandom"] {
-        let host = Path::new("/dev").join(name);
-        rootfs::bind_device(&host, &dev.join(name))?;
+    // P9. A minimal /dev: the harmless character devices, the /dev/fd links, and nothing else
+    //     (no block devices, kmsg, mem, tty). As root, the helper built it with nodes of its
+    //     own (H3a); rootless, the host's nodes are bound (a user namespace cannot mknod).
+    let dev_dir = root.join("dev");
+    match dev {
+        Some(mnt) => rootfs::attach(mnt, &dev_dir)?,
+        None => {
+            rootfs::mkdir_p(&dev_dir, 0o755)?;
+            for &(name, _, _) in rootfs::DEVICES {
+                let host = Path::new("/dev").join(name);
+                rootfs::bind_device(&host, &dev_dir.join(name))?;
+            }
+            for &(name, target) in rootfs::DEV_LINKS {
+                let link = dev_dir.join(name);
+                std::os::unix::fs::symlink(target, &link).step_at("symlink", &link)?;
+            }
+            rootfs::mkdir_p(&dev_dir.join("shm"), 0o755)?;
+        }
     }
-    for (name, target) in [
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        std::os::unix::fs::symlink(target, dev.join(name)).step_at("symlink", &dev.join(name))?;
-    }
+    let dev = dev_dir;
 
     // P10. The writable scratch space: ONE size- and inode-capped tmpfs, exposed at /tmp,
     //      /workspace and /dev/shm, so the disk limit covers all three together. It is staged
@@ -382,7 +423,10 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
     ] {
         let src = staging.join(sub);
         rootfs::mkdir_p(&src, mode)?;
-        rootfs::mkdir_p(&target, 0o755)?;
+        if !target.is_dir() {
+            // (/dev/shm already exists on the read-only /dev.)
+            rootfs::mkdir_p(&target, 0o755)?;
+        }
         rootfs::bind_plain(&src, &target)?;
     }
     // P10a. Prepared read-only caches (Go's build cache) made writable by an overlay whose
@@ -396,8 +440,17 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd) -> Result<(), StepError> {
         rootfs::mkdir_p(&work, 0o755)?;
         let target = under(root, &ov.target);
         rootfs::mkdir_p(&target, 0o755)?;
-        rootfs::mount_overlay(&ov.lower, &upper, &work, &target)?;
+        // Through a staging bind, so that mountinfo does not name the host directory.
+        let lower = layers.join(format!("cache-{i}"));
+        rootfs::mkdir_p(&lower, 0o700)?;
+        rootfs::bind_readonly(&ov.lower, &lower, true)?;
+        rootfs::mount_overlay(&lower, &upper, &work, &target)?;
+        unmount(&lower, UnmountFlags::DETACH).step_at("unmount layer", &lower)?;
+        fs::remove_dir(&lower).step_at("rmdir layer", &lower)?;
     }
+    unmount(&empty, UnmountFlags::DETACH).step_at("unmount layer", &empty)?;
+    fs::remove_dir(&empty).step_at("rmdir", &empty)?;
+    fs::remove_dir(&layers).step_at("rmdir", &layers)?;
     unmount(&staging, UnmountFlags::DETACH).step_at("unmount staging", &staging)?;
     fs::remove_dir(&staging).step_at("rmdir staging", &staging)?;
 

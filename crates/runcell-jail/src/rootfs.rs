@@ -12,7 +12,9 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::CWD;
-use rustix::mount::{mount, move_mount, open_tree, MountFlags, MoveMountFlags, OpenTreeFlags};
+use rustix::mount::{
+    mount, move_mount, open_tree, unmount, MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
+};
 
 use crate::sys;
 
@@ -130,6 +132,18 @@ fn mount_point(dst: &Path, dir: bool) -> Result<(), StepError> {
     }
 }
 
+/// An empty read-only tmpfs (one inode: nothing can ever appear in it).
+pub fn mount_empty(target: &Path) -> Result<(), StepError> {
+    mount(
+        "tmpfs",
+        target,
+        "tmpfs",
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        Some(c"size=4k,nr_inodes=1,mode=0555"),
+    )
+    .step_at("mount empty layer", target)
+}
+
 /// Bind a host path read-only, nosuid, nodev, recursively.
 pub fn bind_readonly(src: &Path, dst: &Path, dir: bool) -> Result<(), StepError> {
     mount_point(dst, dir)?;
@@ -139,6 +153,191 @@ pub fn bind_readonly(src: &Path, dst: &Path, dir: bool) -> Result<(), StepError>
         sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
         true,
     )
+}
+
+/// Show a host directory read-only at `dst` through an overlay of its own, mounted on top of a
+/// non-recursive bind at the staging point `layer` (then detached), with `empty` as the second
+/// lower layer (a lower-only overlay needs two).
+///
+/// The overlay's inodes belong to this sandbox alone, so a `flock`, POSIX or OFD lock taken on
+/// a shared file (the Python binary, a shared library) locks this overlay's inode, never the
+/// host's: a run can neither block the host's own locks nor signal other runs through them
+/// (inotify is refused by seccomp). Reads still come from the host's page cache. The overlay
+/// is mounted from the staging point so that mountinfo names no host path and no host device.
+///
+/// Submounts of `src` are not part of an overlay's layer; the caller binds them on top
+/// ([`submounts_under`]).
+pub fn overlay_readonly(
+    src: &Path,
+    layer: &Path,
+    empty: &Path,
+    dst: &Path,
+) -> Result<(), StepError> {
+    mount_point(dst, true)?;
+    mkdir_p(layer, 0o700)?;
+    bind_with_attrs(
+        src,
+        layer,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        false,
+    )?;
+    let data = CString::new(format!(
+        "lowerdir={}:{}",
+        overlay_path(layer)?.display(),
+        overlay_path(empty)?.display()
+    ))
+    .map_err(io::Error::other)
+    .step("overlay options")?;
+    mount(
+        "overlay",
+        dst,
+        "overlay",
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+        Some(data.as_c_str()),
+    )
+    .step_at("mount overlay", dst)?;
+    // The overlay keeps private clones of its layers: the staging bind can go.
+    unmount(layer, UnmountFlags::DETACH).step_at("unmount layer", layer)?;
+    fs::remove_dir(layer).step_at("rmdir layer", layer)
+}
+
+/// Mount points strictly below `dir` in this mount namespace, outermost first, from the
+/// mountinfo text `mountinfo` (read from `/proc/self/mountinfo`). A mount nested in another
+/// listed one is left out: a recursive bind of the outer one brings it along.
+pub fn submounts_under(mountinfo: &[u8], dir: &Path) -> Vec<PathBuf> {
+    let Ok(mounts) = crate::cgroup::mountinfo::parse_mountinfo(mountinfo) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = mounts
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p != dir && p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| p.components().count());
+    let mut outer: Vec<PathBuf> = Vec::new();
+    for p in found {
+        if !outer.iter().any(|o| p.starts_with(o)) {
+            outer.push(p);
+        }
+    }
+    outer
+}
+
+/// Copy a small host file (e.g. `/etc/ld.so.cache`) into the sandbox's own root, so its inode
+/// (and any lock on it) is the sandbox's. At most `max` bytes: a larger file is an error.
+pub fn copy_host_file(src: &Path, dst: &Path, max: u64) -> Result<(), StepError> {
+    use std::io::Read;
+    mount_point(dst, false)?;
+    let mut content = Vec::new();
+    fs::File::open(src)
+        .and_then(|f| f.take(max + 1).read_to_end(&mut content))
+        .step_at("read", src)?;
+    if content.len() as u64 > max {
+        return Err(StepError {
+            step: "copy host file",
+            path: Some(src.to_path_buf()),
+            source: io::Error::new(io::ErrorKind::FileTooLarge, format!("over {max} bytes")),
+        });
+    }
+    fs::write(dst, content).step_at("write", dst)?;
+    fs::set_permissions(dst, fs::Permissions::from_mode(0o644)).step_at("chmod", dst)
+}
+
+/// An overlay option value cannot carry `,` `:` `\` or a newline unescaped.
+fn overlay_path(p: &Path) -> Result<&Path, StepError> {
+    let s = p.as_os_str().as_encoded_bytes();
+    if s.iter().any(|b| matches!(b, b',' | b':' | b'\\' | b'\n')) {
+        return Err(StepError {
+            step: "overlay options",
+            path: Some(p.to_path_buf()),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "path has ',', ':' or '\\'"),
+        });
+    }
+    Ok(p)
+}
+
+/// The harmless character devices of the sandbox's `/dev`: name, major, minor.
+pub const DEVICES: &[(&str, u32, u32)] = &[
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+];
+
+/// The links of the sandbox's `/dev`.
+pub const DEV_LINKS: &[(&str, &str)] = &[
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+];
+
+/// A `/dev` of the sandbox's own, built by the helper as host root (H3a): a tiny tmpfs,
+/// created with `fsopen`/`fsmount` and never attached to the host's tree, holding fresh
+/// device nodes ([`DEVICES`]), the [`DEV_LINKS`] and the `shm` mount point; then made
+/// read-only, nosuid and noexec. pid 1 moves it into place (P9).
+///
+/// Only root in the host's user namespace can make device nodes that open (a filesystem
+/// mounted inside a user namespace never honours them): that is why the helper builds it.
+/// Fresh nodes have inodes of their own, so locks on `/dev/null` are the run's alone, and
+/// `statfs("/dev/null")` shows this tmpfs rather than the host's devtmpfs (whose size is
+/// half the host's memory).
+pub fn private_dev() -> Result<rustix::fd::OwnedFd, StepError> {
+    use rustix::fs::{chmodat, makedev, mkdirat, mknodat, symlinkat, AtFlags, FileType, Mode};
+    use rustix::mount::{
+        fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+        MountAttrFlags,
+    };
+    let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).step("fsopen /dev")?;
+    for (key, value) in [
+        ("source", "tmpfs"),
+        ("size", "16k"),
+        ("nr_inodes", "16"),
+        ("mode", "755"),
+    ] {
+        fsconfig_set_string(&fs, key, value).step("configure /dev")?;
+    }
+    fsconfig_create(&fs).step("create /dev")?;
+    let mnt = fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+    )
+    .step("fsmount /dev")?;
+    for &(name, major, minor) in DEVICES {
+        let mode = Mode::from_raw_mode(0o666);
+        mknodat(
+            &mnt,
+            name,
+            FileType::CharacterDevice,
+            mode,
+            makedev(major, minor),
+        )
+        .step_at("mknod", Path::new(name))?;
+        // The helper's umask trimmed the mode.
+        chmodat(&mnt, name, mode, AtFlags::empty()).step_at("chmod", Path::new(name))?;
+    }
+    for &(name, target) in DEV_LINKS {
+        symlinkat(target, &mnt, name).step_at("symlink", Path::new(name))?;
+    }
+    mkdirat(&mnt, "shm", Mode::from_raw_mode(0o755)).step("mkdir /dev/shm")?;
+    sys::mount_setattr(
+        rustix::fd::AsFd::as_fd(&mnt),
+        c"",
+        false,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+        false,
+    )
+    .step("make /dev read-only")?;
+    Ok(mnt)
+}
+
+/// Move a detached mount (from [`private_dev`]) to `dst`.
+pub fn attach(mnt: rustix::fd::OwnedFd, dst: &Path) -> Result<(), StepError> {
+    mkdir_p(dst, 0o755)?;
+    move_mount(&mnt, "", CWD, dst, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+        .step_at("move_mount", dst)
 }
 
 /// Bind a host character device (e.g. /dev/null): usable, but nosuid and noexec.
@@ -173,16 +372,8 @@ pub fn mount_overlay(
     work: &Path,
     target: &Path,
 ) -> Result<(), StepError> {
-    let escape_ok = |p: &Path| {
-        let s = p.as_os_str().as_encoded_bytes();
-        !s.iter().any(|b| matches!(b, b',' | b':' | b'\\' | b'\n'))
-    };
-    if ![lower, upper, work].iter().all(|p| escape_ok(p)) {
-        return Err(StepError {
-            step: "overlay options",
-            path: Some(lower.to_path_buf()),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "path has ',', ':' or '\\'"),
-        });
+    for p in [lower, upper, work] {
+        overlay_path(p)?;
     }
     let data = CString::new(format!(
         "lowerdir={},upperdir={},workdir={},userxattr",
@@ -275,6 +466,26 @@ pub fn mask_proc(proc_dir: &Path, dev_null: &Path) -> Result<(), StepError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn submounts_are_the_outermost_mounts_strictly_below() {
+        let info = b"\
+1 0 8:1 / / rw - ext4 /dev/sda1 rw
+2 1 8:2 / /usr rw - ext4 /dev/sda2 rw
+3 2 8:3 / /usr/local rw - ext4 /dev/sda3 rw
+4 3 0:9 / /usr/local/share rw - tmpfs tmpfs rw
+5 1 8:4 / /usrx rw - ext4 /dev/sda4 rw
+6 2 8:5 / /usr/lib/with\\040space rw - ext4 /dev/sda5 rw
+";
+        assert_eq!(
+            submounts_under(info, Path::new("/usr")),
+            vec![
+                PathBuf::from("/usr/local"),
+                PathBuf::from("/usr/lib/with space")
+            ]
+        );
+        assert!(submounts_under(info, Path::new("/etc/fonts")).is_empty());
+    }
 
     #[test]
     fn under_joins_absolute_paths() {

@@ -506,6 +506,7 @@ print("mounts=" + json.dumps(mps))
         "/etc/ld.so.cache",
         "/etc/alternatives",
         "/etc/fonts",
+        "/dev",
         "/dev/null",
         "/dev/zero",
         "/dev/full",
@@ -553,6 +554,135 @@ print("mounts=" + json.dumps(mps))
             }
         }
     }
+}
+
+/// Issue 10: mountinfo named host paths and devices (`/dev/vda`, the Go cache's host
+/// directory as an overlay lower layer), and `statfs` of `/dev/null` showed the host's
+/// devtmpfs, whose size is half the host's memory.
+#[test]
+fn mountinfo_and_dev_name_no_host_path_device_or_size() {
+    let r = run(
+        "python",
+        r#"
+import json, os
+lines = open("/proc/self/mountinfo").read().splitlines()
+print("lines=" + json.dumps(lines))
+for p in ["/dev", "/dev/null", "/dev/shm"]:
+    st = os.statvfs(p)
+    print("size%s=%d" % (p, st.f_blocks * st.f_frsize))
+"#,
+        &[],
+    );
+    r.assert_ok();
+    let lines: Vec<String> = serde_json::from_str(&r.out("lines")).unwrap();
+    for line in &lines {
+        // Fields after " - ": fstype, source, super options.
+        let (_, fs) = line.split_once(" - ").expect("mountinfo separator");
+        let mut f = fs.split_whitespace();
+        let (fstype, source, opts) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+        assert!(
+            ["tmpfs", "overlay", "proc"].contains(&fstype),
+            "a host filesystem is mounted in the sandbox: {line}"
+        );
+        assert!(
+            !source.starts_with("/dev/"),
+            "mountinfo names a host device: {line}"
+        );
+        for opt in opts.split(',') {
+            if let Some(dirs) = opt.strip_prefix("lowerdir=") {
+                for d in dirs.split(':') {
+                    assert!(
+                        d.starts_with("/tmp/.layers/"),
+                        "an overlay names a host directory: {line}"
+                    );
+                }
+            }
+        }
+    }
+    // The /dev of the sandbox is a tiny filesystem of its own, and /dev/null is on it.
+    assert!(
+        r.out("size/dev").parse::<u64>().unwrap() <= 1 << 20,
+        "{:#}",
+        r.verdict
+    );
+    assert_eq!(r.out("size/dev/null"), r.out("size/dev"));
+}
+
+/// Issue 10: `flock` on shared read-only files (the Python binary, `/etc/ld.so.cache`,
+/// `/dev/null`) locked the host's inodes: a run could block the host's own locks and signal
+/// other runs through them. The host holds locks on those files here (flock, and a POSIX
+/// write lock on ld.so.cache); the run must get its own locks on the same paths regardless,
+/// and the host's locks must be untouched.
+#[test]
+fn locks_on_shared_files_are_the_runs_own() {
+    let python = fs::canonicalize("/usr/bin/python3").unwrap();
+    let files = [
+        python.to_str().unwrap(),
+        "/etc/ld.so.cache",
+        "/dev/null",
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    ];
+    let files: Vec<&str> = files
+        .into_iter()
+        .filter(|f| Path::new(f).exists())
+        .collect();
+    // The host side: a process that holds an exclusive flock on every file, and a POSIX write
+    // lock on ld.so.cache (opened read-write by root; nothing is written).
+    let holder = r#"
+import fcntl, os, sys, time
+fds = []
+for f in sys.argv[1:]:
+    fd = os.open(f, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fds.append(fd)
+w = os.open("/etc/ld.so.cache", os.O_RDWR)
+fcntl.lockf(w, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+time.sleep(60)
+"#;
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(holder)
+        .args(&files)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut out = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(child);
+    let mut line = [0u8; 5];
+    std::io::Read::read_exact(&mut out, &mut line).unwrap();
+    assert_eq!(&line, b"held\n");
+
+    let code = format!(
+        r#"
+import fcntl, os
+for f in {files:?}:
+    fd = os.open(f, os.O_RDONLY)
+    attempt("flock" + f, lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
+    attempt("posix" + f, lambda: fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB))
+"#
+    );
+    let r = run("python", &py(&code), &[]);
+    r.assert_ok();
+    let mut want = Vec::new();
+    let labels: Vec<(String, String)> = files
+        .iter()
+        .map(|f| (format!("flock{f}"), format!("posix{f}")))
+        .collect();
+    for (a, b) in &labels {
+        want.push((a.as_str(), "OK"));
+        want.push((b.as_str(), "OK"));
+    }
+    r.expect(&want);
+    // The host's holder still runs (its locks were never contended away).
+    assert!(child.0.try_wait().unwrap().is_none());
 }
 
 #[test]

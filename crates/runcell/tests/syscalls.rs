@@ -502,6 +502,13 @@ attempt("so_attach_filter", lambda: s.setsockopt(socket.SOL_SOCKET, 26, prog))
 attempt("so_attach_reuseport_cbpf", lambda: s.setsockopt(socket.SOL_SOCKET, 51, prog))
 attempt("so_attach_bpf", lambda: s.setsockopt(socket.SOL_SOCKET, 50, struct.pack("i", -1)))
 attempt("so_reuseaddr", lambda: s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1))
+# Socket buffers: setting them succeeds and changes nothing (see the noop filter).
+before = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+attempt("so_rcvbuf", lambda: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20))
+attempt("so_sndbuf", lambda: s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20))
+print("rcvbuf_unchanged=%s" % (s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == before))
+import subprocess
+print("ip_rc=%d" % subprocess.run(["ip", "addr"], capture_output=True).returncode)
 "#),
         &[],
     );
@@ -526,5 +533,10 @@ attempt("so_reuseaddr", lambda: s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEA
         ("so_attach_reuseport_cbpf", "EPERM"),
         ("so_attach_bpf", "EPERM"),
         ("so_reuseaddr", "OK"),
+        ("so_rcvbuf", "OK"),
+        ("so_sndbuf", "OK"),
+        ("rcvbuf_unchanged", "True"),
+        // `ip` sets SO_SNDBUF on its netlink socket first; refused, every command failed.
+        ("ip_rc", "0"),
     ]);
 }

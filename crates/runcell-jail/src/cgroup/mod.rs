@@ -60,7 +60,7 @@
 //! to see the underlying OS error.
 
 mod fs;
-mod mountinfo;
+pub(crate) mod mountinfo;
 mod v1;
 mod v2;
 
