@@ -2,6 +2,7 @@
 //! the program (compiling first where needed) and turn what happened into a verdict.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use runcell_jail::{
@@ -10,7 +11,8 @@ use runcell_jail::{
 };
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
-use crate::limits::{FileTableError, Limit, LimitError, Limits, Policy};
+use crate::limits::{FileTableError, Limit, LimitError, LimitOverrides, Limits, Policy};
+use crate::pool::{Pool, PoolSizes, PoolStats, SandboxKey};
 use crate::request::{workspace_path, ExecRequest, PathError};
 use crate::units::format_size;
 use crate::verdict::{classify, lossy, EnforcementReport, ErrorCategory, Phase, Usage, Verdict};
@@ -74,6 +76,9 @@ impl EngineConfig {
 #[derive(Debug, Clone)]
 pub struct Engine {
     config: EngineConfig,
+    /// Warm sandboxes, when a pool was started ([`Engine::start_pool`]). Shared by the
+    /// engine's clones; the last one dropped destroys the warm sandboxes.
+    pool: Option<Arc<Pool>>,
 }
 
 /// A request that passed [`Engine::validate`]: everything it asks is within the policy, its
@@ -174,7 +179,50 @@ pub struct RuntimeStatus {
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Self {
-        Engine { config }
+        Engine { config, pool: None }
+    }
+
+    /// Keep warm sandboxes ready: `sizes` per language, built with the policy's default
+    /// limits (see [`crate::pool`] for which requests they fit). Languages this host cannot
+    /// run get no pool. Replaces a pool started before.
+    pub fn start_pool(&mut self, sizes: &PoolSizes) {
+        let defaults = match self.config.policy.resolve(&LimitOverrides::default()) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "the default limits are outside the policy: no warm pool");
+                return;
+            }
+        };
+        let slots: Vec<(SandboxKey, usize)> = sizes
+            .0
+            .iter()
+            .filter(|(_, &n)| n > 0)
+            .filter(|(&language, _)| runcell_runtimes::locate(language, &self.config.host).is_ok())
+            .map(|(&language, &n)| (SandboxKey::new(language, &defaults), n))
+            .collect();
+        if slots.is_empty() {
+            self.pool = None;
+            return;
+        }
+        let config = self.config.clone();
+        let build = move |key: &SandboxKey| -> Result<Sandbox, String> {
+            let runtime =
+                runcell_runtimes::locate(key.language, &config.host).map_err(|e| e.to_string())?;
+            let spec = sandbox_spec(&config, &key.apply(defaults), &runtime);
+            Sandbox::create(&spec).map_err(|e| crate::error::chain(&e))
+        };
+        self.pool = Some(Arc::new(Pool::start(slots, Box::new(build))));
+    }
+
+    /// The warm pool's figures per language (empty without a pool).
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        self.pool.as_ref().map(|p| p.stats()).unwrap_or_default()
+    }
+
+    /// Wait until the warm pool is full, at most `within`; whether it is (true without a
+    /// pool). For tests and benchmarks.
+    pub fn wait_pool_filled(&self, within: Duration) -> bool {
+        self.pool.as_ref().is_none_or(|p| p.wait_filled(within))
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -380,35 +428,6 @@ impl Engine {
         verdict
     }
 
-    fn sandbox_spec(&self, limits: &Limits, runtime: &Runtime) -> SandboxSpec {
-        SandboxSpec {
-            hostname: self.config.hostname.clone(),
-            root: runtime.root_entries(),
-            scratch_bytes: limits.disk.0,
-            // One inode per 4 KiB of space, within sane bounds: enough for real work, not
-            // enough for a million empty files.
-            scratch_inodes: (limits.disk.0 / 4096).clamp(1024, 1_000_000),
-            cgroup: CgroupLimits {
-                memory_bytes: Some(limits.memory.0),
-                pids_max: Some(limits.pids.0),
-                cpu_millis: Some(limits.cpus.0),
-                io: self.config.io_device.map(|device| IoLimits {
-                    device,
-                    read_bps: limits.io_read.0,
-                    write_bps: limits.io_write.0,
-                    // Operations too, so that a flood of small reads is bounded as well: one
-                    // per 4 KiB page of the throughput, and never fewer than a hundred.
-                    read_iops: (limits.io_read.0 / 4096).max(100),
-                    write_iops: (limits.io_write.0 / 4096).max(100),
-                }),
-            },
-            setup_timeout: self.config.setup_timeout,
-            helper_exe: self.config.helper_exe.clone(),
-            overlays: runtime.overlays.clone(),
-            all_runs_memory_bytes: self.config.all_runs_memory_bytes,
-        }
-    }
-
     fn program(
         inv: &Invocation,
         limits: &Limits,
@@ -456,10 +475,15 @@ impl Engine {
         cancel: Option<&KillSwitch>,
     ) -> Verdict {
         let limits = &v.limits;
-        let spec = self.sandbox_spec(limits, runtime);
-        let mut sandbox = match Sandbox::create(&spec) {
-            Ok(s) => s,
-            Err(e) => return sandbox_failure("could not be set up", &e),
+        // A warm sandbox built with the same sandbox-level limits, or a new one.
+        let key = SandboxKey::new(v.language, limits);
+        let warm = self.pool.as_ref().and_then(|p| p.take(&key));
+        let mut sandbox = match warm {
+            Some(s) => s,
+            None => match Sandbox::create(&sandbox_spec(&self.config, limits, runtime)) {
+                Ok(s) => s,
+                Err(e) => return sandbox_failure("could not be set up", &e),
+            },
         };
         // Strict mode checks what this sandbox really got, not only what the host offers:
         // a cgroup hierarchy without the pids controller, swap without accounting, ...
@@ -587,6 +611,36 @@ impl Engine {
         let mut v = sandbox_failure("failed while running the program", &e);
         v.enforcement = EnforcementReport::from(sandbox.enforcement());
         v
+    }
+}
+
+/// What to build for a run with `limits` of `runtime`.
+fn sandbox_spec(config: &EngineConfig, limits: &Limits, runtime: &Runtime) -> SandboxSpec {
+    SandboxSpec {
+        hostname: config.hostname.clone(),
+        root: runtime.root_entries(),
+        scratch_bytes: limits.disk.0,
+        // One inode per 4 KiB of space, within sane bounds: enough for real work, not
+        // enough for a million empty files.
+        scratch_inodes: (limits.disk.0 / 4096).clamp(1024, 1_000_000),
+        cgroup: CgroupLimits {
+            memory_bytes: Some(limits.memory.0),
+            pids_max: Some(limits.pids.0),
+            cpu_millis: Some(limits.cpus.0),
+            io: config.io_device.map(|device| IoLimits {
+                device,
+                read_bps: limits.io_read.0,
+                write_bps: limits.io_write.0,
+                // Operations too, so that a flood of small reads is bounded as well: one
+                // per 4 KiB page of the throughput, and never fewer than a hundred.
+                read_iops: (limits.io_read.0 / 4096).max(100),
+                write_iops: (limits.io_write.0 / 4096).max(100),
+            }),
+        },
+        setup_timeout: config.setup_timeout,
+        helper_exe: config.helper_exe.clone(),
+        overlays: runtime.overlays.clone(),
+        all_runs_memory_bytes: config.all_runs_memory_bytes,
     }
 }
 

@@ -13,6 +13,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod limits;
+pub mod pool;
 pub mod request;
 pub mod schema;
 pub mod stream;
@@ -22,6 +23,7 @@ pub mod verdict;
 pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationError};
 pub use exec::ExecutionFailed;
 pub use limits::{Limit, LimitOverrides, Limits, Policy};
+pub use pool::{PoolSizes, PoolStats};
 pub use request::{ExecRequest, InputFile};
 pub use verdict::{ErrorCategory, Verdict, VerdictError};
 

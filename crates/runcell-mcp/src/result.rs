@@ -203,6 +203,12 @@ pub fn summary(v: &Verdict) -> String {
             ));
         }
     }
+    if !v.warnings.is_empty() {
+        s.push_str("--- warnings ---\n");
+        for w in &v.warnings {
+            s.push_str(&format!("{w}\n"));
+        }
+    }
     s.truncate(s.trim_end().len());
     s
 }
@@ -329,6 +335,20 @@ mod tests {
             r.structured_content,
             Some(serde_json::to_value(&v).unwrap())
         );
+    }
+
+    /// Issue 10: the text block left out the verdict's warnings (an output name left out, a
+    /// limit enforced only per process), which a client reading only the text never saw.
+    #[test]
+    fn warnings_are_in_the_text() {
+        let mut v = ok("1\n");
+        v.warnings = vec!["1 output file left out: its name is not valid UTF-8".into()];
+        let t = text_of(&verdict_result(&v));
+        assert!(
+            t.ends_with("--- warnings ---\n1 output file left out: its name is not valid UTF-8"),
+            "{t}"
+        );
+        assert!(!text_of(&verdict_result(&ok("1\n"))).contains("warnings"));
     }
 
     #[test]

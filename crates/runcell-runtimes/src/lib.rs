@@ -16,7 +16,7 @@ pub mod setup;
 pub use setup::{default_data_dir, SetupError, SetupEvent};
 
 /// A supported language.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Language {
     Python,
     Node,

@@ -25,6 +25,9 @@
 //! memory = "2G"
 //! cpus = 2
 //!
+//! [pool]                      # warm sandboxes kept ready per language (default: a small
+//! python = 2                  # Python pool, one per two cores, at most 4); 0 turns one off
+//!
 //! [caps]                      # sizes and counts of code, stdin and files
 //! code = "1M"
 //! input_total = "64M"
@@ -63,6 +66,8 @@ pub struct FileConfig {
     pub limits: FileLimits,
     #[serde(default)]
     pub caps: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    pub pool: BTreeMap<String, usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -130,6 +135,8 @@ pub struct Overrides {
     pub default_limits: Vec<String>,
     pub max_limits: Vec<String>,
     pub caps: Vec<String>,
+    /// `LANG=N` entries (each may be a comma-separated list), e.g. `python=2`.
+    pub pool: Vec<String>,
 }
 
 fn toml_to_json(v: &toml::Value) -> Value {
@@ -387,6 +394,17 @@ pub fn build(
     if let Some(s) = o.audit_log.or(file.audit_log) {
         c.audit = AuditTarget::parse(&s);
     }
+    // The warm pool: the default for this machine, then the file's entries, then the flags'.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let mut pool = runcell_core::PoolSizes::default_for(cpus, c.max_concurrent);
+    let bad = |m: String| ServerError::Config(m);
+    for (lang, &n) in &file.pool {
+        pool.set_text(&format!("{lang}={n}")).map_err(bad)?;
+    }
+    for entry in &o.pool {
+        pool.set_list(entry).map_err(bad)?;
+    }
+    c.pool = pool;
     Ok(c)
 }
 

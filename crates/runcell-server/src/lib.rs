@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Where the audit log goes (default: stderr).
     pub audit: AuditTarget,
+    /// Warm sandboxes kept ready per language (none by default here; `runcell serve`'s
+    /// configuration sets a small Python pool unless told otherwise).
+    pub pool: runcell_core::PoolSizes,
     pub engine: EngineConfig,
 }
 
@@ -85,6 +88,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_connections_per_peer", &self.max_connections_per_peer)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("audit", &self.audit)
+            .field("pool", &self.pool)
             .field("engine", &self.engine)
             .finish()
     }
@@ -115,6 +119,7 @@ impl ServerConfig {
             max_connections_per_peer: None,
             shutdown_grace: Duration::from_secs(30),
             audit: AuditTarget::Stderr,
+            pool: runcell_core::PoolSizes::default(),
             engine,
         }
     }

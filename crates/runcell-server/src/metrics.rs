@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use runcell_core::Language;
-use runcell_core::Verdict;
+use runcell_core::{PoolStats, Verdict};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ExecLabels {
@@ -154,8 +154,8 @@ impl Metrics {
         QueuedGuard(self)
     }
 
-    /// The text exposition, with the gauges read now.
-    pub fn render(&self, running: usize) -> String {
+    /// The text exposition, with the gauges and the warm pool's figures read now.
+    pub fn render(&self, running: usize, pool: &[PoolStats]) -> String {
         self.running.set(running as i64);
         self.queued
             .set(self.queued_now.load(Ordering::Relaxed).max(0));
@@ -163,7 +163,74 @@ impl Metrics {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
+        // The pool's counters live in the engine: they are written here as they are now,
+        // before the closing "# EOF".
+        if let Some(body) = out.strip_suffix("# EOF\n") {
+            let mut text = body.to_string();
+            pool_families(&mut text, pool);
+            text.push_str("# EOF\n");
+            out = text;
+        }
         out
+    }
+}
+
+/// The warm pool's families, in the OpenMetrics text format.
+fn pool_families(out: &mut String, pool: &[PoolStats]) {
+    use std::fmt::Write;
+    type Family = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&PoolStats) -> String,
+    );
+    let families: [Family; 6] = [
+        (
+            "pool_target",
+            "gauge",
+            "Warm sandboxes wanted, by language",
+            |s| s.target.to_string(),
+        ),
+        (
+            "pool_ready",
+            "gauge",
+            "Warm sandboxes ready now, by language",
+            |s| s.ready.to_string(),
+        ),
+        (
+            "pool_hits",
+            "counter",
+            "One-shot runs that took a warm sandbox",
+            |s| s.hits.to_string(),
+        ),
+        (
+            "pool_misses",
+            "counter",
+            "One-shot runs built cold: limits other than the pool's, or no warm sandbox ready",
+            |s| s.misses.to_string(),
+        ),
+        ("pool_refills", "counter", "Warm sandboxes built", |s| {
+            s.refills.to_string()
+        }),
+        (
+            "pool_refill_seconds",
+            "counter",
+            "Seconds spent building warm sandboxes (divided by pool_refills: the mean refill time)",
+            |s| format!("{}", s.refill_seconds),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP runcell_{name} {help}.");
+        let _ = writeln!(out, "# TYPE runcell_{name} {kind}");
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        for s in pool {
+            let language = s.language.map_or("unknown", Language::name);
+            let _ = writeln!(
+                out,
+                "runcell_{name}{suffix}{{language=\"{language}\"}} {}",
+                value(s)
+            );
+        }
     }
 }
 
@@ -192,7 +259,17 @@ mod tests {
         m.executed("mcp", &v, 0.02);
         m.rejected("rate_limited");
         let _q = m.queued();
-        let text = m.render(1);
+        let pool = [PoolStats {
+            language: Some(Language::Python),
+            target: 2,
+            ready: 1,
+            hits: 5,
+            misses: 1,
+            refills: 6,
+            refill_seconds: 0.3,
+            refill_failures: 0,
+        }];
+        let text = m.render(1, &pool);
         for needle in [
             "runcell_executions_total{language=\"python\",category=\"timeout\",interface=\"http\"} 1",
             "runcell_executions_total{language=\"node\",category=\"ok\",interface=\"mcp\"} 1",
@@ -202,6 +279,10 @@ mod tests {
             "runcell_queue_depth 1",
             "runcell_max_concurrent 2",
             "runcell_max_queue 8",
+            "# TYPE runcell_pool_hits counter",
+            "runcell_pool_hits_total{language=\"python\"} 5",
+            "runcell_pool_ready{language=\"python\"} 1",
+            "runcell_pool_refill_seconds_total{language=\"python\"} 0.3",
             "# EOF",
         ] {
             assert!(text.contains(needle), "missing {needle} in:\n{text}");

@@ -111,9 +111,11 @@ impl AppState {
             .max(1)
             .saturating_mul(config.max_body_bytes)
             .min(Semaphore::MAX_PERMITS);
+        let mut engine = Engine::new(config.engine.clone());
+        engine.start_pool(&config.pool);
         AppState {
             inner: Arc::new(Inner {
-                engine: Engine::new(config.engine.clone()),
+                engine,
                 keys: Keys::new(&config.api_keys),
                 admission: Arc::new(Semaphore::new(max_concurrent + max_queue)),
                 running: Arc::new(Semaphore::new(max_concurrent)),

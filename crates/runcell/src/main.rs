@@ -136,6 +136,17 @@ struct ServeArgs {
         value_name = "NAME=VALUE"
     )]
     caps: Vec<String>,
+    /// Warm sandboxes kept ready for one-shot runs, as LANG=N (repeatable; the environment
+    /// variable takes a comma-separated list; 0 turns a language's pool off). They are built
+    /// with the default limits; a request that asks for other memory, pids, cpus, disk or I/O
+    /// limits starts cold [default: python=1 per two cores, at most 4].
+    #[arg(
+        long = "pool",
+        env = "RUNCELL_POOL",
+        value_delimiter = ',',
+        value_name = "LANG=N"
+    )]
+    pool: Vec<String>,
     /// Where the audit log (one JSON line per execution) goes: stderr, off, or a file path
     /// (appended to, created 0640) [default: stderr].
     #[arg(long, env = "RUNCELL_AUDIT_LOG", value_name = "stderr|off|FILE")]
@@ -651,6 +662,7 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         default_limits: args.default_limits,
         max_limits: args.max_limits,
         caps: args.caps,
+        pool: args.pool,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -390,6 +390,12 @@ impl Sandbox {
         }
     }
 
+    /// Whether the sandbox is still waiting for programs: its helper (and with it pid 1) has
+    /// not exited. For sandboxes kept ready ahead of requests (a warm pool).
+    pub fn is_ready(&mut self) -> bool {
+        self.alive && matches!(self.helper.try_wait(), Ok(None))
+    }
+
     /// Kill every process of the sandbox now. pid 1 is killed, and the death of pid 1 kills its
     /// whole pid namespace: double forks, setsid, ignored SIGTERM and new sessions cannot
     /// escape that. The cgroup is killed as well when there is one. The helper is reaped

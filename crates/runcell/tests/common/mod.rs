@@ -601,7 +601,16 @@ impl ServeProcess {
 }
 
 impl Drop for ServeProcess {
+    /// Stops the server as an operator would (SIGTERM: it destroys its warm sandboxes on the
+    /// way out), and kills it should it not be gone within a few seconds.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let log = self.log();

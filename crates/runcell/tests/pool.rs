@@ -1,0 +1,195 @@
+//! Warm one-shot runs (issue 11): `runcell serve --pool` keeps sandboxes ready, a request
+//! takes one and it is destroyed afterwards. A warm run must give the verdict a cold run
+//! gives, must never see anything of an earlier run, and the server must leave nothing behind.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{assert_host_clean, ServeProcess, LOADED_MARGIN};
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+fn execute(s: &ServeProcess, body: &Value) -> Value {
+    let res = client()
+        .post(s.url("/v1/execute"))
+        .json(body)
+        .send()
+        .expect("request");
+    assert_eq!(res.status().as_u16(), 200);
+    res.json().unwrap()
+}
+
+fn metric(s: &ServeProcess, sample: &str) -> Option<f64> {
+    let text = client()
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+}
+
+/// Wait until `n` warm sandboxes of `language` are ready.
+fn wait_ready(s: &ServeProcess, language: &str, n: f64) {
+    let sample = format!("runcell_pool_ready{{language=\"{language}\"}}");
+    let deadline = Instant::now() + LOADED_MARGIN + Duration::from_secs(20);
+    while metric(s, &sample) != Some(n) {
+        assert!(
+            Instant::now() < deadline,
+            "the pool did not fill: {:?}",
+            metric(s, &sample)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What must agree between a warm and a cold run.
+fn essence(v: &Value) -> Value {
+    let files: Vec<&Value> = v["files"]
+        .as_array()
+        .map(|f| f.iter().map(|f| &f["path"]).collect())
+        .unwrap_or_default();
+    json!({
+        "stdout": v["stdout"],
+        "stderr": v["stderr"],
+        "exit_code": v["exit_code"],
+        "category": v["error"]["category"],
+        "retryable": v["error"]["retryable"],
+        "stdout_truncated": v["stdout_truncated"],
+        "files": files,
+        "limits": v["limits"],
+        "enforcement": v["enforcement"],
+    })
+}
+
+#[test]
+fn warm_runs_give_the_verdicts_of_cold_runs() {
+    let warm = ServeProcess::start(&["--pool", "python=1,bash=1"], &[]);
+    let cold = ServeProcess::start(&["--pool", "python=0"], &[]);
+    let cases = [
+        json!({"language": "python", "code": "print(6 * 7)"}),
+        json!({"language": "python", "code": "x = 1\nprint(y)\n"}),
+        json!({"language": "python", "code": "import sys\nprint('bye')\nsys.exit(3)"}),
+        json!({"language": "python", "code": "import sys\nprint(sys.stdin.read().upper())", "stdin": "hello"}),
+        json!({"language": "python", "code": "while True: pass", "timeout": 0.5}),
+        json!({"language": "python", "code": "b = bytearray(1 << 30)", "timeout": 20}),
+        json!({"language": "python", "code": "print('x' * 100000)", "output": "1K"}),
+        json!({"language": "python", "code": "open('/workspace/out.txt', 'w').write('hi')",
+               "files": [{"path": "in.txt", "content": "data"}]}),
+        json!({"language": "python", "code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.savefig('plot.png')"}),
+        json!({"language": "bash", "code": "echo $((6 * 7)); exit 4"}),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let language = case["language"].as_str().unwrap();
+        wait_ready(&warm, language, 1.0);
+        let w = execute(&warm, case);
+        let c = execute(&cold, case);
+        let mut ew = essence(&w);
+        let mut ec = essence(&c);
+        // A memory kill's stderr depends on where the allocation was refused.
+        if ec["category"] == "memory_limit" {
+            ew["stderr"] = Value::Null;
+            ec["stderr"] = Value::Null;
+        }
+        assert_eq!(ew, ec, "case {i}: {case}\nwarm: {w:#}\ncold: {c:#}");
+        assert!(
+            w["execution_time"].as_f64().unwrap() < 30.0,
+            "case {i}: {w:#}"
+        );
+    }
+    // Every warm request took a warm sandbox.
+    let hits = |lang: &str| {
+        metric(
+            &warm,
+            &format!("runcell_pool_hits_total{{language=\"{lang}\"}}"),
+        )
+    };
+    assert_eq!(hits("python"), Some(9.0));
+    assert_eq!(hits("bash"), Some(1.0));
+    // Other sandbox-level limits than the pool's: built cold, counted as a miss, same answer.
+    let v = execute(
+        &warm,
+        &json!({"language": "python", "code": "print(1)", "memory": "100M"}),
+    );
+    assert_eq!(
+        (v["stdout"].as_str(), v["exit_code"].as_i64()),
+        (Some("1\n"), Some(0))
+    );
+    assert_eq!(v["limits"]["memory"], 100 << 20);
+    assert_eq!(
+        metric(&warm, "runcell_pool_misses_total{language=\"python\"}"),
+        Some(1.0)
+    );
+    // A Traceback names the user's file and line, as cold.
+    wait_ready(&warm, "python", 1.0);
+    let v = execute(&warm, &cases[1]);
+    let stderr = v["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains("line 2") && stderr.contains("NameError"),
+        "{stderr}"
+    );
+    let pids = [warm.pid(), cold.pid()];
+    drop(warm);
+    drop(cold);
+    for pid in pids {
+        assert_host_clean(pid);
+    }
+}
+
+/// A warm sandbox has never served another request: what one run leaves (files in /tmp,
+/// /workspace and /dev/shm, a background process, environment) is not there for the next.
+#[test]
+fn a_warm_sandbox_serves_one_request_only() {
+    let s = ServeProcess::start(&["--pool", "bash=2"], &[]);
+    let leave = json!({"language": "bash", "code":
+        "echo secret > /tmp/left; echo secret > /workspace/left; echo secret > /dev/shm/left; \
+         (setsid sleep 1000 &); echo done"});
+    let look = json!({"language": "bash", "code":
+        "ls /tmp /workspace /dev/shm; pgrep -c sleep || true"});
+    for _ in 0..3 {
+        wait_ready(&s, "bash", 2.0);
+        let v = execute(&s, &leave);
+        assert_eq!(v["stdout"], "done\n", "{v:#}");
+        wait_ready(&s, "bash", 2.0);
+        let v = execute(&s, &look);
+        assert_eq!(v["exit_code"], 0, "{v:#}");
+        let out = v["stdout"].as_str().unwrap();
+        assert!(!out.contains("left"), "a file of the earlier run: {out}");
+        assert!(
+            out.trim_end().ends_with('0'),
+            "a process of the earlier run: {out}"
+        );
+    }
+    let pid = s.pid();
+    drop(s);
+    assert_host_clean(pid);
+}
+
+/// `kill -9` of a server with warm sandboxes: the sandboxes die with it (their helpers see
+/// the lifeline close), and the next server sweeps their cgroups.
+#[test]
+fn warm_sandboxes_die_with_a_killed_server() {
+    let mut s = ServeProcess::start(&["--pool", "bash=2"], &[]);
+    wait_ready(&s, "bash", 2.0);
+    let pid = s.pid();
+    assert!(!common::cgroups_of(pid).is_empty());
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    // The next server sweeps what was left.
+    let next = ServeProcess::start(&["--pool", "python=0"], &[]);
+    let v = execute(&next, &json!({"language": "bash", "code": "true"}));
+    assert_eq!(v["exit_code"], 0);
+    assert_host_clean(pid);
+    let next_pid = next.pid();
+    drop(next);
+    assert_host_clean(next_pid);
+}
