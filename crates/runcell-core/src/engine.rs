@@ -12,7 +12,7 @@ use runcell_jail::{
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
 use crate::limits::{FileTableError, Limit, LimitError, LimitOverrides, Limits, Policy};
-use crate::pool::{Pool, PoolSizes, PoolStats, SandboxKey};
+use crate::pool::{Pool, PoolSizes, PoolStats, Preload, SandboxKey, Warm};
 use crate::request::{workspace_path, ExecRequest, PathError};
 use crate::units::format_size;
 use crate::verdict::{classify, lossy, EnforcementReport, ErrorCategory, Phase, Usage, Verdict};
@@ -183,9 +183,10 @@ impl Engine {
     }
 
     /// Keep warm sandboxes ready: `sizes` per language, built with the policy's default
-    /// limits (see [`crate::pool`] for which requests they fit). Languages this host cannot
-    /// run get no pool. Replaces a pool started before.
-    pub fn start_pool(&mut self, sizes: &PoolSizes) {
+    /// limits (see [`crate::pool`] for which requests they fit), with the language's warm
+    /// interpreter started in them where it has one (Python), after importing `preload`.
+    /// Languages this host cannot run get no pool. Replaces a pool started before.
+    pub fn start_pool(&mut self, sizes: &PoolSizes, preload: &Preload) {
         let defaults = match self.config.policy.resolve(&LimitOverrides::default()) {
             Ok(l) => l,
             Err(e) => {
@@ -200,16 +201,44 @@ impl Engine {
             .filter(|(&language, _)| runcell_runtimes::locate(language, &self.config.host).is_ok())
             .map(|(&language, &n)| (SandboxKey::new(language, &defaults), n))
             .collect();
+        self.pool = None;
         if slots.is_empty() {
-            self.pool = None;
             return;
         }
         let config = self.config.clone();
-        let build = move |key: &SandboxKey| -> Result<Sandbox, String> {
+        let preload = preload.clone();
+        // A warm interpreter keeps its CPU rlimit for whatever timeout its request will ask:
+        // the longest the policy allows (the wall clock is the supervisor's, per request).
+        let longest = self.config.policy.max.timeout();
+        let build = move |key: &SandboxKey| -> Result<Warm, String> {
             let runtime =
                 runcell_runtimes::locate(key.language, &config.host).map_err(|e| e.to_string())?;
-            let spec = sandbox_spec(&config, &key.apply(defaults), &runtime);
-            Sandbox::create(&spec).map_err(|e| crate::error::chain(&e))
+            let limits = key.apply(defaults);
+            let spec = sandbox_spec(&config, &limits, &runtime);
+            let mut sandbox = Sandbox::create(&spec).map_err(|e| crate::error::chain(&e))?;
+            let Some(inv) = runtime.interpreter(preload.of(key.language)) else {
+                return Ok(Warm {
+                    sandbox,
+                    interpreter: false,
+                });
+            };
+            let enforcement = sandbox.enforcement().clone();
+            let files = sandbox_files(&runtime);
+            let mut program =
+                Engine::program(&inv, &limits, longest, &runtime, &enforcement, files, None);
+            program.wall_timeout = INTERPRETER_START_TIMEOUT;
+            match sandbox.start_interpreter(&program, &mut runcell_jail::NoSink) {
+                Ok(None) => Ok(Warm {
+                    sandbox,
+                    interpreter: true,
+                }),
+                Ok(Some(outcome)) => Err(format!(
+                    "the warm interpreter ended while starting ({:?}): {}",
+                    outcome.end,
+                    String::from_utf8_lossy(&outcome.stderr).trim_end()
+                )),
+                Err(e) => Err(crate::error::chain(&e)),
+            }
         };
         self.pool = Some(Arc::new(Pool::start(slots, Box::new(build))));
     }
@@ -478,10 +507,10 @@ impl Engine {
         // A warm sandbox built with the same sandbox-level limits, or a new one.
         let key = SandboxKey::new(v.language, limits);
         let warm = self.pool.as_ref().and_then(|p| p.take(&key));
-        let mut sandbox = match warm {
-            Some(s) => s,
+        let (mut sandbox, interpreter) = match warm {
+            Some(w) => (w.sandbox, w.interpreter),
             None => match Sandbox::create(&sandbox_spec(&self.config, limits, runtime)) {
-                Ok(s) => s,
+                Ok(s) => (s, false),
                 Err(e) => return sandbox_failure("could not be set up", &e),
             },
         };
@@ -513,17 +542,11 @@ impl Engine {
         let mut compile_time = None;
         let mut files = vec![source];
         files.extend(v.files.iter().cloned());
-        files.extend(
-            runtime
-                .sandbox_files
-                .iter()
-                .map(|(path, content)| InputFile {
-                    path: path.clone(),
-                    mode: 0o644,
-                    content: content.clone(),
-                }),
-        );
-        if let Some(compile) = &plan.compile {
+        if !interpreter {
+            // (A warm interpreter's sandbox got them when it started.)
+            files.extend(sandbox_files(runtime));
+        }
+        if let Some(compile) = plan.compile.as_ref().filter(|_| !interpreter) {
             let program = Self::program(
                 compile,
                 limits,
@@ -556,7 +579,12 @@ impl Engine {
             files,
             v.stdin.clone(),
         );
-        let outcome = match sandbox.run(&program, sink, cancel) {
+        let ran = if interpreter {
+            sandbox.run_cell(&program, sink, cancel)
+        } else {
+            sandbox.run(&program, sink, cancel)
+        };
+        let outcome = match ran {
             Ok(o) => o,
             Err(e) => return self.sandbox_failed(&sandbox, e),
         };
@@ -612,6 +640,22 @@ impl Engine {
         v.enforcement = EnforcementReport::from(sandbox.enforcement());
         v
     }
+}
+
+/// How long a warm interpreter may take to start and import its preload modules.
+const INTERPRETER_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The files the runtime places in every sandbox (matplotlib's configuration).
+fn sandbox_files(runtime: &Runtime) -> Vec<InputFile> {
+    runtime
+        .sandbox_files
+        .iter()
+        .map(|(path, content)| InputFile {
+            path: path.clone(),
+            mode: 0o644,
+            content: content.clone(),
+        })
+        .collect()
 }
 
 /// What to build for a run with `limits` of `runtime`.

@@ -23,7 +23,7 @@ pub mod verdict;
 pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationError};
 pub use exec::ExecutionFailed;
 pub use limits::{Limit, LimitOverrides, Limits, Policy};
-pub use pool::{PoolSizes, PoolStats};
+pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::{ExecRequest, InputFile};
 pub use verdict::{ErrorCategory, Verdict, VerdictError};
 

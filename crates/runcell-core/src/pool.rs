@@ -35,6 +35,8 @@ pub struct SandboxKey {
     pub disk: u64,
     pub io_read: u64,
     pub io_write: u64,
+    /// Fixed when a warm interpreter starts (its open-files rlimit).
+    pub open_files: u64,
 }
 
 impl SandboxKey {
@@ -47,6 +49,7 @@ impl SandboxKey {
         l.disk.0 = self.disk;
         l.io_read.0 = self.io_read;
         l.io_write.0 = self.io_write;
+        l.open_files.0 = self.open_files;
         l
     }
 
@@ -59,7 +62,58 @@ impl SandboxKey {
             disk: l.disk.0,
             io_read: l.io_read.0,
             io_write: l.io_write.0,
+            open_files: l.open_files.0,
         }
+    }
+}
+
+/// Modules a language's warm interpreters import before they are ready (Python:
+/// `numpy`, `pandas`, ...), so that the request's own `import` finds them loaded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Preload(pub BTreeMap<Language, Vec<String>>);
+
+impl Preload {
+    /// Set one language's list from `LANG=MOD,MOD` (`python=numpy,pandas`); later calls for the
+    /// same language add to it.
+    pub fn set_text(&mut self, entry: &str) -> Result<(), String> {
+        let (lang, mods) = entry.split_once('=').ok_or_else(|| {
+            format!("preload entry {entry:?}: expected LANG=MODULE[,MODULE...], e.g. python=numpy,pandas")
+        })?;
+        let language = Language::parse(lang.trim()).ok_or_else(|| {
+            format!(
+                "preload entry {entry:?}: unknown language {:?}",
+                lang.trim()
+            )
+        })?;
+        let modules = mods.split(',').map(str::trim).filter(|m| !m.is_empty());
+        self.add(language, modules)
+    }
+
+    pub fn add<'a>(
+        &mut self,
+        language: Language,
+        modules: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), String> {
+        if language != Language::Python {
+            return Err(format!(
+                "preloading is for Python only (its warm interpreter imports the modules), not {}",
+                language.name()
+            ));
+        }
+        let list = self.0.entry(language).or_default();
+        for m in modules {
+            if !runcell_runtimes::is_module_name(m) {
+                return Err(format!("preload: {m:?} is not a Python module name"));
+            }
+            if !list.iter().any(|x| x == m) {
+                list.push(m.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn of(&self, language: Language) -> &[String] {
+        self.0.get(&language).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -137,13 +191,22 @@ pub struct PoolStats {
     pub refill_failures: u64,
 }
 
-/// Builds one sandbox of a key (the engine's cold path); the error is a message for the log.
-pub type Builder = dyn Fn(&SandboxKey) -> Result<Sandbox, String> + Send + Sync;
+/// A sandbox built ahead, with its language's warm interpreter started in it when the
+/// language has one.
+pub struct Warm {
+    pub sandbox: Sandbox,
+    /// A warm interpreter waits for one cell (`Sandbox::run_cell`); otherwise the sandbox
+    /// waits for a program (`Sandbox::run`).
+    pub interpreter: bool,
+}
+
+/// Builds one warm sandbox of a key; the error is a message for the log.
+pub type Builder = dyn Fn(&SandboxKey) -> Result<Warm, String> + Send + Sync;
 
 struct Slot {
     key: SandboxKey,
     target: usize,
-    ready: Vec<Sandbox>,
+    ready: Vec<Warm>,
     building: usize,
     hits: u64,
     misses: u64,
@@ -223,7 +286,7 @@ impl Pool {
     }
 
     /// A warm sandbox for `key`, if one is ready; counts a hit or a miss either way.
-    pub fn take(&self, key: &SandboxKey) -> Option<Sandbox> {
+    pub fn take(&self, key: &SandboxKey) -> Option<Warm> {
         let mut slots = lock(&self.shared.slots);
         let Some(slot) = slots.iter_mut().find(|s| s.key == *key) else {
             let same_language = slots.iter_mut().find(|s| s.key.language == key.language);
@@ -239,14 +302,14 @@ impl Pool {
             return None;
         };
         // A sandbox whose pid 1 died while it waited (killed from outside) is thrown away.
-        while let Some(mut sandbox) = slot.ready.pop() {
-            if sandbox.is_ready() {
+        while let Some(mut warm) = slot.ready.pop() {
+            if warm.sandbox.is_ready() {
                 slot.hits += 1;
                 self.shared.wake.notify_all();
-                return Some(sandbox);
+                return Some(warm);
             }
             tracing::warn!("a warm sandbox died while it waited; discarded");
-            drop(sandbox);
+            drop(warm);
         }
         slot.misses += 1;
         self.shared.wake.notify_all();
@@ -307,12 +370,12 @@ impl Drop for Pool {
             let _ = t.join();
         }
         // Destroy what is left (dropping a sandbox tears it down and removes its cgroup).
-        let ready: Vec<Sandbox> = lock(&self.shared.slots)
+        let ready: Vec<Warm> = lock(&self.shared.slots)
             .iter_mut()
             .flat_map(|s| std::mem::take(&mut s.ready))
             .collect();
-        for sandbox in ready {
-            if let Err(e) = sandbox.destroy() {
+        for warm in ready {
+            if let Err(e) = warm.sandbox.destroy() {
                 tracing::warn!(error = %crate::error::chain(&e), "warm sandbox teardown failed");
             }
         }
@@ -364,17 +427,17 @@ fn refill_loop(shared: &Shared, build: &Builder) {
         let slot = &mut slots[i];
         slot.building -= 1;
         match built {
-            Ok(sandbox) => {
+            Ok(warm) => {
                 slot.refills += 1;
                 slot.refill_seconds += took.as_secs_f64();
                 slot.retry_at = None;
                 slot.backoff = FIRST_BACKOFF;
                 if shared.stop.load(Ordering::SeqCst) {
                     drop(slots);
-                    drop(sandbox);
+                    drop(warm);
                     return;
                 }
-                slot.ready.push(sandbox);
+                slot.ready.push(warm);
                 shared.wake.notify_all();
             }
             Err(e) => {
@@ -411,6 +474,28 @@ mod tests {
     }
 
     #[test]
+    fn preload_takes_python_module_names_only() {
+        let mut p = Preload::default();
+        p.set_text("python=numpy, pandas,matplotlib.pyplot")
+            .unwrap();
+        p.set_text("python=numpy,scipy").unwrap();
+        assert_eq!(
+            p.of(Language::Python),
+            ["numpy", "pandas", "matplotlib.pyplot", "scipy"]
+        );
+        for bad in [
+            "python",
+            "node=lodash",
+            "python=-c",
+            "python=os;x",
+            "python=a..b",
+            "python=1x",
+        ] {
+            assert!(Preload::default().set_text(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn the_default_is_a_small_python_pool() {
         assert_eq!(
             PoolSizes::default_for(2, 8).0,
@@ -432,6 +517,13 @@ mod tests {
             SandboxKey::new(Language::Python, &m),
             "per-program limits"
         );
+        m.open_files = crate::limits::Count(l.open_files.0 + 1);
+        assert_ne!(
+            a,
+            SandboxKey::new(Language::Python, &m),
+            "a warm interpreter's rlimit"
+        );
+        m = l;
         m.memory = crate::limits::Bytes(l.memory.0 * 2);
         assert_ne!(a, SandboxKey::new(Language::Python, &m));
         assert_ne!(a, SandboxKey::new(Language::Node, &l));

@@ -37,7 +37,7 @@ use rustix::thread::{
 
 use crate::collect::{self, Baseline};
 use crate::config::{ExecStep, JailConfig, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
-use crate::protocol::{self, ChildError, ExitStatus, LandlockStatus, Report, Request};
+use crate::protocol::{self, CellStep, ChildError, ExitStatus, LandlockStatus, Report, Request};
 use crate::rootfs::{self, under, Step, StepError};
 use crate::seccomp::SeccompPolicy;
 use crate::sys;
@@ -541,6 +541,7 @@ const BASELINE_MAX_ENTRIES: u64 = 200_000;
 /// Pid 1's service loop: run each requested program, collect files, report. Ends on EOF.
 fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
     let mut baseline = Baseline::default();
+    let mut interp: Option<Interpreter> = None;
     loop {
         let frame = match protocol::recv::<Request>(ctrl) {
             Ok(Some(f)) => f,
@@ -564,6 +565,25 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
                 }
                 continue;
             }
+            Request::Start(step) => start_interpreter(
+                ctrl,
+                sigchld,
+                &step,
+                frame.blobs,
+                seccomp,
+                &mut baseline,
+                &mut interp,
+            )
+            .unwrap_or_else(|e| Report::from(&e)),
+            Request::Cell(cell) => run_cell(
+                ctrl,
+                sigchld,
+                &cell,
+                frame.blobs,
+                &mut baseline,
+                &mut interp,
+            )
+            .unwrap_or_else(|e| Report::from(&e)),
             // A Stop that crossed the program's exit on the wire: nothing is running.
             Request::Stop => continue,
             Request::Setup(_) => sys::exit_now(125),
@@ -619,8 +639,19 @@ fn has_children() -> bool {
     )
 }
 
+/// A warm interpreter started by `Request::Start`: its pid and pid 1's end of the cell
+/// channel (the interpreter's fd 4).
+struct Interpreter {
+    pid: i32,
+    chan: UnixStream,
+    landlock: LandlockStatus,
+}
+
+/// The longest line an interpreter may send on its channel (`R`, `D <code>`).
+const CHANNEL_LINE_MAX: usize = 64;
+
 /// Run one program and report how it ended. Every process it leaves behind is killed before
-/// the report, so a step never leaks into the next one.
+/// the report, so the next step starts clean.
 fn run_step(
     ctrl: &UnixStream,
     sigchld: &OwnedFd,
@@ -629,26 +660,184 @@ fn run_step(
     seccomp: &SeccompPolicy,
     baseline: &mut Baseline,
 ) -> Result<Report, StepError> {
-    for f in &step.files {
-        write_sandbox_file(&f.path, f.mode, blob(&blobs, f.blob)?)?;
+    let stdin = place_inputs(&step.files, step.stdin_blob, &blobs, baseline)?;
+    // The inputs are in place: free their copies now, before the program starts, so that pid
+    // 1 holds no memory of the run's cgroup while the program runs.
+    drop(blobs);
+    let before = sys::children_rusage();
+    let started = Instant::now();
+    let spawned = spawn(ctrl, step, stdin, None, seccomp)?;
+    let mut peak_rss = 0u64;
+    // Without a channel, only the program's end comes back.
+    let Waited::Exited(status) = wait_for(ctrl, sigchld, spawned.pid, None, &mut peak_rss)? else {
+        return Err(invalid("wait", "a line without a channel"));
+    };
+    if let Some(failure) = spawned.exec_error {
+        end_of_run(sigchld, &mut peak_rss)?;
+        return Err(StepError {
+            step: failure.step,
+            path: Some(PathBuf::from(&step.argv[0])),
+            source: failure.error,
+        });
     }
-    if !step.files.is_empty() {
+    finish(sigchld, exit_status(&status), started, before, peak_rss)
+}
+
+/// Start a warm interpreter (`Request::Start`): like a program, with the cell channel on its
+/// fd 4; ready once it writes `R`.
+fn start_interpreter(
+    ctrl: &UnixStream,
+    sigchld: &OwnedFd,
+    step: &ExecStep,
+    blobs: Vec<Vec<u8>>,
+    seccomp: &SeccompPolicy,
+    baseline: &mut Baseline,
+    interp: &mut Option<Interpreter>,
+) -> Result<Report, StepError> {
+    if interp.is_some() {
+        return Err(invalid("start", "an interpreter is already running"));
+    }
+    let stdin = place_inputs(&step.files, step.stdin_blob, &blobs, baseline)?;
+    drop(blobs);
+    let (ours, theirs) = UnixStream::pair().step("socketpair")?;
+    let before = sys::children_rusage();
+    let started = Instant::now();
+    let spawned = spawn(ctrl, step, stdin, Some(theirs.into()), seccomp)?;
+    let mut peak_rss = 0u64;
+    if let Some(failure) = spawned.exec_error {
+        end_of_run(sigchld, &mut peak_rss)?;
+        return Err(StepError {
+            step: failure.step,
+            path: Some(PathBuf::from(&step.argv[0])),
+            source: failure.error,
+        });
+    }
+    match wait_for(ctrl, sigchld, spawned.pid, Some(&ours), &mut peak_rss)? {
+        Waited::Line(line) if line == b"R" => {
+            *interp = Some(Interpreter {
+                pid: spawned.pid,
+                chan: ours,
+                landlock: spawned.landlock,
+            });
+            Ok(Report::InterpreterReady)
+        }
+        // It ended (an import of the preload failed) or said something else: it is gone.
+        Waited::Line(_) => finish(sigchld, ExitStatus::Code(125), started, before, peak_rss),
+        Waited::Exited(st) => finish(sigchld, exit_status(&st), started, before, peak_rss),
+    }
+}
+
+/// Run one cell in the warm interpreter (`Request::Cell`): place the files, hand the
+/// interpreter the cell's stdin with a `C` line, and wait for its `D <code>` (or its end).
+/// Then, as after any program, every process of the run is killed and reaped: a cell is the
+/// run of a one-shot request.
+fn run_cell(
+    ctrl: &UnixStream,
+    sigchld: &OwnedFd,
+    cell: &CellStep,
+    blobs: Vec<Vec<u8>>,
+    baseline: &mut Baseline,
+    interp: &mut Option<Interpreter>,
+) -> Result<Report, StepError> {
+    let Some(it) = interp.take() else {
+        return Err(invalid("cell", "no interpreter is running"));
+    };
+    let stdin = place_inputs(&cell.files, cell.stdin_blob, &blobs, baseline)?;
+    drop(blobs);
+    let before = sys::children_rusage();
+    let started = Instant::now();
+    let mut peak_rss = 0u64;
+    // A one-line message with the stdin descriptor attached (the socket is empty: the
+    // interpreter read everything before; a send cannot block on a few bytes).
+    let sent = sys::send_with_fd(&it.chan, b"C\n", stdin.as_fd());
+    drop(stdin);
+    let status = match sent {
+        Ok(()) => {
+            protocol::send(
+                ctrl,
+                &Report::Started {
+                    pid: it.pid,
+                    landlock: it.landlock,
+                },
+                &[],
+            )
+            .step("report started")?;
+            match wait_for(ctrl, sigchld, it.pid, Some(&it.chan), &mut peak_rss)? {
+                Waited::Exited(st) => exit_status(&st),
+                // Anything but `D <code>`: the cell's code wrote on the channel.
+                Waited::Line(line) => {
+                    parse_done(&line).map_or(ExitStatus::Code(125), ExitStatus::Code)
+                }
+            }
+        }
+        // The interpreter is gone (it closed its end): the run is over.
+        Err(_) => ExitStatus::Signal(libc::SIGKILL),
+    };
+    drop(it);
+    finish(sigchld, status, started, before, peak_rss)
+}
+
+/// `D <code>` with code 0..=255.
+fn parse_done(line: &[u8]) -> Option<i32> {
+    let rest = line.strip_prefix(b"D ")?;
+    let text = std::str::from_utf8(rest).ok()?;
+    text.parse::<u8>().ok().map(i32::from)
+}
+
+/// Write a step's files (taking a new baseline of /workspace when there are any) and make its
+/// stdin: a memfd with the blob, or /dev/null.
+fn place_inputs(
+    files: &[crate::config::FileSpec],
+    stdin_blob: Option<usize>,
+    blobs: &[Vec<u8>],
+    baseline: &mut Baseline,
+) -> Result<OwnedFd, StepError> {
+    for f in files {
+        write_sandbox_file(&f.path, f.mode, blob(blobs, f.blob)?)?;
+    }
+    if !files.is_empty() {
         // What the program finds in /workspace is input; what it leaves there that is new or
         // changed is output.
         *baseline = Baseline::snapshot(WORKSPACE, BASELINE_MAX_ENTRIES);
     }
-    let stdin: OwnedFd = match step.stdin_blob {
+    Ok(match stdin_blob {
         Some(i) => {
             let fd = rustix::fs::memfd_create("stdin", rustix::fs::MemfdFlags::CLOEXEC)
                 .step("memfd_create")?;
             let mut f = File::from(fd);
-            f.write_all(blob(&blobs, i)?).step("write stdin")?;
+            f.write_all(blob(blobs, i)?).step("write stdin")?;
             rustix::fs::seek(&f, rustix::fs::SeekFrom::Start(0)).step("seek stdin")?;
             f.into()
         }
         None => rustix::fs::open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
             .step("open /dev/null")?,
-    };
+    })
+}
+
+/// The descriptors a forked program gets: stdin (fd 0), a warm interpreter's cell channel (fd
+/// 4) and the status pipe to pid 1 (fd 3, closed on exec).
+struct ChildFds {
+    stdin: OwnedFd,
+    chan: Option<OwnedFd>,
+    status_w: OwnedFd,
+}
+
+/// A forked program: its pid, its Landlock status, and why it could not exec, if it could not.
+struct Spawned {
+    pid: i32,
+    landlock: LandlockStatus,
+    exec_error: Option<ExecFailure>,
+}
+
+/// Fork and exec a step's program (with the cell channel on fd 4 for an interpreter), and
+/// report `Started` once it exec'd.
+fn spawn(
+    ctrl: &UnixStream,
+    step: &ExecStep,
+    stdin: OwnedFd,
+    chan: Option<OwnedFd>,
+    seccomp: &SeccompPolicy,
+) -> Result<Spawned, StepError> {
     let argv: Vec<CString> = step
         .argv
         .iter()
@@ -664,19 +853,19 @@ fn run_step(
         return Err(invalid("argv", "empty argv"));
     }
     let (status_r, status_w) = pipe_with(PipeFlags::CLOEXEC).step("pipe")?;
-    // The inputs are in place: free their copies now, before the program starts, so that pid
-    // 1 holds no memory of the run's cgroup while the program runs.
-    drop(blobs);
-
-    let before = sys::children_rusage();
-    let started = Instant::now();
     // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
     let Some(pid) = unsafe { sys::fork() }.step("fork")? else {
         drop(status_r);
-        exec_program(&argv, &envp, &cwd, &step.rlimits, stdin, status_w, seccomp)
+        let fds = ChildFds {
+            stdin,
+            chan,
+            status_w,
+        };
+        exec_program(&argv, &envp, &cwd, &step.rlimits, fds, seccomp)
     };
     drop(status_w);
     drop(stdin);
+    drop(chan);
 
     // The program reports its Landlock status, then either execs (the close-on-exec pipe hits
     // EOF) or reports why it could not.
@@ -694,26 +883,54 @@ fn run_step(
     if exec_error.is_none() {
         protocol::send(ctrl, &Report::Started { pid, landlock }, &[]).step("report started")?;
     }
+    Ok(Spawned {
+        pid,
+        landlock,
+        exec_error,
+    })
+}
 
-    // Wait for the program, reaping orphans re-parented to us on the way, and obey a Stop.
-    // The peak is this step's own: the largest resident set of any process it reaped.
-    let mut peak_rss = 0u64;
-    let status = loop {
-        if let Some(st) = reap_exited(pid, &mut peak_rss) {
-            break st;
+/// What [`wait_for`] saw first.
+enum Waited {
+    /// The program ended.
+    Exited(sys::Reaped),
+    /// The interpreter wrote a line on its channel (without the newline).
+    Line(Vec<u8>),
+}
+
+/// Wait for the program `pid` to end, or (with `chan`) for a line from it, reaping orphans
+/// re-parented to us on the way (their peak resident set goes into `peak_rss`), and obey a
+/// Stop (which kills every process of the run: the program ends).
+fn wait_for(
+    ctrl: &UnixStream,
+    sigchld: &OwnedFd,
+    pid: i32,
+    chan: Option<&UnixStream>,
+    peak_rss: &mut u64,
+) -> Result<Waited, StepError> {
+    let mut line = Vec::new();
+    let mut chan = chan;
+    loop {
+        if let Some(st) = reap_exited(pid, peak_rss) {
+            return Ok(Waited::Exited(st));
         }
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(sigchld, PollFlags::IN),
             PollFd::new(ctrl, PollFlags::IN),
         ];
+        if let Some(c) = chan {
+            fds.push(PollFd::new(c, PollFlags::IN));
+        }
         match poll(&mut fds, None) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e).step("poll"),
         }
-        if !fds[0].revents().is_empty() {
+        let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents()).collect();
+        drop(fds);
+        if !revents[0].is_empty() {
             drain_signalfd(sigchld);
         }
-        if !fds[1].revents().is_empty() {
+        if !revents[1].is_empty() {
             match protocol::recv::<Request>(ctrl) {
                 // Timeout or output flood: end the program and everything it started.
                 Ok(Some(protocol::Frame {
@@ -728,14 +945,49 @@ fn run_step(
                 }
             }
         }
-    };
-    let wall = started.elapsed();
-    // The run ends with its main program: kill what it left behind (daemons, setsid children,
-    // SIGTERM-ignoring loops) and reap them, so the next step starts clean. A process forked
-    // while the first kill swept the namespace is caught by the next sweep.
+        if let (Some(c), Some(ev)) = (chan, revents.get(2)) {
+            if !ev.is_empty() {
+                let mut buf = [0u8; CHANNEL_LINE_MAX];
+                let room = CHANNEL_LINE_MAX - line.len();
+                match rustix::io::read(c, &mut buf[..room.max(1)]) {
+                    Ok(0) | Err(_) => {
+                        // The interpreter closed its end: only its exit is left to wait for.
+                        chan = None;
+                    }
+                    Ok(n) => {
+                        line.extend_from_slice(&buf[..n]);
+                        if let Some(i) = line.iter().position(|&b| b == b'\n') {
+                            line.truncate(i);
+                            return Ok(Waited::Line(line));
+                        }
+                        if line.len() >= CHANNEL_LINE_MAX {
+                            return Ok(Waited::Line(line));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn exit_status(st: &sys::Reaped) -> ExitStatus {
+    match (st.signal(), st.code()) {
+        (Some(sig), _) => ExitStatus::Signal(sig),
+        (None, code) => ExitStatus::Code(code.unwrap_or(0)),
+    }
+}
+
+/// The run ends with its main program: kill what it left behind (daemons, setsid children,
+/// SIGTERM-ignoring loops) and reap them, so the next step starts clean. A process forked
+/// while the first kill swept the namespace is caught by the next sweep.
+fn end_of_run(sigchld: &OwnedFd, peak_rss: &mut u64) -> Result<(), StepError> {
     while has_children() {
         sys::kill_rest_of_namespace().step("kill leftovers")?;
-        reap_exited(0, &mut peak_rss);
+        reap_exited(0, peak_rss);
+        if !has_children() {
+            // (Waiting for a SIGCHLD that will never come would cost the whole pause.)
+            break;
+        }
         let mut fds = [PollFd::new(sigchld, PollFlags::IN)];
         let _ = poll(
             &mut fds,
@@ -746,18 +998,20 @@ fn run_step(
         );
         drain_signalfd(sigchld);
     }
+    Ok(())
+}
+
+/// End the run (see [`end_of_run`]) and report how it went.
+fn finish(
+    sigchld: &OwnedFd,
+    status: ExitStatus,
+    started: Instant,
+    before: sys::ChildrenUsage,
+    mut peak_rss: u64,
+) -> Result<Report, StepError> {
+    let wall = started.elapsed();
+    end_of_run(sigchld, &mut peak_rss)?;
     let after = sys::children_rusage();
-    if let Some(failure) = exec_error {
-        return Err(StepError {
-            step: failure.step,
-            path: Some(PathBuf::from(&step.argv[0])),
-            source: failure.error,
-        });
-    }
-    let status = match (status.signal(), status.code()) {
-        (Some(sig), _) => ExitStatus::Signal(sig),
-        (None, code) => ExitStatus::Code(code.unwrap_or(0)),
-    };
     let disk_full = match rustix::fs::statvfs(WORKSPACE) {
         Ok(s) => s.f_bavail == 0 || s.f_favail == 0,
         Err(_) => false,
@@ -907,10 +1161,14 @@ fn exec_program(
     envp: &[CString],
     cwd: &Path,
     rlimits: &Rlimits,
-    stdin: OwnedFd,
-    status_w: OwnedFd,
+    fds: ChildFds,
     seccomp: &SeccompPolicy,
 ) -> ! {
+    let ChildFds {
+        stdin,
+        chan,
+        status_w,
+    } = fds;
     let fail = |status_w: &OwnedFd, stage: ExecStage, e: &(dyn std::error::Error + 'static)| -> ! {
         let _ = rustix::io::write(status_w, &ExecFailure::encode(stage, e));
         sys::exit_now(127)
@@ -942,9 +1200,22 @@ fn exec_program(
         // The pipe is gone with the failed move; the exit code alone tells pid 1.
         Err(_) => sys::exit_now(127),
     };
+    // A warm interpreter's cell channel on fd 4 (kept across execve).
+    let first_closed = match chan {
+        Some(chan) => {
+            // SAFETY: fd 4, if open, belongs to a pid 1 object that this process never uses
+            // or drops again (it execs or exits with _exit).
+            match unsafe { sys::move_fd(chan, 4, false) } {
+                Ok(fd) => drop(std::os::fd::IntoRawFd::into_raw_fd(fd)),
+                Err(e) => fail(&status_w, ExecStage::CloseRange, &e),
+            }
+            5
+        }
+        None => 4,
+    };
     // SAFETY: the objects that own descriptors above 3 here (pid 1's copies) are never used or
     // dropped again in this process, which execs or exits with _exit.
-    if let Err(e) = unsafe { sys::close_fds_from(4) } {
+    if let Err(e) = unsafe { sys::close_fds_from(first_closed) } {
         fail(&status_w, ExecStage::CloseRange, &e);
     }
     if let Err(e) = rustix::process::chdir(cwd) {

@@ -38,6 +38,23 @@ pub enum Request {
     /// Between programs: return the files under /workspace that were created or changed since
     /// the last `Exec` that carried files (blobs carry the contents).
     Collect(CollectLimits),
+    /// Start an interpreter that runs code in cells (a warm interpreter): pid 1 answers with
+    /// `Started`, then `InterpreterReady` once the interpreter said so, or `Exited` if it
+    /// ended first.
+    Start(ExecStep),
+    /// Run one cell in the interpreter: write the files (blobs), hand it stdin, tell it to run
+    /// its source file; pid 1 answers with `Started` and `Exited` (the cell's exit code, after
+    /// every process of the run was killed and reaped, as for `Exec`).
+    Cell(CellStep),
+}
+
+/// One cell for a started interpreter.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellStep {
+    pub files: Vec<crate::config::FileSpec>,
+    /// Blob index of the cell's stdin, if any (otherwise empty).
+    pub stdin_blob: Option<usize>,
 }
 
 /// Caps for collecting output files.
@@ -118,6 +135,8 @@ pub enum Report {
     Spawned { pid: i32 },
     /// From pid 1: the filesystem and namespaces are set up; send programs.
     Ready,
+    /// From pid 1: the interpreter of a `Start` is waiting for cells.
+    InterpreterReady,
     /// From pid 1: the program is running (its pid inside the sandbox).
     Started { pid: i32, landlock: LandlockStatus },
     /// From pid 1: the program ended and every other process it left was killed and reaped.

@@ -472,3 +472,24 @@ pub fn reap_one() -> io::Result<Option<Reaped>> {
         })),
     }
 }
+
+/// Send `bytes` on a unix socket with one descriptor attached (`SCM_RIGHTS`).
+pub fn send_with_fd(
+    sock: &std::os::unix::net::UnixStream,
+    bytes: &[u8],
+    fd: BorrowedFd<'_>,
+) -> io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let fds = [fd];
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for the descriptor"));
+    }
+    let iov = [io::IoSlice::new(bytes)];
+    let sent = sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL)?;
+    if sent != bytes.len() {
+        return Err(io::Error::other("short send"));
+    }
+    Ok(())
+}

@@ -149,6 +149,23 @@ pub struct Runtime {
     pub python_stack: Option<Vec<(String, String)>>,
 }
 
+/// The warm Python interpreter's program (see [`Runtime::interpreter`]).
+pub const PYTHON_RUNNER: &str = include_str!("../python/runcell_runner.py");
+
+/// Whether `name` can be a module to preload: dotted Python identifiers (`numpy`,
+/// `matplotlib.pyplot`), nothing that could be read as an option.
+pub fn is_module_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+        })
+}
+
 /// Where runcell keeps what `runcell setup` prepares.
 #[derive(Debug, Clone)]
 pub struct Host {
@@ -286,6 +303,27 @@ impl Runtime {
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         parse_version(self.language, &text)
+    }
+
+    /// The command of a warm interpreter for this language, which imports `preload` and then
+    /// runs one cell (its source file, written with the cell), for the languages that have
+    /// one: Python (`python/runcell_runner.py`).
+    pub fn interpreter(&self, preload: &[String]) -> Option<Invocation> {
+        if self.language != Language::Python {
+            return None;
+        }
+        let plan = self.plan();
+        let mut argv = vec![
+            self.executable.to_string_lossy().into_owned(),
+            "-c".to_string(),
+            PYTHON_RUNNER.to_string(),
+            plan.source_path.to_string_lossy().into_owned(),
+        ];
+        argv.extend(preload.iter().cloned());
+        Some(Invocation {
+            argv,
+            env: plan.run.env,
+        })
     }
 
     /// The plan for running `source` (the file content is written by the caller).

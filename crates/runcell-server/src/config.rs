@@ -28,6 +28,9 @@
 //! [pool]                      # warm sandboxes kept ready per language (default: a small
 //! python = 2                  # Python pool, one per two cores, at most 4); 0 turns one off
 //!
+//! [preload]                   # modules the warm Python interpreters import ahead
+//! python = ["numpy", "pandas", "matplotlib.pyplot"]
+//!
 //! [caps]                      # sizes and counts of code, stdin and files
 //! code = "1M"
 //! input_total = "64M"
@@ -68,6 +71,8 @@ pub struct FileConfig {
     pub caps: BTreeMap<String, toml::Value>,
     #[serde(default)]
     pub pool: BTreeMap<String, usize>,
+    #[serde(default)]
+    pub preload: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -137,6 +142,8 @@ pub struct Overrides {
     pub caps: Vec<String>,
     /// `LANG=N` entries (each may be a comma-separated list), e.g. `python=2`.
     pub pool: Vec<String>,
+    /// `LANG=MOD,MOD` entries, e.g. `python=numpy,pandas`.
+    pub preload: Vec<String>,
 }
 
 fn toml_to_json(v: &toml::Value) -> Value {
@@ -405,6 +412,29 @@ pub fn build(
         pool.set_list(entry).map_err(bad)?;
     }
     c.pool = pool;
+    // Preloads: the flags' list for a language replaces the file's.
+    let mut preload = runcell_core::Preload::default();
+    let flagged: Vec<runcell_core::Language> = o
+        .preload
+        .iter()
+        .filter_map(|e| {
+            e.split_once('=')
+                .and_then(|(l, _)| runcell_core::Language::parse(l.trim()))
+        })
+        .collect();
+    for (lang, modules) in &file.preload {
+        let language = runcell_core::Language::parse(lang)
+            .ok_or_else(|| bad(format!("preload: unknown language {lang:?}")))?;
+        if !flagged.contains(&language) {
+            preload
+                .add(language, modules.iter().map(String::as_str))
+                .map_err(bad)?;
+        }
+    }
+    for entry in &o.preload {
+        preload.set_text(entry).map_err(bad)?;
+    }
+    c.preload = preload;
     Ok(c)
 }
 

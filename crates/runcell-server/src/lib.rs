@@ -73,6 +73,8 @@ pub struct ServerConfig {
     /// Warm sandboxes kept ready per language (none by default here; `runcell serve`'s
     /// configuration sets a small Python pool unless told otherwise).
     pub pool: runcell_core::PoolSizes,
+    /// Modules the warm Python interpreters import before they are ready.
+    pub preload: runcell_core::Preload,
     pub engine: EngineConfig,
 }
 
@@ -89,6 +91,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("audit", &self.audit)
             .field("pool", &self.pool)
+            .field("preload", &self.preload)
             .field("engine", &self.engine)
             .finish()
     }
@@ -120,6 +123,7 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(30),
             audit: AuditTarget::Stderr,
             pool: runcell_core::PoolSizes::default(),
+            preload: runcell_core::Preload::default(),
             engine,
         }
     }

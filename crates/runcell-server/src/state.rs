@@ -112,7 +112,7 @@ impl AppState {
             .saturating_mul(config.max_body_bytes)
             .min(Semaphore::MAX_PERMITS);
         let mut engine = Engine::new(config.engine.clone());
-        engine.start_pool(&config.pool);
+        engine.start_pool(&config.pool, &config.preload);
         AppState {
             inner: Arc::new(Inner {
                 engine,

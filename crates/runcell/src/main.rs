@@ -147,6 +147,11 @@ struct ServeArgs {
         value_name = "LANG=N"
     )]
     pool: Vec<String>,
+    /// Modules the warm Python interpreters import before a request arrives, as
+    /// LANG=MODULE,MODULE (repeatable; e.g. python=numpy,pandas,matplotlib.pyplot): a request's
+    /// own `import pandas` then finds it loaded. Each warm sandbox holds their memory.
+    #[arg(long = "preload", env = "RUNCELL_PRELOAD", value_name = "LANG=MODULES")]
+    preload: Vec<String>,
     /// Where the audit log (one JSON line per execution) goes: stderr, off, or a file path
     /// (appended to, created 0640) [default: stderr].
     #[arg(long, env = "RUNCELL_AUDIT_LOG", value_name = "stderr|off|FILE")]
@@ -663,6 +668,7 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         max_limits: args.max_limits,
         caps: args.caps,
         pool: args.pool,
+        preload: args.preload,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

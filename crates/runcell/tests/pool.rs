@@ -73,7 +73,15 @@ fn essence(v: &Value) -> Value {
 
 #[test]
 fn warm_runs_give_the_verdicts_of_cold_runs() {
-    let warm = ServeProcess::start(&["--pool", "python=1,bash=1"], &[]);
+    let warm = ServeProcess::start(
+        &[
+            "--pool",
+            "python=1,bash=1",
+            "--preload",
+            "python=numpy,pandas,matplotlib.pyplot",
+        ],
+        &[],
+    );
     let cold = ServeProcess::start(&["--pool", "python=0"], &[]);
     let cases = [
         json!({"language": "python", "code": "print(6 * 7)"}),
@@ -86,6 +94,15 @@ fn warm_runs_give_the_verdicts_of_cold_runs() {
         json!({"language": "python", "code": "open('/workspace/out.txt', 'w').write('hi')",
                "files": [{"path": "in.txt", "content": "data"}]}),
         json!({"language": "python", "code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.savefig('plot.png')"}),
+        json!({"language": "python", "code": "import matplotlib.pyplot as plt\nplt.plot([3, 1])"}),
+        json!({"language": "python", "code": "import atexit\natexit.register(lambda: print('bye'))\nprint('hi')"}),
+        json!({"language": "python", "code": "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('late'))).start()\nprint('main done')"}),
+        json!({"language": "python", "code": "x = (\n"}),
+        json!({"language": "python", "code": "import sys\nsys.exit('fatal: no input')"}),
+        json!({"language": "python", "code": "def f():\n    raise ValueError('bad')\nif __name__ == '__main__':\n    try:\n        f()\n    except ValueError as e:\n        raise RuntimeError('wrapped') from e"}),
+        json!({"language": "python", "code": "import sys, os\nprint(sys.argv, sys.path[0], os.getcwd(), __file__, sorted(k for k in globals() if not k.startswith('__')))"}),
+        json!({"language": "python", "code": "import pandas as pd\nprint(pd.DataFrame({'x': [1, 2]}).x.sum())"}),
+        json!({"language": "python", "code": "open('helper.py', 'w').write('V = 5')\nimport helper\nprint(helper.V)"}),
         json!({"language": "bash", "code": "echo $((6 * 7)); exit 4"}),
     ];
     for (i, case) in cases.iter().enumerate() {
@@ -113,7 +130,7 @@ fn warm_runs_give_the_verdicts_of_cold_runs() {
             &format!("runcell_pool_hits_total{{language=\"{lang}\"}}"),
         )
     };
-    assert_eq!(hits("python"), Some(9.0));
+    assert_eq!(hits("python"), Some(18.0));
     assert_eq!(hits("bash"), Some(1.0));
     // Other sandbox-level limits than the pool's: built cold, counted as a miss, same answer.
     let v = execute(

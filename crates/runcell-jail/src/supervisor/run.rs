@@ -10,7 +10,7 @@ use super::capture::Capture;
 use super::error::io_err;
 use super::{timespec, KillSwitch, OutputSink, Sandbox, SandboxError, Stream};
 use crate::config::{ExecStep, FileSpec, Rlimits};
-use crate::protocol::{self, ExitStatus, LandlockStatus, Report, Request};
+use crate::protocol::{self, CellStep, ExitStatus, LandlockStatus, Report, Request};
 
 /// Time allowed on top of a program's wall-clock limit before pid 1 reports `Started`: pid 1
 /// first writes the input files (up to the memory limit's worth, into tmpfs) and forks, and
@@ -84,6 +84,36 @@ pub struct Outcome {
     pub landlock: Option<LandlockStatus>,
 }
 
+/// The wire form of a program: its step, and the blobs (files, then stdin) it refers to.
+fn exec_step(program: &Program) -> (ExecStep, Vec<&[u8]>) {
+    let mut blobs: Vec<&[u8]> = Vec::new();
+    let files = program
+        .files
+        .iter()
+        .map(|f| {
+            blobs.push(&f.content);
+            FileSpec {
+                path: f.path.clone(),
+                mode: f.mode,
+                blob: blobs.len() - 1,
+            }
+        })
+        .collect();
+    let stdin_blob = program.stdin.as_ref().map(|s| {
+        blobs.push(s);
+        blobs.len() - 1
+    });
+    let step = ExecStep {
+        argv: program.argv.clone(),
+        env: program.env.clone(),
+        cwd: program.cwd.clone(),
+        files,
+        stdin_blob,
+        rlimits: program.rlimits,
+    };
+    (step, blobs)
+}
+
 /// How a program ended, as pid 1 reported it (or as the supervisor inferred it when pid 1
 /// itself was killed by the OOM killer).
 #[derive(Debug, Clone, Copy)]
@@ -142,39 +172,65 @@ impl Sandbox {
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
     ) -> Result<Outcome, SandboxError> {
+        let (step, blobs) = exec_step(program);
+        let blobs: Vec<&[u8]> = blobs;
+        self.drive(&Request::Exec(step), &blobs, program, sink, cancel, false)
+            .map(|(o, _)| o)
+    }
+
+    /// Start `program` as a warm interpreter that runs cells ([`Sandbox::run_cell`]), and wait
+    /// until it is ready (within `program.wall_timeout`). `Ok(None)` when it is ready; the
+    /// outcome of the interpreter when it ended (or was stopped) before that: it printed why.
+    pub fn start_interpreter(
+        &mut self,
+        program: &Program,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Option<Outcome>, SandboxError> {
+        let (step, blobs) = exec_step(program);
+        let (outcome, ready) =
+            self.drive(&Request::Start(step), &blobs, program, sink, None, true)?;
+        Ok((!ready).then_some(outcome))
+    }
+
+    /// Run one cell in the warm interpreter: the `files` (the cell's source among them) are
+    /// written first, the interpreter runs its source file with `stdin`; the outcome is that
+    /// of a program (`Exited` with the cell's exit code). As after a program, every process of
+    /// the run is killed afterwards: the interpreter serves one cell.
+    pub fn run_cell(
+        &mut self,
+        cell: &Program,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> Result<Outcome, SandboxError> {
+        let (step, blobs) = exec_step(cell);
+        let cell_step = CellStep {
+            files: step.files,
+            stdin_blob: step.stdin_blob,
+        };
+        self.drive(&Request::Cell(cell_step), &blobs, cell, sink, cancel, false)
+            .map(|(o, _)| o)
+    }
+
+    /// Send `request` (an `Exec`, `Start` or `Cell`) and follow the program it starts until it
+    /// ends, is stopped, or (with `until_ready`) says it is ready: true in the second value.
+    fn drive(
+        &mut self,
+        request: &Request,
+        blobs: &[&[u8]],
+        program: &Program,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+        until_ready: bool,
+    ) -> Result<(Outcome, bool), SandboxError> {
         if !self.alive {
             return Err(SandboxError::Dead);
         }
-        let mut blobs: Vec<&[u8]> = Vec::new();
-        let files = program
-            .files
-            .iter()
-            .map(|f| {
-                blobs.push(&f.content);
-                FileSpec {
-                    path: f.path.clone(),
-                    mode: f.mode,
-                    blob: blobs.len() - 1,
-                }
-            })
-            .collect();
-        let stdin_blob = program.stdin.as_ref().map(|s| {
-            blobs.push(s);
-            blobs.len() - 1
-        });
-        let step = ExecStep {
-            argv: program.argv.clone(),
-            env: program.env.clone(),
-            cwd: program.cwd.clone(),
-            files,
-            stdin_blob,
-            rlimits: program.rlimits,
-        };
         let before = self.cgroup_stats();
         if let Some(cg) = &self.cgroup {
             cg.reset_peak();
         }
-        protocol::send(&self.ctrl, &Request::Exec(step), &blobs).map_err(io_err("send program"))?;
+        protocol::send(&self.ctrl, request, blobs).map_err(io_err("send program"))?;
+        let mut ready = false;
 
         let started = Instant::now();
         let mut deadline = started + program.wall_timeout + START_ALLOWANCE;
@@ -185,7 +241,7 @@ impl Sandbox {
         let mut landlock = None;
         let mut program_started: Option<Instant> = None;
 
-        while exited.is_none() && end.is_none() {
+        while exited.is_none() && end.is_none() && !ready {
             // Checked on every pass, not only when poll times out: a program that writes a
             // little output all the time must not postpone its own timeout.
             let left = deadline.saturating_duration_since(Instant::now());
@@ -201,14 +257,14 @@ impl Sandbox {
             if let Some(c) = cancel {
                 fds.push(PollFd::from_borrowed_fd(c.fd(), PollFlags::IN));
             }
-            let ready = match poll(&mut fds, Some(&timespec(left))) {
+            let n_ready = match poll(&mut fds, Some(&timespec(left))) {
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(io_err("poll")(e.into())),
             };
             let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents()).collect();
             drop(fds);
-            if ready == 0 {
+            if n_ready == 0 {
                 end = Some(End::TimedOut);
                 break;
             }
@@ -256,6 +312,7 @@ impl Sandbox {
                         deadline = now + program.wall_timeout;
                     }
                     Report::Exited { .. } => exited = ExitRecord::from_report(&report),
+                    Report::InterpreterReady if until_ready => ready = true,
                     Report::Failed { step, path, error } => {
                         self.kill();
                         return Err(SandboxError::Setup {
@@ -299,6 +356,27 @@ impl Sandbox {
             }
         }
         let after = self.cgroup_stats();
+        if ready {
+            // Started and waiting: what it printed while starting is the outcome's output.
+            let wall = program_started.map(|s| s.elapsed()).unwrap_or_default();
+            return Ok((
+                Outcome {
+                    end: End::Exited(ExitStatus::Code(0)),
+                    wall,
+                    cpu: Duration::ZERO,
+                    peak_memory_bytes: after.memory_peak_bytes,
+                    oom_kills: 0,
+                    pids_limit_hits: 0,
+                    disk_full: false,
+                    stdout_truncated: out.over,
+                    stderr_truncated: err.over,
+                    stdout: out.data,
+                    stderr: err.data,
+                    landlock,
+                },
+                true,
+            ));
+        }
         let (status_end, record) = match exited {
             Some(r) => (End::Exited(r.status), r),
             // Stopped or killed without a report from pid 1: only the wall time is known.
@@ -314,23 +392,26 @@ impl Sandbox {
         };
         let max_rss = record.max_rss_bytes;
         let peak = after.memory_peak_bytes.or((max_rss > 0).then_some(max_rss));
-        Ok(Outcome {
-            end,
-            wall: match end {
-                End::TimedOut => program.wall_timeout,
-                _ => record.wall,
+        Ok((
+            Outcome {
+                end,
+                wall: match end {
+                    End::TimedOut => program.wall_timeout,
+                    _ => record.wall,
+                },
+                cpu,
+                peak_memory_bytes: peak,
+                oom_kills: after.oom_kills.saturating_sub(before.oom_kills),
+                pids_limit_hits: after.pids_limit_hits.saturating_sub(before.pids_limit_hits),
+                disk_full: record.disk_full,
+                stdout_truncated: out.over,
+                stderr_truncated: err.over,
+                stdout: out.data,
+                stderr: err.data,
+                landlock,
             },
-            cpu,
-            peak_memory_bytes: peak,
-            oom_kills: after.oom_kills.saturating_sub(before.oom_kills),
-            pids_limit_hits: after.pids_limit_hits.saturating_sub(before.pids_limit_hits),
-            disk_full: record.disk_full,
-            stdout_truncated: out.over,
-            stderr_truncated: err.over,
-            stdout: out.data,
-            stderr: err.data,
-            landlock,
-        })
+            false,
+        ))
     }
 
     /// Send `Stop` and wait up to `grace` for pid 1's `Exited`.
