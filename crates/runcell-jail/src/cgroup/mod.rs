@@ -54,7 +54,8 @@
 //!
 //! All kernel paths are parameters and every effect goes through the small
 //! [`fs::CgroupFs`] trait, whose default methods are the real syscalls. Unit tests run the
-//! same code against fake trees in temp dirs; `real_v1_tests` exercise a real v1 host.
+//! same code against fake trees in temp dirs; `real_v1_tests` and `real_v2_tests` exercise a
+//! real host (`scripts/cgroup-v2-guest.sh` runs the v2 ones in a VM when the host is v1).
 //!
 //! Error messages do not repeat their `source`; print the chain (e.g. `{:#}` with anyhow)
 //! to see the underlying OS error.
@@ -67,7 +68,11 @@ mod v2;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
+mod real_support;
+#[cfg(test)]
 mod real_v1_tests;
+#[cfg(test)]
+mod real_v2_tests;
 
 use std::collections::BTreeSet;
 use std::fmt;
