@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 pub const ALL: &[&str] = &[
     "host_root",
     "host_cgroup_v1",
+    "host_cgroup_v2",
     "host_node",
     "host_ruby",
     "host_ruby_in_usr_local",
@@ -64,6 +65,7 @@ fn probe(name: &str) -> bool {
     match name {
         "host_root" => effective_uid() == Some(0),
         "host_cgroup_v1" => cgroup_v1_memory(),
+        "host_cgroup_v2" => cgroup_v2_memory(),
         "host_node" => any_file(NODE),
         "host_ruby" => any_file(RUBY),
         "host_ruby_in_usr_local" => any_file(&["/usr/local/bin/ruby"]),
@@ -132,6 +134,22 @@ fn cgroup_v1_memory() -> bool {
                     .nth(1)
                     .is_some_and(|opts| opts.split(',').any(|o| o == "memory"))
         })
+    })
+}
+
+/// A cgroup v2 hierarchy is mounted whose root offers the memory controller (a hybrid host's
+/// cgroup2 mount, with no controllers, does not count).
+fn cgroup_v2_memory() -> bool {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mountinfo.lines().any(|line| {
+        let Some((head, tail)) = line.split_once(" - ") else {
+            return false;
+        };
+        tail.split(' ').next() == Some("cgroup2")
+            && head.split(' ').nth(4).is_some_and(|mount_point| {
+                fs::read_to_string(Path::new(mount_point).join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+            })
     })
 }
 

@@ -5,7 +5,8 @@
 //!   the three programs to `OUT_DIR`, where `src/seccomp/mod.rs` embeds them. The sandbox's pid 1
 //!   then installs ready-made programs instead of parsing JSON on every start.
 //! * Test-only cfgs from probes of this host (see build-support/host_probe.rs): the unit tests
-//!   that need a runtime or a real cgroup v1 hierarchy report as ignored where it is missing.
+//!   that need a runtime or a real cgroup v1 or v2 hierarchy report as ignored where it is
+//!   missing.
 
 #[path = "src/seccomp/compile.rs"]
 mod compile;
@@ -20,6 +21,7 @@ fn main() {
     host_probe::emit(&[
         "host_root",
         "host_cgroup_v1",
+        "host_cgroup_v2",
         "host_node",
         "host_ruby",
         "host_go",

@@ -7,6 +7,7 @@ mod host_probe;
 fn main() {
     host_probe::emit(&[
         "host_root",
+        "host_cgroup_v2",
         "host_node",
         "host_ruby",
         "host_ruby_in_usr_local",

@@ -232,11 +232,6 @@ fn system_paths_and_proc_sys_are_read_only() {
     let core_pattern_before = fs::read("/proc/sys/kernel/core_pattern").unwrap();
     let hostname_before = fs::read("/etc/hostname").ok();
     let passwd_before = fs::read("/etc/passwd").unwrap();
-    let sysrq = if Path::new("/proc/sysrq-trigger").exists() {
-        "EROFS"
-    } else {
-        "ENOENT"
-    };
     let r = run(
         "python",
         &py(&format!(
@@ -250,6 +245,10 @@ write("etc_hostname", "/etc/hostname", b"pwned\n")
 write("ld_so_cache", "/etc/ld.so.cache", b"")
 write("core_pattern", "/proc/sys/kernel/core_pattern", b"|/tmp/evil")
 write("sysrq", "/proc/sysrq-trigger", b"b")
+def sysrq_device():
+    st = os.stat("/proc/sysrq-trigger")
+    print(f"sysrq_rdev={{os.major(st.st_rdev)}}:{{os.minor(st.st_rdev)}}", flush=True)
+attempt("sysrq_stat", sysrq_device)
 attempt("mkdir_usr", lambda: os.mkdir("/usr/pwned-dir-{id}"))
 attempt("unlink_hosts", lambda: os.unlink("/etc/hosts"))
 attempt("chmod_python", lambda: os.chmod("/usr/bin/python3", 0o4777))
@@ -268,12 +267,26 @@ attempt("symlink_root", lambda: os.symlink("/etc/passwd", "/pwned-link-{id}"))
         ("etc_hostname", "EROFS"),
         ("ld_so_cache", "EROFS"),
         ("core_pattern", "EROFS"),
-        ("sysrq", sysrq),
         ("mkdir_usr", "EROFS"),
         ("unlink_hosts", "EROFS"),
         ("chmod_python", "EROFS"),
         ("symlink_root", "EROFS"),
     ]);
+    // /proc/sysrq-trigger, where the kernel has it, is masked by a read-only bind of /dev/null.
+    // A read-only mount refuses writes to files, directories and links but not to a device
+    // node, so the write goes to /dev/null and is swallowed (as /proc/kmsg's is in
+    // sensitive_proc_files_are_masked_or_absent); what matters is that it never reaches the
+    // kernel's sysrq handler: the file is the null device.
+    if Path::new("/proc/sysrq-trigger").exists() {
+        assert!(
+            matches!(r.out("sysrq").as_str(), "OK" | "EROFS" | "EACCES"),
+            "{:#}",
+            r.verdict
+        );
+        assert_eq!(r.out("sysrq_rdev"), "1:3", "masked by /dev/null");
+    } else {
+        r.expect(&[("sysrq", "ENOENT"), ("sysrq_stat", "ENOENT")]);
+    }
     for p in [
         format!("/usr/pwned-{id}"),
         format!("/usr/bin/pwned-{id}"),

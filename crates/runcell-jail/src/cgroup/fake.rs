@@ -4,8 +4,12 @@
 //! * `mkdir` populates the interface files of the hierarchy (on v2 only for the
 //!   controllers the parent enabled in `cgroup.subtree_control`);
 //! * writes to `cgroup.subtree_control` apply `+ctrl` tokens (failing with ENOENT for a
-//!   controller the group does not have, like the kernel), `cgroup.procs` appends a pid,
-//!   `cgroup.kill` empties the group, `cgroup.freeze` updates `cgroup.events`;
+//!   controller the group does not have, like the kernel), `cgroup.procs` moves a pid (out
+//!   of every other group of the hierarchy), `cgroup.kill` empties the group,
+//!   `cgroup.freeze` updates `cgroup.events`;
+//! * v2's *no internal processes* rule: a group other than the hierarchy's root (one with
+//!   `cgroup.type`) refuses with EBUSY to enable controllers while it holds processes, and
+//!   to take processes while it distributes controllers;
 //! * `rmdir` fails with EBUSY while pids or child groups remain, otherwise removes the
 //!   files with the directory;
 //! * `kill` records the pid and removes it from every `cgroup.procs`.
@@ -170,6 +174,21 @@ impl FakeFs {
             }
             _ => fs::read_to_string(dir.join("cgroup.controllers")),
         }
+    }
+
+    /// A v2 group the no-internal-processes rule binds: any but the hierarchy's root, which
+    /// the kernel marks by giving every other group a `cgroup.type`.
+    fn v2_non_root(&self, dir: &Path) -> bool {
+        matches!(self.kind_for(dir), Some(Kind::V2(_))) && dir.join("cgroup.type").is_file()
+    }
+
+    /// The root of the hierarchy `dir` is in (the innermost one the fake was given).
+    fn root_for(&self, dir: &Path) -> Option<&Path> {
+        self.roots
+            .iter()
+            .filter(|(root, _)| dir.starts_with(root))
+            .max_by_key(|(root, _)| root.components().count())
+            .map(|(root, _)| root.as_path())
     }
 
     fn record(&self, event: Event) {
@@ -397,6 +416,11 @@ impl CgroupFs for FakeFs {
         self.record(Event::Write(path.to_path_buf(), value.to_owned()));
         match name {
             "cgroup.subtree_control" => {
+                let has_procs = fs::read_to_string(dir.join("cgroup.procs"))
+                    .is_ok_and(|p| !p.trim().is_empty());
+                if value.contains('+') && has_procs && self.v2_non_root(dir) {
+                    return Err(busy());
+                }
                 let available = self.v2_available(dir)?;
                 let mut enabled: Vec<String> = fs::read_to_string(path)?
                     .split_whitespace()
@@ -428,9 +452,21 @@ impl CgroupFs for FakeFs {
                 Ok(())
             }
             "cgroup.procs" => {
+                let pid: u32 = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                let distributes = fs::read_to_string(dir.join("cgroup.subtree_control"))
+                    .is_ok_and(|c| !c.trim().is_empty());
+                if distributes && self.v2_non_root(dir) {
+                    return Err(busy());
+                }
+                // A process is in exactly one group of a hierarchy: it leaves the old one.
+                if let Some(root) = self.root_for(dir) {
+                    remove_pid_below(root, pid);
+                }
                 let mut content = fs::read_to_string(path)?;
-                content.push_str(value.trim());
-                content.push('\n');
+                content.push_str(&format!("{pid}\n"));
                 fs::write(path, content)
             }
             "cgroup.kill" => fs::write(dir.join("cgroup.procs"), ""),

@@ -21,8 +21,10 @@
 //! * **Delegation** (v2): a privileged manager (systemd with `Delegate=yes`) can chown a
 //!   subtree to a user, who may then create groups and move processes inside it without
 //!   privilege. That is the only way an unprivileged runcell gets cgroups, and because of
-//!   the no-internal-processes rule it must first move itself into a leaf
-//!   (`<own group>/supervisor`) before it can enable controllers for its sandboxes.
+//!   the no-internal-processes rule it must first move itself, and whatever else is in its
+//!   group (the shell that started it), into a leaf (`<own group>/supervisor`) before it
+//!   can enable controllers for its sandboxes. The same holds for root at the root of a
+//!   container's cgroup namespace.
 //! * **Hybrid hosts** mount v1 controllers *and* a cgroup2 tree (often
 //!   `/sys/fs/cgroup/unified`). A controller can be bound to only one version at a time,
 //!   so such a v2 tree usually carries no useful controller and is ignored here.
@@ -54,7 +56,8 @@
 //!
 //! All kernel paths are parameters and every effect goes through the small
 //! [`fs::CgroupFs`] trait, whose default methods are the real syscalls. Unit tests run the
-//! same code against fake trees in temp dirs; `real_v1_tests` exercise a real v1 host.
+//! same code against fake trees in temp dirs; `real_v1_tests` and `real_v2_tests` exercise a
+//! real host (`scripts/cgroup-v2-guest.sh` runs the v2 ones in a VM when the host is v1).
 //!
 //! Error messages do not repeat their `source`; print the chain (e.g. `{:#}` with anyhow)
 //! to see the underlying OS error.
@@ -67,7 +70,11 @@ mod v2;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
+mod real_support;
+#[cfg(test)]
 mod real_v1_tests;
+#[cfg(test)]
+mod real_v2_tests;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -252,6 +259,24 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
+    #[error("reading the processes of {}", .path.display())]
+    ReadProcs {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "moving pid {pid} out of {} (which must hold no processes to distribute controllers) via {}",
+        .from.display(),
+        .path.display()
+    )]
+    MoveProcess {
+        from: PathBuf,
+        path: PathBuf,
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
     #[error("adding pid {pid} to {}", .path.display())]
     AddProcess {
         path: PathBuf,
@@ -315,7 +340,8 @@ struct Host {
     pid: u32,
 }
 
-/// Name of the leaf a supervisor moves itself into when it must vacate its own group.
+/// Name of the leaf a supervisor moves itself (and the other processes of its group) into
+/// when it must vacate its own group.
 const SUPERVISOR_LEAF: &str = "supervisor";
 
 /// A discovered hierarchy plus the base directory under which runcell makes its groups.
@@ -1236,7 +1262,120 @@ mod tests {
         let mut fake = FakeFs::new();
         fake.add_v2_root(root, ALL, V2Features::MODERN);
         fake.add_v2_root(&root.join(own), "memory pids cpu", V2Features::MODERN);
+        // Not the hierarchy's root: the no-internal-processes rule binds it.
+        stdfs::write(root.join(own).join("cgroup.type"), "domain\n").expect("write");
         (Arc::new(fake), mounts_for(PURE_V2, root), root.join(own))
+    }
+
+    /// Regression (found on a real v2 kernel by scripts/cgroup-v2-guest.sh): root started from
+    /// a shell at the root of a container's cgroup namespace moved only itself out, the shell
+    /// stayed, and enabling the controllers failed with EBUSY for every run.
+    #[test]
+    fn root_in_a_cgroup_namespace_moves_the_other_processes_out_too() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, "cpu memory pids", V2Features::MODERN);
+        stdfs::write(mp.join("cgroup.type"), "domain\n").expect("write");
+        // The container's shell (17) and runcell (4321), both in the namespace root.
+        stdfs::write(mp.join("cgroup.procs"), "17\n4321\n").expect("write");
+        let fake = Arc::new(fake);
+        let manager = discover(&fake, &mounts_for(PURE_V2, &mp), "/", ROOT).expect("usable");
+        assert_eq!(
+            stdfs::read_to_string(mp.join("cgroup.procs"))
+                .expect("read")
+                .trim(),
+            "",
+            "the namespace root is empty"
+        );
+        let leaf: Vec<String> = stdfs::read_to_string(mp.join("supervisor/cgroup.procs"))
+            .expect("read")
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(leaf, ["4321", "17"], "runcell first, then the others");
+        let group = manager
+            .create(
+                "4321-ab",
+                &CgroupLimits {
+                    memory_bytes: Some(1 << 28),
+                    pids_max: Some(8),
+                    ..CgroupLimits::default()
+                },
+            )
+            .expect("create");
+        assert!(group.enforced().memory && group.enforced().pids);
+    }
+
+    /// The same for an unprivileged runcell started from the user's shell in its delegated
+    /// group (`systemd-run --user --scope -p Delegate=yes bash`).
+    #[test]
+    fn unprivileged_delegated_v2_moves_the_shell_out_too() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (fake, mounts, own) = delegated_setup(tmp.path());
+        stdfs::write(own.join("cgroup.procs"), "1000\n4321\n").expect("write");
+        let manager = discover(&fake, &mounts, OWN, USER).expect("usable");
+        assert_eq!(
+            stdfs::read_to_string(own.join("cgroup.procs"))
+                .expect("read")
+                .trim(),
+            ""
+        );
+        let group = manager
+            .create(
+                "4321-ab",
+                &CgroupLimits {
+                    memory_bytes: Some(1 << 28),
+                    ..CgroupLimits::default()
+                },
+            )
+            .expect("create");
+        assert!(group.enforced().memory);
+        assert_eq!(
+            stdfs::read_to_string(own.join("supervisor/cgroup.procs")).expect("read"),
+            "4321\n1000\n"
+        );
+    }
+
+    /// A process that joined the top group after discovery (`docker exec` into the container)
+    /// is moved out when enabling the controllers meets it, and the run goes on.
+    #[test]
+    fn a_process_that_joined_the_top_later_is_moved_out_at_create() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (fake, mounts, own) = delegated_setup(tmp.path());
+        let manager = discover(&fake, &mounts, OWN, USER).expect("usable");
+        stdfs::write(own.join("cgroup.procs"), "555\n").expect("write");
+        let group = manager
+            .create("4321-ab", &CgroupLimits::default())
+            .expect("create");
+        assert!(group.path().is_dir());
+        assert_eq!(
+            stdfs::read_to_string(own.join("cgroup.procs"))
+                .expect("read")
+                .trim(),
+            ""
+        );
+        assert_eq!(
+            stdfs::read_to_string(own.join("supervisor/cgroup.procs")).expect("read"),
+            "4321\n555\n"
+        );
+    }
+
+    /// Without the fix the fake refuses like the kernel: a group holding processes cannot
+    /// enable controllers (so the tests above do test something).
+    #[test]
+    fn the_fake_enforces_no_internal_processes() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (fake, _, own) = delegated_setup(tmp.path());
+        stdfs::write(own.join("cgroup.procs"), "1000\n").expect("write");
+        let err = fake
+            .write(&own.join("cgroup.subtree_control"), "+memory")
+            .expect_err("EBUSY");
+        assert_eq!(err.raw_os_error(), Some(libc::EBUSY));
+        // The hierarchy's root is exempt.
+        stdfs::write(tmp.path().join("cgroup.procs"), "1\n").expect("write");
+        fake.write(&tmp.path().join("cgroup.subtree_control"), "+memory")
+            .expect("the root may");
     }
 
     const OWN: &str = "/user.slice/user-1000.slice/user@1000.service/app.slice/run.scope";

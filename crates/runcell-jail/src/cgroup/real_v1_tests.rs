@@ -4,115 +4,11 @@
 //! (`runcell-test-base-<test>-<pid>`), and guards remove groups, children and bases even
 //! when an assertion fails.
 
-use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{Cgroup, CgroupLimits, CgroupManager, CgroupVersion};
-
-const PYTHON: &str = "/usr/bin/python3";
-
-/// The manager for a test, plus cleanup of its base dirs on drop (declare it first so it
-/// is dropped last, after the groups below it are gone).
-struct Fixture {
-    manager: CgroupManager,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        for base in self.manager.base_dirs() {
-            // rmdir only succeeds on an empty group, which is exactly the intent.
-            let _ = std::fs::remove_dir(&base);
-        }
-    }
-}
-
-/// The manager for a test. The build-time probe said this host has root and a v1 memory
-/// hierarchy; if that no longer holds (built elsewhere, or as another user), fail loudly.
-fn fixture(test: &str) -> Fixture {
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "{test}: built for root (cfg host_root) but running as another user; rebuild"
-    );
-    let base = format!("runcell-test-base-{test}-{}", std::process::id());
-    let manager = CgroupManager::discover(
-        Path::new("/proc/self/mountinfo"),
-        Path::new("/proc/self/cgroup"),
-        &base,
-    )
-    .expect("discover")
-    .expect("a usable hierarchy on a root v1 host");
-    assert_eq!(manager.version(), CgroupVersion::V1);
-    Fixture { manager }
-}
-
-/// Kills and reaps the child if the test bails out early.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl ChildGuard {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// Lets a `sh -c 'read x; ...'` child continue past its `read`.
-    fn release(&mut self) {
-        let stdin = self.0.stdin.as_mut().expect("piped stdin");
-        stdin.write_all(b"go\n").expect("write to child");
-        stdin.flush().expect("flush");
-    }
-
-    fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.0.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-/// A shell that waits for a line on stdin before running `script`, so it can be put in
-/// the group before it does anything interesting.
-fn gated_shell(script: &str) -> ChildGuard {
-    let child = Command::new("/bin/sh")
-        .arg("-c")
-        .arg(format!("read x; {script}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn sh");
-    ChildGuard(child)
-}
-
-fn read_trimmed(path: &Path) -> String {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-        .trim()
-        .to_owned()
-}
-
-fn dirs_of(group: &Cgroup) -> Vec<PathBuf> {
-    group
-        .procs_files()
-        .iter()
-        .map(|f| f.parent().expect("dir").to_path_buf())
-        .collect()
-}
+use super::real_support::{dirs_of, fixture, gated_shell, read_trimmed, PYTHON};
+use super::{CgroupLimits, CgroupVersion};
 
 #[test]
 #[cfg_attr(
@@ -120,7 +16,7 @@ fn dirs_of(group: &Cgroup) -> Vec<PathBuf> {
     ignore = "needs root and a cgroup v1 memory hierarchy"
 )]
 fn real_v1_limits_stats_kill_and_destroy() {
-    let fx = fixture("basic");
+    let fx = fixture(CgroupVersion::V1, "basic");
     let name = format!("runcell-test-{}-x", std::process::id());
     let limits = CgroupLimits {
         memory_bytes: Some(256 << 20),
@@ -213,7 +109,7 @@ fn real_v1_limits_stats_kill_and_destroy() {
     ignore = "needs root and a cgroup v1 memory hierarchy"
 )]
 fn real_v1_oom_kill_is_counted() {
-    let fx = fixture("oom");
+    let fx = fixture(CgroupVersion::V1, "oom");
     let limits = CgroupLimits {
         memory_bytes: Some(64 << 20),
         ..CgroupLimits::default()
@@ -246,7 +142,7 @@ fn real_v1_oom_kill_is_counted() {
     ignore = "needs root and a cgroup v1 memory hierarchy"
 )]
 fn real_v1_pids_limit_hits_are_counted() {
-    let fx = fixture("pids");
+    let fx = fixture(CgroupVersion::V1, "pids");
     let limits = CgroupLimits {
         pids_max: Some(5),
         ..CgroupLimits::default()
@@ -277,7 +173,7 @@ fn real_v1_pids_limit_hits_are_counted() {
     ignore = "needs root and a cgroup v1 memory hierarchy"
 )]
 fn real_v1_sweep_removes_groups_of_dead_supervisors() {
-    let fx = fixture("sweep");
+    let fx = fixture(CgroupVersion::V1, "sweep");
     let dead_pid: u32 = 999_999_999;
     let none = CgroupLimits::default();
     let mut dead = fx
@@ -313,7 +209,7 @@ fn real_v1_sweep_removes_groups_of_dead_supervisors() {
     ignore = "needs root and a cgroup v1 memory hierarchy"
 )]
 fn real_v1_kill_all_stops_a_forking_tree() {
-    let fx = fixture("forking");
+    let fx = fixture(CgroupVersion::V1, "forking");
     let limits = CgroupLimits {
         pids_max: Some(64),
         ..CgroupLimits::default()

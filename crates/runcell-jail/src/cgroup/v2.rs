@@ -49,7 +49,7 @@ pub(super) fn discover_layout(
             .as_deref()
             .is_some_and(|d| d == top.as_path() || d == top.join(SUPERVISOR_LEAF));
         if in_top && fs.exists(&top.join("cgroup.type")) {
-            move_into_leaf(fs, top, host.pid)?;
+            vacate(fs, top, Some(host.pid))?;
         }
         return Ok(Some(Layout::V2 {
             top: top.clone(),
@@ -71,7 +71,7 @@ pub(super) fn discover_layout(
     if !delegated || !has_controller(fs, &dir, "memory") {
         return Ok(None);
     }
-    move_into_leaf(fs, &dir, host.pid)?;
+    vacate(fs, &dir, Some(host.pid))?;
     // Unprivileged, the only place we may create groups is our own delegated group.
     Ok(Some(Layout::V2 {
         top: dir.clone(),
@@ -79,9 +79,21 @@ pub(super) fn discover_layout(
     }))
 }
 
-/// Moves the process `pid` into `<dir>/supervisor` so that `dir` has no processes of its
-/// own and may distribute controllers to its children.
-fn move_into_leaf(fs: &dyn CgroupFs, dir: &Path, pid: u32) -> Result<(), CgroupError> {
+/// How many times [`vacate`] re-reads a group that processes keep appearing in (forked by
+/// one it has not moved yet) before it leaves the rest to fail visibly.
+const VACATE_ROUNDS: usize = 8;
+
+/// Moves every process of `dir` into `<dir>/supervisor`, `own` (this process) first, so that
+/// `dir` has no processes of its own and may distribute controllers to its children: the
+/// kernel's *no internal processes* rule, which binds every group but the hierarchy's root.
+///
+/// Moving only runcell itself was not enough (found running the tests on a real v2 kernel,
+/// scripts/cgroup-v2-guest.sh): whatever started it usually shares its group (the shell
+/// of a container whose cgroup namespace root it is, or the user's shell in a delegated
+/// group), and then enabling a controller failed with EBUSY for every run. The others
+/// stay in the same subtree, under the same limits, one level down; container entrypoints
+/// (Docker-in-Docker, kind) move a container's processes into a leaf for the same reason.
+fn vacate(fs: &dyn CgroupFs, dir: &Path, own: Option<u32>) -> Result<(), CgroupError> {
     let leaf = dir.join(SUPERVISOR_LEAF);
     match fs.mkdir(&leaf) {
         Ok(()) => {}
@@ -89,8 +101,45 @@ fn move_into_leaf(fs: &dyn CgroupFs, dir: &Path, pid: u32) -> Result<(), CgroupE
         Err(source) => return Err(CgroupError::CreateDir { path: leaf, source }),
     }
     let path = leaf.join("cgroup.procs");
-    fs.write(&path, &pid.to_string())
-        .map_err(|source| CgroupError::MoveSelf { path, pid, source })
+    if let Some(pid) = own {
+        fs.write(&path, &pid.to_string())
+            .map_err(|source| CgroupError::MoveSelf {
+                path: path.clone(),
+                pid,
+                source,
+            })?;
+    }
+    let procs = dir.join("cgroup.procs");
+    for _ in 0..VACATE_ROUNDS {
+        let content = fs.read(&procs).map_err(|source| CgroupError::ReadProcs {
+            path: procs.clone(),
+            source,
+        })?;
+        let pids: Vec<u32> = content
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in pids {
+            match fs.write(&path, &pid.to_string()) {
+                Ok(()) => {}
+                // It exited in between.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(source) => {
+                    return Err(CgroupError::MoveProcess {
+                        from: dir.to_path_buf(),
+                        path,
+                        pid,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    // Still not empty: enabling the controllers will fail with EBUSY and say where.
+    Ok(())
 }
 
 /// The highest cgroup at or above `root_dir`: walk up while the parents are cgroups
@@ -165,7 +214,19 @@ pub(super) fn create(
         .map(|w| (*w).to_owned())
         .collect();
     for dir in chain(top, base) {
-        enable_controllers(fs.as_ref(), &dir, &wanted)?;
+        match enable_controllers(fs.as_ref(), &dir, &wanted) {
+            // Processes joined the top group since discovery vacated it (a `docker exec`
+            // into the container whose cgroup it is): vacate it again, once.
+            Err(CgroupError::EnableControllers { source, .. })
+                if dir == top
+                    && source.raw_os_error() == Some(libc::EBUSY)
+                    && fs.exists(&top.join("cgroup.type")) =>
+            {
+                vacate(fs.as_ref(), top, None)?;
+                enable_controllers(fs.as_ref(), &dir, &wanted)?;
+            }
+            result => result?,
+        }
     }
     let path = base.join(name);
     fs.mkdir(&path).map_err(|source| CgroupError::CreateDir {

@@ -259,6 +259,19 @@ pub fn assert_no_panic(stderr: &str) {
     );
 }
 
+/// The cgroup version runcell enforces with on the host the test runs on (`"v1"` or `"v2"`),
+/// looked at when the test runs, not when it was built: scripts/cgroup-v2-guest.sh runs test
+/// binaries built on a v1 host in a v2 guest. A unified hierarchy mounted at /sys/fs/cgroup
+/// (it has `cgroup.controllers` at its root) is v2; a v1 or hybrid host has a tmpfs there
+/// with the v1 hierarchies below it.
+pub fn host_cgroup_version() -> &'static str {
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "v2"
+    } else {
+        "v1"
+    }
+}
+
 /// The cgroup v1 controller directories and the v2 root runcell uses on this host.
 pub fn cgroup_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
