@@ -95,7 +95,12 @@ selection=(
     system_paths_and_proc_sys_are_read_only
     sensitive_proc_files_are_masked_or_absent
     proc_shows_only_the_sandbox_processes
-    every_namespace_differs_from_the_host"
+    every_namespace_differs_from_the_host
+    locks_on_shared_files_are_the_runs_own
+    mountinfo_and_dev_name_no_host_path_device_or_size"
+  "runcell test pool --exact
+    a_warm_sandbox_serves_one_request_only
+    warm_sandboxes_die_with_a_killed_server"
 )
 
 # ---------------------------------------------------------------------------------------------
