@@ -602,6 +602,16 @@ impl Engine {
             (verdict.files, verdict.files_omitted, notes) = crate::files::to_verdict(collected);
             verdict.warnings.extend(notes);
         }
+        // A server (which has a pool) tears sandboxes down off the request's path: every
+        // process of the run is dead already; what is left is pid 1, the helper and the
+        // cgroup. A teardown failure is then in the log only.
+        let sandbox = match &self.pool {
+            Some(p) => match p.dispose(sandbox) {
+                None => return verdict,
+                Some(s) => s,
+            },
+            None => sandbox,
+        };
         if let Err(e) = sandbox.destroy() {
             tracing::warn!(error = %crate::error::chain(&e), "sandbox teardown failed");
             // The run itself is complete; a teardown problem is the host's to fix, but it must

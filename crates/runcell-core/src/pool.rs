@@ -226,10 +226,14 @@ struct Shared {
     unpooled_misses: Mutex<BTreeMap<Language, u64>>,
 }
 
-/// The warm pool. Dropping it stops the refill thread and destroys every warm sandbox.
+/// The warm pool. Dropping it stops the refill thread, destroys every warm sandbox, and waits
+/// for the sandboxes given to [`Pool::dispose`] to be torn down.
 pub struct Pool {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Sandboxes whose run is over, torn down off the request's path.
+    disposal: Option<std::sync::mpsc::Sender<Sandbox>>,
+    disposer: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -282,7 +286,37 @@ impl Pool {
         if thread.is_none() {
             tracing::warn!("could not start the warm pool's thread: every run starts cold");
         }
-        Pool { shared, thread }
+        let (disposal, rx) = std::sync::mpsc::channel::<Sandbox>();
+        let span = tracing::Span::current();
+        let disposer = std::thread::Builder::new()
+            .name("runcell-teardown".into())
+            .spawn(move || {
+                let _g = span.enter();
+                for sandbox in rx {
+                    if let Err(e) = sandbox.destroy() {
+                        tracing::warn!(error = %crate::error::chain(&e), "sandbox teardown failed");
+                    }
+                }
+            })
+            .ok();
+        Pool {
+            shared,
+            thread,
+            disposal: disposer.is_some().then_some(disposal),
+            disposer,
+        }
+    }
+
+    /// Tear down a sandbox whose run is over (every process of the run already killed and
+    /// reaped by its pid 1) on the pool's teardown thread, so that the verdict need not wait
+    /// for pid 1's exit and the cgroup's removal. Gives it back when there is no such
+    /// thread: the caller destroys it.
+    #[must_use]
+    pub fn dispose(&self, sandbox: Sandbox) -> Option<Sandbox> {
+        match &self.disposal {
+            Some(tx) => tx.send(sandbox).err().map(|e| e.0),
+            None => Some(sandbox),
+        }
     }
 
     /// A warm sandbox for `key`, if one is ready; counts a hit or a miss either way.
@@ -378,6 +412,11 @@ impl Drop for Pool {
             if let Err(e) = warm.sandbox.destroy() {
                 tracing::warn!(error = %crate::error::chain(&e), "warm sandbox teardown failed");
             }
+        }
+        // Let the teardown thread finish what it was given.
+        self.disposal = None;
+        if let Some(t) = self.disposer.take() {
+            let _ = t.join();
         }
     }
 }
