@@ -61,3 +61,9 @@ phase_done setup
 # installed, no test is ignored for a missing prerequisite.
 cargo test --workspace
 phase_done tests
+# A short soak (docs/soak.md): 400 mixed requests through a real `runcell serve` at concurrency
+# 8, every answer checked, the server's memory flat after warm-up, nothing left on the host.
+# It soaks the debug build the tests above used (the full soak, `scripts/soak.py`, builds and
+# soaks the release one).
+/usr/bin/python3 scripts/soak.py --profile debug --requests 400 --concurrency 8
+phase_done soak
