@@ -115,6 +115,25 @@ def failed(category, exit_code, *, stdout=None, stderr=None, stderr_has=None, me
     return check
 
 
+# What a check returns for a run that never reached what it tests: the host was too loaded for
+# the program to even start within its (short) timeout. The answer, a timeout with no output
+# and next to no CPU time, is right for what happened; the soak counts these apart.
+STARVED = "starved"
+
+
+def or_starved(check):
+    """Accept, as STARVED, a timeout before the program printed its first line."""
+
+    def wrapped(status, v):
+        p = check(status, v)
+        if p and status == 200 and (v.get("error") or {}).get("category") == "timeout" and v.get("exit_code") == 124 \
+                and v.get("stdout") == "" and (v.get("usage") or {}).get("cpu_time", 1) < 0.25 and not v.get("warnings"):
+            return [STARVED]
+        return p
+
+    return wrapped
+
+
 def refused(status_want, category, limit=None):
     def check(status, v):
         p = []
@@ -348,7 +367,7 @@ class Mix:
     def _timeout(self, lang, code, start, timeout=T):
         return Req(
             {"language": lang, "code": code, "timeout": timeout, "compile_timeout": 30},
-            failed("timeout", 124, stdout=start, extra=timed(timeout * 0.95, timeout + LATE)),
+            or_starved(failed("timeout", 124, stdout=start, extra=timed(timeout * 0.95, timeout + LATE))),
         )
 
     def python_timeout(self, n, r):  # a busy loop
@@ -391,12 +410,16 @@ class Mix:
         return self._membomb("go", go_src(body), f"alloc {n}\n")
 
     # --- fork bombs ------------------------------------------------------------------------
+    def _forkbomb(self, lang, code, start):
+        check = failed("process_limit", 124, stdout=start, message_has="16 processes", extra=timed(T * 0.95, T + LATE))
+        return Req({"language": lang, "code": code, "timeout": T, "pids": 16}, or_starved(check))
+
     def python_forkbomb(self, n, r):
-        code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-        return Req({"language": "python", "code": code, "timeout": T, "pids": 16}, failed("process_limit", 124, message_has="16 processes", extra=timed(T * 0.95, T + LATE)))
+        code = f"import os\nprint('bomb {n}', flush=True)\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+        return self._forkbomb("python", code, f"bomb {n}\n")
 
     def bash_forkbomb(self, n, r):
-        return Req({"language": "bash", "code": ":(){ :|:& };:\nsleep 10", "timeout": T, "pids": 16}, failed("process_limit", 124, message_has="16 processes", extra=timed(T * 0.95, T + LATE)))
+        return self._forkbomb("bash", f"echo bomb {n}\n:(){{ :|:& }};:\nsleep 10", f"bomb {n}\n")
 
     # --- output floods ---------------------------------------------------------------------
     def python_flood(self, n, r):  # the default 1 MiB cap
@@ -975,6 +998,7 @@ class Stats:
         self.sent = collections.Counter()
         self.correct = collections.Counter()
         self.wrong = collections.Counter()
+        self.starved = collections.Counter()
         self.latency = collections.defaultdict(list)
         self.wrong_examples = []
         self.audit_expect = {}  # request id -> expected audit category
@@ -985,6 +1009,9 @@ class Stats:
 
     def record(self, kind, latency, problems, status, detail):
         with self.lock:
+            if problems == [STARVED]:
+                self.starved[kind] += 1
+                problems = []
             self.sent[kind] += 1
             self.done += 1
             self.statuses[status] += 1
@@ -1128,7 +1155,7 @@ def main():
     ap.add_argument("--binary", help="use this runcell binary, do not build")
     ap.add_argument("--deadline", type=float, default=None, help="seconds for the whole soak (default: 120 + 0.2 s per request)")
     ap.add_argument("--warmup", type=float, default=0.1, help="the fraction of requests that warms the server up")
-    ap.add_argument("--rss-growth-mib", type=float, default=16, help="how much the idle RSS may grow after warm-up")
+    ap.add_argument("--rss-growth-mib", type=float, default=8, help="how much the idle RSS may grow after warm-up")
     ap.add_argument("--seed", type=int, default=10)
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--only", help="comma-separated kinds to send (to chase a problem); default all")
@@ -1296,6 +1323,7 @@ def main():
         "wall_seconds": round(wall, 1),
         "throughput_per_second": round(stats.done / wall, 2) if wall else 0,
         "correct": sum(stats.correct.values()),
+        "starved": sum(stats.starved.values()),
         "wrong": total_wrong,
         "p50_seconds": round(median(all_lat), 3),
         "p99_seconds": round(percentile(all_lat, 0.99), 3),
@@ -1308,6 +1336,8 @@ def main():
             "median_last_quarter": round(median(last_q) / MIB, 1) if post else None,
             "growth_idle": round(growth_idle, 1),
             "growth_trend": round(growth_trend, 1),
+            # the RSS when each tenth of the requests had been answered
+            "by_tenth": [round(next((s[2] for s in samples if s[1] >= stats.done * i // 10), samples[-1][2]) / MIB, 1) for i in range(1, 11)] if samples else [],
         },
         "fds": {"after_warmup_idle": warm["fds"], "end_idle": end["fds"]},
         "threads": {"after_warmup_idle": warm["threads"], "end_idle": end["threads"]},
@@ -1320,6 +1350,7 @@ def main():
                 "sent": stats.sent[k],
                 "correct": stats.correct[k],
                 "wrong": stats.wrong[k],
+                "starved": stats.starved[k],
                 "p50": round(median(stats.latency[k]), 3),
                 "p99": round(percentile(stats.latency[k], 0.99), 3),
             }
@@ -1330,13 +1361,18 @@ def main():
     print(f"{'kind':<24}{'lang':<8}{'sent':>6}{'correct':>9}{'wrong':>7}{'p50 s':>9}{'p99 s':>9}")
     for k in KINDS:
         f = figures["kinds"][k]
+        if not f["sent"]:
+            continue
         print(f"{k:<24}{KINDS[k][1]:<8}{f['sent']:>6}{f['correct']:>9}{f['wrong']:>7}{f['p50']:>9.3f}{f['p99']:>9.3f}")
     print(f"{'all':<32}{stats.done:>6}{figures['correct']:>9}{total_wrong:>7}{figures['p50_seconds']:>9.3f}{figures['p99_seconds']:>9.3f}")
+    if stats.starved:
+        print(f"correct but starved (a timeout before the program printed its first line, the host too loaded to start it): {dict(stats.starved)}")
     print()
     r = figures["rss_mib"]
     print(f"requests {stats.done} in {wall:.1f} s at concurrency {args.concurrency}: {figures['throughput_per_second']} requests/s ({figures['binary']}, {figures['commit']})")
     print(f"server RSS: start {r['start']} MiB, after warm-up {r['after_warmup_idle']} MiB (idle), end {r['end_idle']} MiB (idle), peak {r['peak_hwm']} MiB; "
-          f"median under load {r['median_first_quarter']} -> {r['median_last_quarter']} MiB (first -> last quarter after warm-up)")
+          f"median under load {r['median_first_quarter']} -> {r['median_last_quarter']} MiB (first -> last quarter after warm-up); "
+          f"at each tenth of the requests: {r['by_tenth']} MiB")
     print(f"server fds {warm['fds']} -> {end['fds']}, threads {warm['threads']} -> {end['threads']} (idle, after warm-up -> end); audit lines {audit_lines}; executions by category {dict(sorted(by_cat.items()))}")
     print(f"leftovers: {left or 'none'} (processes, cgroups of pid {server.pid}, mounts, temporary files, data dir)")
     if foreign_tmp:
