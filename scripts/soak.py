@@ -896,7 +896,9 @@ class Client:
                 r = self.conn.getresponse()
                 raw = r.read()
                 rid = r.getheader("X-Request-Id")
-                if r.getheader("Connection", "").lower() == "close":
+                # A 401 is answered before the body is read: the server may then close the
+                # connection (hyper does when the body was not all received), without saying so.
+                if r.status == 401 or r.getheader("Connection", "").lower() == "close":
                     self.conn.close()
                     self.conn = None
                 return r.status, raw, rid
@@ -1279,6 +1281,9 @@ def main():
     audit_wrong = [(rid, want, audit.get(rid)) for rid, want in stats.audit_expect.items() if audit.get(rid) != want]
     if audit_wrong:
         failures.append(f"{len(audit_wrong)} audit lines missing or with another category, first: {audit_wrong[:3]}")
+    # Exactly one line per execution: none lost, none run twice (a retried request).
+    if audit_lines != len(stats.audit_expect) + stats.cancelled_expected:
+        failures.append(f"{audit_lines} audit lines for {len(stats.audit_expect)} answered requests and {stats.cancelled_expected} hang-ups")
     cancelled = sum(1 for c in audit.values() if c == "cancelled")
     if cancelled != stats.cancelled_expected:
         failures.append(f"{cancelled} runs audited as cancelled, {stats.cancelled_expected} clients hung up")
@@ -1373,7 +1378,7 @@ def main():
     print(f"server RSS: start {r['start']} MiB, after warm-up {r['after_warmup_idle']} MiB (idle), end {r['end_idle']} MiB (idle), peak {r['peak_hwm']} MiB; "
           f"median under load {r['median_first_quarter']} -> {r['median_last_quarter']} MiB (first -> last quarter after warm-up); "
           f"at each tenth of the requests: {r['by_tenth']} MiB")
-    print(f"server fds {warm['fds']} -> {end['fds']}, threads {warm['threads']} -> {end['threads']} (idle, after warm-up -> end); audit lines {audit_lines}; executions by category {dict(sorted(by_cat.items()))}")
+    print(f"server fds {warm['fds']} -> {end['fds']}, threads {warm['threads']} -> {end['threads']} (idle, after warm-up -> end); client reconnects {stats.reconnects}; audit lines {audit_lines}; executions by category {dict(sorted(by_cat.items()))}")
     print(f"leftovers: {left or 'none'} (processes, cgroups of pid {server.pid}, mounts, temporary files, data dir)")
     if foreign_tmp:
         print(f"note: new entries in shared temporary directories, not the soak's (other users of this host): { {d: v[:5] for d, v in foreign_tmp.items()} }")
