@@ -207,6 +207,11 @@ def peak_below(limit):
     return extra
 
 
+def hexstr(r, n):
+    """n random bytes in hex, from the request's own (seeded) generator."""
+    return r.randbytes(n).hex()
+
+
 def go_src(body, imports=("fmt",)):
     imps = "\n".join(f'\t"{i}"' for i in imports)
     return f"package main\n\nimport (\n{imps}\n)\n\nfunc main() {{\n{body}\n}}\n"
@@ -298,7 +303,7 @@ class Mix:
         return Req({"language": "ruby", "code": code, "stdin": text}, ok(f"{sum(nums)} {len(nums)}\n"))
 
     def bash_stdin(self, n, r):
-        words = " ".join(secrets.token_hex(4) for _ in range(r.randrange(1, 20)))
+        words = " ".join(hexstr(r, 4) for _ in range(r.randrange(1, 20)))
         return Req({"language": "bash", "code": "tr a-f A-F", "stdin": words}, ok(words.upper()))
 
     def go_stdin(self, n, r):
@@ -361,7 +366,7 @@ class Mix:
         return Req({"language": "python", "code": "print(1)", "memory": "1T"}, refused(400, "invalid_request", limit="memory"))
 
     def wrong_key(self, n, r):
-        return Req({"language": "python", "code": "print(1)"}, refused(401, "unauthorized"), key="wrong-" + secrets.token_hex(16))
+        return Req({"language": "python", "code": "print(1)"}, refused(401, "unauthorized"), key="wrong-" + hexstr(r, 16))
 
     # --- timeouts --------------------------------------------------------------------------
     def _timeout(self, lang, code, start, timeout=T):
@@ -458,8 +463,8 @@ class Mix:
 
     # --- files in and out ------------------------------------------------------------------
     def python_files(self, n, r):
-        blob = secrets.token_bytes(r.randrange(1, 4096))
-        lines = [secrets.token_hex(8) for _ in range(r.randrange(1, 30))]
+        blob = r.randbytes(r.randrange(1, 4096))
+        lines = [hexstr(r, 8) for _ in range(r.randrange(1, 30))]
         code = (
             "import os\n"
             "data = open('in/lines.txt').read().split()\n"
@@ -492,14 +497,14 @@ class Mix:
         return Req(body, ok(f"node files {n}\n", extra=files_are(want)))
 
     def ruby_files(self, n, r):
-        words = [secrets.token_hex(3) for _ in range(r.randrange(1, 30))]
+        words = [hexstr(r, 3) for _ in range(r.randrange(1, 30))]
         code = "w = File.read('words.txt').split\nFile.write('report/count.txt', \"#{w.size} #{w.uniq.size}\\n\")\nputs w.size\n"
         body = {"language": "ruby", "code": "Dir.mkdir('report')\n" + code, "files": [{"path": "words.txt", "content": " ".join(words)}]}
         want = {"report/count.txt": f"{len(words)} {len(set(words))}\n".encode()}
         return Req(body, ok(f"{len(words)}\n", extra=files_are(want)))
 
     def bash_files(self, n, r):
-        lines = [secrets.token_hex(5) for _ in range(r.randrange(1, 40))]
+        lines = [hexstr(r, 5) for _ in range(r.randrange(1, 40))]
         body = {
             "language": "bash",
             "code": "sort data.txt > sorted.txt\nmkdir -p a/b && cp data.txt a/b/copy.txt && chmod 600 a/b/copy.txt\nwc -l < data.txt",
@@ -1189,6 +1194,7 @@ def main():
 
     key = secrets.token_hex(24)
     server = Server(binary, workdir, key, args.max_concurrent or args.concurrency, 4 * (args.max_concurrent or args.concurrency))
+    SERVERS.append(server)
     print(f"soak: {args.requests} requests at concurrency {args.concurrency} to {binary} (pid {server.pid}) on port {server.port}, deadline {deadline_s:.0f} s, work dir {workdir}", flush=True)
 
     stats = Stats()
@@ -1399,5 +1405,16 @@ def main():
     return 0
 
 
+# The server of a soak that ends early (past its deadline, interrupted, a bug of the soak's
+# own): stopped on the way out, so that it does not outlive the soak.
+SERVERS = []
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        for s in SERVERS:
+            if s.proc.poll() is None:
+                print(f"soak: stopping the server (pid {s.pid})", file=sys.stderr)
+                s.stop(30)
