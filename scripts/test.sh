@@ -62,6 +62,12 @@ phase_done setup
 # the host does not have (on a v1 host, the v2 ones: the next phase runs them).
 cargo test --workspace
 phase_done tests
+# A short soak (docs/soak.md): 400 mixed requests through a real `runcell serve` at concurrency
+# 8, every answer checked, the server's memory flat after warm-up, nothing left on the host.
+# It soaks the debug build the tests above used (the full soak, `scripts/soak.py`, builds and
+# soaks the release one).
+/usr/bin/python3 scripts/soak.py --profile debug --requests 400 --concurrency 8
+phase_done soak
 # The cgroup-dependent tests again on a real cgroup v2 kernel, in a qemu guest that sees this
 # host's root read-only (the same test binaries, runtimes and `runcell setup` state). Prints a
 # SKIP line where no guest can run, or with RUNCELL_SKIP_V2_GUEST=1.

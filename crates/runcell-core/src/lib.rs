@@ -36,6 +36,10 @@ pub use runcell_runtimes::{python_stack, Language};
 /// connection).
 pub use runcell_jail::raise_open_files_limit;
 
+/// Keep malloc from holding on to freed large buffers (output, files) in long-running
+/// processes: see `runcell_jail::pin_mmap_threshold`.
+pub use runcell_jail::pin_mmap_threshold;
+
 /// The one hex encoder: sha256 digests in verdicts, audit lines and tests.
 pub use runcell_jail::to_hex;
 

@@ -244,6 +244,10 @@ fn main() -> ExitCode {
             .unwrap_or_else(runcell_runtimes::default_data_dir),
     };
     if matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
+        // Before any thread starts: the servers free a run's output and files after each
+        // request, and glibc would otherwise keep those buffers resident (the soak test's
+        // growing server).
+        runcell_core::pin_mmap_threshold();
         init_logging();
     }
     let result = match cli.command {

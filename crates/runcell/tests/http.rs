@@ -996,9 +996,13 @@ fn killing_the_server_mid_run_leaves_nothing_behind() {
         "the program never ran (test is void)"
     );
     assert!(!common::cgroups_of(pid).is_empty(), "the run has cgroups");
+    // The helper, the sandbox's pid 1 and the program.
+    let procs = common::sandbox_processes_of(pid);
+    assert!(procs.len() >= 3, "the run's processes: {procs:?}");
     s.child.kill().expect("SIGKILL runcell serve");
     s.child.wait().expect("reap runcell serve");
     assert_marker_gone(&tag, LOADED_MARGIN);
+    common::assert_processes_gone(&procs, LOADED_MARGIN);
     request.join().unwrap();
     // The next server, at its first run, removes what the killed one left.
     let next = Server::start(&[]);

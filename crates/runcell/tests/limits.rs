@@ -162,6 +162,8 @@ fn a_bash_background_job_is_killed_when_the_script_exits() {
     assert_marker_gone(&tag, LOADED_MARGIN);
 }
 
+/// `kill -9` of `runcell run` mid-run: no process of the sandbox survives it, and the next
+/// run sweeps the cgroups it left.
 #[test]
 fn killing_the_supervisor_tears_the_sandbox_down() {
     let tag = unique_digits();
@@ -176,9 +178,14 @@ fn killing_the_supervisor_tears_the_sandbox_down() {
         !cgroups_of(pid).is_empty(),
         "the run has cgroups while it runs"
     );
+    // The helper, the sandbox's pid 1, the program and its daemon.
+    let procs = sandbox_processes_of(pid);
+    assert!(procs.len() >= 4, "the run's processes: {procs:?}");
     p.kill_supervisor();
-    // Every process of the sandbox dies with the supervisor (the helper's lifeline).
+    // Every process of the sandbox dies with the supervisor (the helper's lifeline), the
+    // helper itself too.
     assert_marker_gone(&tag, LOADED_MARGIN);
+    assert_processes_gone(&procs, LOADED_MARGIN);
     // Empty cgroups of a dead supervisor are swept by the next run.
     run("python", "print(1)", &[]).assert_ok();
     let deadline = std::time::Instant::now() + LOADED_MARGIN;

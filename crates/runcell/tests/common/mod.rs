@@ -476,6 +476,75 @@ pub fn cgroups_of(pid: u32) -> Vec<PathBuf> {
     found
 }
 
+/// A process by pid and start time (field 22 of `/proc/<pid>/stat`), so that a reused pid is
+/// never taken for the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProcessId {
+    pub pid: u32,
+    pub start: u64,
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name: state, ppid, ...
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Every process supervisor `pid` runs sandboxes with, right now: its children (the
+/// `runcell __jail` helpers) and every process in its runs' cgroups (each sandbox's pid 1, the
+/// program, whatever it started).
+pub fn sandbox_processes_of(pid: u32) -> BTreeSet<ProcessId> {
+    let mut pids = BTreeSet::new();
+    for group in cgroups_of(pid) {
+        if let Ok(procs) = fs::read_to_string(group.join("cgroup.procs")) {
+            pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+    }
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            if stat_fields(child).and_then(|f| f.get(1)?.parse::<u32>().ok()) == Some(pid) {
+                pids.insert(child);
+            }
+        }
+    }
+    pids.into_iter()
+        .filter_map(|p| {
+            let start = stat_fields(p)?.get(19)?.parse().ok()?;
+            Some(ProcessId { pid: p, start })
+        })
+        .collect()
+}
+
+/// Poll until none of `procs` runs any more (gone, a zombie, or its pid reused); panics with
+/// the survivors otherwise.
+pub fn assert_processes_gone(procs: &BTreeSet<ProcessId>, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let alive: Vec<(ProcessId, String)> = procs
+            .iter()
+            .filter_map(|p| {
+                let f = stat_fields(p.pid)?;
+                let same = f.get(19).and_then(|s| s.parse::<u64>().ok()) == Some(p.start);
+                let running = f.first().is_some_and(|state| state != "Z" && state != "X");
+                let cmd = fs::read(format!("/proc/{}/cmdline", p.pid)).unwrap_or_default();
+                (same && running).then(|| (*p, String::from_utf8_lossy(&cmd).replace('\0', " ")))
+            })
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandbox processes survived their supervisor: {alive:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Python prelude for attack programs: each probe prints one `label=OUTCOME` line, where
 /// OUTCOME is `OK`, an errno name (`EPERM`, `ENOENT`...), or for reads `EMPTY`/`DATA`.
 pub const PY: &str = r#"
