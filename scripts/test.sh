@@ -59,7 +59,7 @@ fi
 phase_done setup
 # The tests' build scripts probe this host (build-support/host_probe.rs): with everything above
 # installed, no test is ignored for a missing prerequisite, except those of the cgroup version
-# the host does not have (on a v1 host, the v2 ones: the next phase runs them).
+# the host does not have (on a v1 host, the v2 ones: the cgroup-v2-guest phase runs them).
 cargo test --workspace
 phase_done tests
 # A short soak (docs/soak.md): 400 mixed requests through a real `runcell serve` at concurrency
