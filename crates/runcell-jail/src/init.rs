@@ -673,12 +673,7 @@ fn run_step(
         return Err(invalid("wait", "a line without a channel"));
     };
     if let Some(failure) = spawned.exec_error {
-        end_of_run(sigchld, &mut peak_rss)?;
-        return Err(StepError {
-            step: failure.step,
-            path: Some(PathBuf::from(&step.argv[0])),
-            source: failure.error,
-        });
+        return Err(exec_failed(sigchld, failure, step, &mut peak_rss));
     }
     finish(sigchld, exit_status(&status), started, before, peak_rss)
 }
@@ -705,12 +700,7 @@ fn start_interpreter(
     let spawned = spawn(ctrl, step, stdin, Some(theirs.into()), seccomp)?;
     let mut peak_rss = 0u64;
     if let Some(failure) = spawned.exec_error {
-        end_of_run(sigchld, &mut peak_rss)?;
-        return Err(StepError {
-            step: failure.step,
-            path: Some(PathBuf::from(&step.argv[0])),
-            source: failure.error,
-        });
+        return Err(exec_failed(sigchld, failure, step, &mut peak_rss));
     }
     match wait_for(ctrl, sigchld, spawned.pid, Some(&ours), &mut peak_rss)? {
         Waited::Line(line) if line == b"R" => {
@@ -775,6 +765,24 @@ fn run_cell(
     };
     drop(it);
     finish(sigchld, status, started, before, peak_rss)
+}
+
+/// A program that could not be started: end the run (the forked child is gone or going) and
+/// say which step failed, with its errno.
+fn exec_failed(
+    sigchld: &OwnedFd,
+    failure: ExecFailure,
+    step: &ExecStep,
+    peak_rss: &mut u64,
+) -> StepError {
+    if let Err(e) = end_of_run(sigchld, peak_rss) {
+        return e;
+    }
+    StepError {
+        step: failure.step,
+        path: Some(PathBuf::from(&step.argv[0])),
+        source: failure.error,
+    }
 }
 
 /// `D <code>` with code 0..=255.
