@@ -346,7 +346,8 @@ mount -t devtmpfs dev /newroot/dev || fail "mount devtmpfs"
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o mode=620,ptmxmode=666 devpts /newroot/dev/pts || fail "mount devpts"
 mount -t tmpfs -o mode=1777 shm /newroot/dev/shm || fail "mount /dev/shm"
-mount -t tmpfs -o mode=1777 tmp /newroot/tmp || fail "mount /tmp"
+# /tmp stays the host's, through the overlay (writes go to the tmpfs upper layer): the checkout
+# under test, and so the test binaries and this script, may live there.
 mount -t tmpfs -o mode=0755 run /newroot/run || fail "mount /run"
 mkdir -p /newroot$guest_out
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 results /newroot$guest_out ||
