@@ -220,6 +220,7 @@ impl Engine {
                 return Ok(Warm {
                     sandbox,
                     interpreter: false,
+                    built: std::time::Instant::now(),
                 });
             };
             let enforcement = sandbox.enforcement().clone();
@@ -231,6 +232,7 @@ impl Engine {
                 Ok(None) => Ok(Warm {
                     sandbox,
                     interpreter: true,
+                    built: std::time::Instant::now(),
                 }),
                 Ok(Some(outcome)) => Err(format!(
                     "the warm interpreter ended while starting ({:?}): {}",

@@ -198,6 +198,8 @@ pub struct Warm {
     /// A warm interpreter waits for one cell (`Sandbox::run_cell`); otherwise the sandbox
     /// waits for a program (`Sandbox::run`).
     pub interpreter: bool,
+    /// When it was built (set by the pool).
+    pub built: Instant,
 }
 
 /// Builds one warm sandbox of a key; the error is a message for the log.
@@ -231,8 +233,9 @@ struct Shared {
 pub struct Pool {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    /// Sandboxes whose run is over, torn down off the request's path.
-    disposal: Option<std::sync::mpsc::Sender<Sandbox>>,
+    /// Sandboxes whose run is over, torn down off the request's path (a bounded queue: past
+    /// it, the caller tears down itself, so finished sandboxes never pile up).
+    disposal: Option<std::sync::mpsc::SyncSender<Sandbox>>,
     disposer: Option<JoinHandle<()>>,
 }
 
@@ -243,6 +246,12 @@ impl std::fmt::Debug for Pool {
             .finish()
     }
 }
+
+/// Finished sandboxes waiting for the teardown thread at most.
+const TEARDOWN_QUEUE: usize = 4;
+/// A warm sandbox older than this is replaced rather than used: its overlays of the host's
+/// directories and its copy of `ld.so.cache` should not outlive a package upgrade by long.
+const MAX_AGE: Duration = Duration::from_secs(600);
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -286,7 +295,7 @@ impl Pool {
         if thread.is_none() {
             tracing::warn!("could not start the warm pool's thread: every run starts cold");
         }
-        let (disposal, rx) = std::sync::mpsc::channel::<Sandbox>();
+        let (disposal, rx) = std::sync::mpsc::sync_channel::<Sandbox>(TEARDOWN_QUEUE);
         let span = tracing::Span::current();
         let disposer = std::thread::Builder::new()
             .name("runcell-teardown".into())
@@ -314,7 +323,13 @@ impl Pool {
     #[must_use]
     pub fn dispose(&self, sandbox: Sandbox) -> Option<Sandbox> {
         match &self.disposal {
-            Some(tx) => tx.send(sandbox).err().map(|e| e.0),
+            Some(tx) => match tx.try_send(sandbox) {
+                Ok(()) => None,
+                Err(
+                    std::sync::mpsc::TrySendError::Full(s)
+                    | std::sync::mpsc::TrySendError::Disconnected(s),
+                ) => Some(s),
+            },
             None => Some(sandbox),
         }
     }
@@ -335,19 +350,31 @@ impl Pool {
             }
             return None;
         };
-        // A sandbox whose pid 1 died while it waited (killed from outside) is thrown away.
+        // A sandbox whose pid 1 died while it waited (killed from outside, its interpreter
+        // gone), or that is too old, is thrown away (torn down after the lock is released).
+        let mut discarded = Vec::new();
+        let mut found = None;
         while let Some(mut warm) = slot.ready.pop() {
-            if warm.sandbox.is_ready() {
-                slot.hits += 1;
-                self.shared.wake.notify_all();
-                return Some(warm);
+            if warm.built.elapsed() < MAX_AGE && warm.sandbox.is_ready() {
+                found = Some(warm);
+                break;
             }
-            tracing::warn!("a warm sandbox died while it waited; discarded");
-            drop(warm);
+            discarded.push(warm);
         }
-        slot.misses += 1;
+        if found.is_some() {
+            slot.hits += 1;
+        } else {
+            slot.misses += 1;
+        }
         self.shared.wake.notify_all();
-        None
+        drop(slots);
+        for warm in discarded {
+            tracing::debug!("a warm sandbox died or aged while it waited; discarded");
+            if let Some(s) = self.dispose(warm.sandbox) {
+                drop(s);
+            }
+        }
+        found
     }
 
     /// The figures of every language with a pool or a miss.
@@ -466,7 +493,8 @@ fn refill_loop(shared: &Shared, build: &Builder) {
         let slot = &mut slots[i];
         slot.building -= 1;
         match built {
-            Ok(warm) => {
+            Ok(mut warm) => {
+                warm.built = Instant::now();
                 slot.refills += 1;
                 slot.refill_seconds += took.as_secs_f64();
                 slot.retry_at = None;

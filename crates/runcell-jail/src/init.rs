@@ -133,6 +133,20 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     } else {
         None
     };
+    // H3b. As host root, the non-recursive clones of the host directories that pid 1 shows
+    //      through overlays (P8): in pid 1's namespace the kernel would refuse them wherever a
+    //      mount lies below (mounts copied into a less privileged namespace are locked).
+    //      Rootless, pid 1 clones them itself (and a host with mounts below them fails).
+    let layers: Vec<Option<OwnedFd>> = cfg
+        .root
+        .iter()
+        .map(|e| match e {
+            RootEntry::Bind { path, dir: true } if cfg.privileged => {
+                rootfs::layer_clone(path).map(Some)
+            }
+            _ => Ok(None),
+        })
+        .collect::<Result<_, _>>()?;
 
     // H4. Create pid 1 of the sandbox in new user, mount, pid, network, ipc and uts namespaces
     //     in one clone: the user namespace comes first in the kernel's order, so the others are
@@ -165,12 +179,13 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         sys::Forked::Child => {
             drop(go_w);
             drop(lifeline);
-            sandbox_pid1(ctrl, &cfg, go_r, dev)
+            sandbox_pid1(ctrl, &cfg, go_r, dev, layers)
         }
         sys::Forked::Parent { pid, pidfd } => (pid, pidfd),
     };
     drop(go_r);
     drop(dev);
+    drop(layers);
     let kill_child = |e: StepError| {
         let _ = pidfd_send_signal(&pidfd, Signal::KILL);
         e
@@ -258,8 +273,14 @@ fn write_proc(pid: i32, file: &str, content: &str) -> Result<(), StepError> {
 }
 
 /// Pid 1 of the sandbox. Never returns.
-fn sandbox_pid1(ctrl: &UnixStream, cfg: &JailConfig, go_r: OwnedFd, dev: Option<OwnedFd>) -> ! {
-    let service = build_sandbox(cfg, go_r, dev).and_then(|()| prepare_service());
+fn sandbox_pid1(
+    ctrl: &UnixStream,
+    cfg: &JailConfig,
+    go_r: OwnedFd,
+    dev: Option<OwnedFd>,
+    layers: Vec<Option<OwnedFd>>,
+) -> ! {
+    let service = build_sandbox(cfg, go_r, dev, layers).and_then(|()| prepare_service());
     let (seccomp, sigchld) = match service {
         Ok(s) => s,
         Err(e) => {
@@ -285,7 +306,12 @@ fn prepare_service() -> Result<(SeccompPolicy, OwnedFd), StepError> {
 
 /// The linear setup of the sandbox, run by its pid 1. Each step says why it is there and why
 /// it comes where it does.
-fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd, dev: Option<OwnedFd>) -> Result<(), StepError> {
+fn build_sandbox(
+    cfg: &JailConfig,
+    go_r: OwnedFd,
+    dev: Option<OwnedFd>,
+    mut layers: Vec<Option<OwnedFd>>,
+) -> Result<(), StepError> {
     // P1. Die with the helper (which dies with the supervisor): when pid 1 dies, the kernel
     //     kills the whole pid namespace, so nothing of the run can outlive its supervisor.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).step("pdeathsig")?;
@@ -358,21 +384,22 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd, dev: Option<OwnedFd>) -> Resul
     //     mountinfo names no host path or device. Mounts below a directory (which an overlay
     //     layer does not include) are bound on top as they are. Single files (ld.so.cache)
     //     are copied into the root.
-    let layers = root.join(".layers");
+    let staging_layers = root.join(".layers");
     // The second layer every read-only overlay needs: an empty read-only tmpfs. Its mount is
     // detached once the overlays hold their own clones of it (its directory must stay alive:
     // an overlay cannot list a merged directory whose layer was removed).
-    let empty = layers.join("empty");
+    let empty = staging_layers.join("empty");
     rootfs::mkdir_p(&empty, 0o755)?;
     rootfs::mount_empty(&empty)?;
     let mountinfo = fs::read("/proc/self/mountinfo").step("read mountinfo")?;
     for (i, entry) in cfg.root.iter().enumerate() {
         match entry {
             RootEntry::Bind { path, dir: true } => {
-                let layer = layers.join(i.to_string());
-                rootfs::overlay_readonly(path, &layer, &empty, &under(root, path))?;
+                let layer = staging_layers.join(i.to_string());
+                let clone = layers.get_mut(i).and_then(Option::take);
+                rootfs::overlay_readonly(path, clone, &layer, &empty, &under(root, path))?;
                 for sub in rootfs::submounts_under(&mountinfo, path) {
-                    rootfs::bind_readonly(&sub, &under(root, &sub), true)?;
+                    rootfs::bind_readonly(&sub, &under(root, &sub), sub.is_dir())?;
                 }
             }
             RootEntry::Bind { path, dir: false } => {
@@ -441,7 +468,7 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd, dev: Option<OwnedFd>) -> Resul
         let target = under(root, &ov.target);
         rootfs::mkdir_p(&target, 0o755)?;
         // Through a staging bind, so that mountinfo does not name the host directory.
-        let lower = layers.join(format!("cache-{i}"));
+        let lower = staging_layers.join(format!("cache-{i}"));
         rootfs::mkdir_p(&lower, 0o700)?;
         rootfs::bind_readonly(&ov.lower, &lower, true)?;
         rootfs::mount_overlay(&lower, &upper, &work, &target)?;
@@ -450,7 +477,7 @@ fn build_sandbox(cfg: &JailConfig, go_r: OwnedFd, dev: Option<OwnedFd>) -> Resul
     }
     unmount(&empty, UnmountFlags::DETACH).step_at("unmount layer", &empty)?;
     fs::remove_dir(&empty).step_at("rmdir", &empty)?;
-    fs::remove_dir(&layers).step_at("rmdir", &layers)?;
+    fs::remove_dir(&staging_layers).step_at("rmdir", &staging_layers)?;
     unmount(&staging, UnmountFlags::DETACH).step_at("unmount staging", &staging)?;
     fs::remove_dir(&staging).step_at("rmdir staging", &staging)?;
 
@@ -543,11 +570,30 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
     let mut baseline = Baseline::default();
     let mut interp: Option<Interpreter> = None;
     loop {
+        // A warm interpreter says nothing while it waits: a hang-up or anything on its channel
+        // means it died or misbehaves, and so does the sandbox (it is never handed out).
+        if let Some(it) = &interp {
+            let mut fds = [
+                PollFd::new(ctrl, PollFlags::IN),
+                PollFd::new(&it.chan, PollFlags::IN),
+            ];
+            match poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(_) => sys::exit_now(125),
+            }
+            if fds[0].revents().is_empty() && !fds[1].revents().is_empty() {
+                let _ = sys::kill_rest_of_namespace();
+                sys::exit_now(125);
+            }
+        }
         let frame = match protocol::recv::<Request>(ctrl) {
             Ok(Some(f)) => f,
             _ => sys::exit_now(0),
         };
         let report = match frame.message {
+            Request::Exec(_) if interp.is_some() => {
+                Report::from(&invalid("exec", "a warm interpreter is running"))
+            }
             Request::Exec(step) => {
                 run_step(ctrl, sigchld, &step, frame.blobs, seccomp, &mut baseline)
                     .unwrap_or_else(|e| Report::from(&e))

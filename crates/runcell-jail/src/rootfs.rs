@@ -11,6 +11,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use rustix::fd::OwnedFd;
+
 use rustix::fs::CWD;
 use rustix::mount::{
     mount, move_mount, open_tree, unmount, MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
@@ -116,6 +118,10 @@ fn bind_with_attrs(src: &Path, dst: &Path, attrs: u64, recursive: bool) -> Resul
 
 /// Create the mount point for `src` at `dst` (a directory or an empty file).
 fn mount_point(dst: &Path, dir: bool) -> Result<(), StepError> {
+    // A mount point that exists already (a submount's, on a read-only overlay) is used as is.
+    if fs::symlink_metadata(dst).is_ok_and(|m| m.is_dir() == dir) {
+        return Ok(());
+    }
     if let Some(parent) = dst.parent() {
         mkdir_p(parent, 0o755)?;
     }
@@ -169,20 +175,26 @@ pub fn bind_readonly(src: &Path, dst: &Path, dir: bool) -> Result<(), StepError>
 /// ([`submounts_under`]).
 pub fn overlay_readonly(
     src: &Path,
+    clone: Option<OwnedFd>,
     layer: &Path,
     empty: &Path,
     dst: &Path,
 ) -> Result<(), StepError> {
     mount_point(dst, true)?;
     mkdir_p(layer, 0o700)?;
-    bind_with_attrs(
-        src,
-        layer,
-        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-        false,
-    )?;
+    match clone {
+        // Made by the helper in the host's namespace, where no mount is locked.
+        Some(fd) => move_mount(&fd, "", CWD, layer, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+            .step_at("move_mount", layer)?,
+        None => bind_with_attrs(
+            src,
+            layer,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            false,
+        )?,
+    }
     let data = CString::new(format!(
-        "lowerdir={}:{}",
+        "lowerdir={}:{},redirect_dir=nofollow,metacopy=off,index=off",
         overlay_path(layer)?.display(),
         overlay_path(empty)?.display()
     ))
@@ -201,9 +213,33 @@ pub fn overlay_readonly(
     fs::remove_dir(layer).step_at("rmdir layer", layer)
 }
 
+/// A non-recursive clone of a host directory's mount, read-only, nosuid and nodev, detached,
+/// for [`overlay_readonly`]. Made by the helper as host root before the clone: in the
+/// sandbox's own namespace every mount copied from the host is locked, and the kernel refuses
+/// a non-recursive clone of a directory with locked mounts below it (and an overlay layer
+/// with locked children), which any host with a mount under `/usr` has.
+pub fn layer_clone(src: &Path) -> Result<OwnedFd, StepError> {
+    let tree = open_tree(
+        CWD,
+        src,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .step_at("open_tree", src)?;
+    sys::mount_setattr(
+        rustix::fd::AsFd::as_fd(&tree),
+        c"",
+        false,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        true,
+    )
+    .step_at("mount_setattr", src)?;
+    Ok(tree)
+}
+
 /// Mount points strictly below `dir` in this mount namespace, outermost first, from the
 /// mountinfo text `mountinfo` (read from `/proc/self/mountinfo`). A mount nested in another
-/// listed one is left out: a recursive bind of the outer one brings it along.
+/// listed one is left out: a recursive bind of the outer one brings it along. (A mount point
+/// may be a file.)
 pub fn submounts_under(mountinfo: &[u8], dir: &Path) -> Vec<PathBuf> {
     let Ok(mounts) = crate::cgroup::mountinfo::parse_mountinfo(mountinfo) else {
         return Vec::new();

@@ -2,7 +2,7 @@
 # the operator's preload modules, says it is ready, and runs one cell when told to, as
 # `python3 /workspace/main.py` would: `__main__`, sys.argv, sys.path[0], stdin, tracebacks that
 # name the user's file and line, `sys.exit` codes, threads joined and atexit handlers (the
-# plots hook among them) run at the end.
+# plots hook among them) run at the end, death by SIGINT for an uncaught KeyboardInterrupt.
 #
 # Channel (fd 4, a unix socket to the sandbox's pid 1): this process writes "R\n" when ready;
 # pid 1 sends "C\n" with the cell's stdin attached as a descriptor; this process answers
@@ -16,16 +16,20 @@ def _runcell_main():
     import socket
 
     chan = socket.socket(fileno=4)
+    me = os.getpid()
     path = sys.argv[1]
     for name in sys.argv[2:]:
         __import__(name)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     chan.sendall(b"R\n")
     msg, fds, _flags, _addr = socket.recv_fds(chan, 16, 1)
     if not msg.startswith(b"C") or len(fds) != 1:
         os._exit(125)
+    # The cell's stdin under the interpreter's own sys.stdin (nothing was read from it yet).
     os.dup2(fds[0], 0)
     os.close(fds[0])
-    sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+    os.set_inheritable(4, False)
 
     import types
 
@@ -37,6 +41,7 @@ def _runcell_main():
     sys.argv = [path]
     sys.path[0] = os.path.dirname(path)
     code = 0
+    interrupted = False
     try:
         with open(path, "rb") as fh:
             source = fh.read()
@@ -44,18 +49,31 @@ def _runcell_main():
     except SystemExit as e:
         code = _exit_code(e)
     except BaseException as e:
-        if isinstance(e, KeyboardInterrupt):
-            code = 130
+        interrupted = isinstance(e, KeyboardInterrupt)
         # The first frame is this runner's; the traceback starts at the user's file.
         tb = e.__traceback__
         e.__traceback__ = tb.tb_next if tb is not None else None
         sys.excepthook(type(e), e, e.__traceback__)
-        code = code or 1
-    code = _shutdown(code)
-    chan.sendall(b"D %d\n" % (code & 0xFF))
-    # pid 1 ends the run now; wait for it.
-    while True:
-        chan.recv(1) or os._exit(code & 0xFF)
+        code = 1
+    _shutdown()
+    if os.getpid() != me:
+        # A process the cell forked that ran to the end of its code: it exits as such a
+        # child of `python3 main.py` would, and never speaks for the cell.
+        os._exit(code & 0xFF)
+    if interrupted:
+        # As CPython does: die by SIGINT, so the status says so.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(me, signal.SIGINT)
+    try:
+        chan.sendall(b"D %d\n" % (code & 0xFF))
+        # pid 1 ends the run now; wait for it.
+        while chan.recv(1):
+            pass
+    except OSError:
+        pass
+    os._exit(code & 0xFF)
 
 
 def _exit_code(e):
@@ -71,8 +89,9 @@ def _exit_code(e):
     return 1
 
 
-def _shutdown(code):
-    """What the interpreter does at exit: join non-daemon threads, run atexit handlers, flush."""
+def _shutdown():
+    """What the interpreter does at exit: join non-daemon threads, run atexit handlers (whose
+    exceptions it reports and ignores), flush."""
     import atexit
     import threading
 
@@ -82,8 +101,6 @@ def _shutdown(code):
         pass
     try:
         atexit._run_exitfuncs()
-    except SystemExit as e:
-        code = _exit_code(e)
     except BaseException:
         pass
     for stream in (sys.stdout, sys.stderr):
@@ -91,7 +108,6 @@ def _shutdown(code):
             stream.flush()
         except Exception:
             pass
-    return code
 
 
 _runcell_main()

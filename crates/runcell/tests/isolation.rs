@@ -621,6 +621,35 @@ for p in ["/dev", "/dev/null", "/dev/shm"]:
     assert_eq!(r.out("size/dev/null"), r.out("size/dev"));
 }
 
+/// Review of issue 10's overlays: a host with a mount below `/usr` (a separate `/usr/local`,
+/// a driver's files bound under `/usr/lib`) failed every run: the kernel refuses a
+/// non-recursive clone of a directory with locked mounts below it in the sandbox's namespace.
+/// Here the mounts exist only in a private mount namespace that `runcell run` is started in: a
+/// tmpfs directory and a bound file below `/usr/share/doc`, both seen read-only in the run.
+#[test]
+fn mounts_below_a_shown_host_directory_are_shown_read_only() {
+    // util-linux (scripts/test.sh installs it) and Debian's /usr/share/doc.
+    assert!(have("/usr/bin/unshare") && Path::new("/usr/share/doc").is_dir());
+    let script = format!(
+        "mount -t tmpfs t /usr/share/doc && echo below > /usr/share/doc/x && \
+         touch /usr/share/doc/y && mount --bind /etc/hostname /usr/share/doc/y && \
+         exec {} run -l bash -c 'cat /usr/share/doc/x; cat /usr/share/doc/y >/dev/null && echo file; \
+         (echo z > /usr/share/doc/x) 2>/dev/null || echo read-only'",
+        runcell_bin().display()
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, "below\nfile\nread-only\n");
+}
+
 /// Issue 10: `flock` on shared read-only files (the Python binary, `/etc/ld.so.cache`,
 /// `/dev/null`) locked the host's inodes: a run could block the host's own locks and signal
 /// other runs through them. The host holds locks on those files here (flock, and a POSIX

@@ -103,6 +103,9 @@ fn warm_runs_give_the_verdicts_of_cold_runs() {
         json!({"language": "python", "code": "import sys, os\nprint(sys.argv, sys.path[0], os.getcwd(), __file__, sorted(k for k in globals() if not k.startswith('__')))"}),
         json!({"language": "python", "code": "import pandas as pd\nprint(pd.DataFrame({'x': [1, 2]}).x.sum())"}),
         json!({"language": "python", "code": "open('helper.py', 'w').write('V = 5')\nimport helper\nprint(helper.V)"}),
+        json!({"language": "python", "code": "import os, sys\npid = os.fork()\nif pid == 0:\n    sys.exit(0)\nos.waitpid(pid, 0)\nprint('parent done')\nsys.exit(3)"}),
+        json!({"language": "python", "code": "print('before')\nraise KeyboardInterrupt"}),
+        json!({"language": "python", "code": "import sys\nprint(sys.stdin.name, sys.stdin.errors, repr(sys.stdin.read()))", "stdin": "x"}),
         json!({"language": "bash", "code": "echo $((6 * 7)); exit 4"}),
     ];
     for (i, case) in cases.iter().enumerate() {
@@ -130,7 +133,7 @@ fn warm_runs_give_the_verdicts_of_cold_runs() {
             &format!("runcell_pool_hits_total{{language=\"{lang}\"}}"),
         )
     };
-    assert_eq!(hits("python"), Some(18.0));
+    assert_eq!(hits("python"), Some(21.0));
     assert_eq!(hits("bash"), Some(1.0));
     // Other sandbox-level limits than the pool's: built cold, counted as a miss, same answer.
     let v = execute(
@@ -160,6 +163,43 @@ fn warm_runs_give_the_verdicts_of_cold_runs() {
     for pid in pids {
         assert_host_clean(pid);
     }
+}
+
+/// Review of issue 11: a warm interpreter that died while it waited (killed from outside, or
+/// by the OOM killer of the shared parent group) was handed out, and the request's code was
+/// blamed ("killed by SIGKILL ... fix the code"). Its sandbox now ends with it, and the
+/// request runs in a new one.
+#[test]
+fn a_dead_warm_interpreter_is_never_handed_out() {
+    let s = ServeProcess::start(&["--pool", "python=1"], &[]);
+    wait_ready(&s, "python", 1.0);
+    let group = format!("/runcell/{}-", s.pid());
+    let runner: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains("runcell's warm Python interpreter")
+                && cg.contains(&group)
+        })
+        .collect();
+    assert_eq!(runner.len(), 1, "the warm interpreter: {runner:?}");
+    std::process::Command::new("kill")
+        .args(["-KILL", &runner[0].to_string()])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let v = execute(&s, &json!({"language": "python", "code": "print(1)"}));
+    assert_eq!(
+        (v["stdout"].as_str(), v["exit_code"].as_i64()),
+        (Some("1\n"), Some(0)),
+        "{v:#}"
+    );
+    let pid = s.pid();
+    drop(s);
+    assert_host_clean(pid);
 }
 
 /// A warm sandbox has never served another request: what one run leaves (files in /tmp,

@@ -357,7 +357,11 @@ impl Sandbox {
         }
         let after = self.cgroup_stats();
         if ready {
-            // Started and waiting: what it printed while starting is the outcome's output.
+            // Started and waiting: what it printed while starting (flushed before it said so)
+            // is the outcome's output, never the first request's.
+            let now = Instant::now();
+            out.drain(&self.stdout, Stream::Stdout, sink, now);
+            err.drain(&self.stderr, Stream::Stderr, sink, now);
             let wall = program_started.map(|s| s.elapsed()).unwrap_or_default();
             return Ok((
                 Outcome {
