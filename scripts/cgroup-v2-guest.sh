@@ -97,10 +97,12 @@ selection=(
     proc_shows_only_the_sandbox_processes
     every_namespace_differs_from_the_host
     locks_on_shared_files_are_the_runs_own
-    mountinfo_and_dev_name_no_host_path_device_or_size"
+    mountinfo_and_dev_name_no_host_path_device_or_size
+    mounts_below_a_shown_host_directory_are_shown_read_only"
   "runcell test pool --exact
     a_warm_sandbox_serves_one_request_only
-    warm_sandboxes_die_with_a_killed_server"
+    warm_sandboxes_die_with_a_killed_server
+    a_dead_warm_interpreter_is_never_handed_out"
 )
 
 # ---------------------------------------------------------------------------------------------
