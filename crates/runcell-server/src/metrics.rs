@@ -184,7 +184,7 @@ fn pool_families(out: &mut String, pool: &[PoolStats]) {
         &'static str,
         fn(&PoolStats) -> String,
     );
-    let families: [Family; 6] = [
+    let families: [Family; 7] = [
         (
             "pool_target",
             "gauge",
@@ -217,6 +217,12 @@ fn pool_families(out: &mut String, pool: &[PoolStats]) {
             "counter",
             "Seconds spent building warm sandboxes (divided by pool_refills: the mean refill time)",
             |s| format!("{}", s.refill_seconds),
+        ),
+        (
+            "pool_refill_failures",
+            "counter",
+            "Warm sandboxes that could not be built (the pool retries with a growing pause; the log says why)",
+            |s| s.refill_failures.to_string(),
         ),
     ];
     for (name, kind, help, value) in families {
@@ -267,7 +273,7 @@ mod tests {
             misses: 1,
             refills: 6,
             refill_seconds: 0.3,
-            refill_failures: 0,
+            refill_failures: 2,
         }];
         let text = m.render(1, &pool);
         for needle in [
@@ -283,6 +289,7 @@ mod tests {
             "runcell_pool_hits_total{language=\"python\"} 5",
             "runcell_pool_ready{language=\"python\"} 1",
             "runcell_pool_refill_seconds_total{language=\"python\"} 0.3",
+            "runcell_pool_refill_failures_total{language=\"python\"} 2",
             "# EOF",
         ] {
             assert!(text.contains(needle), "missing {needle} in:\n{text}");

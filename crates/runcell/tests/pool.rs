@@ -250,3 +250,42 @@ fn warm_sandboxes_die_with_a_killed_server() {
     drop(next);
     assert_host_clean(next_pid);
 }
+
+/// A preload module that does not import: the warm interpreter ends while starting, the pool
+/// counts the failure (and retries with a growing pause), and requests run cold, right.
+#[test]
+fn a_failing_preload_is_counted_and_requests_run_cold() {
+    let s = ServeProcess::start(
+        &[
+            "--pool",
+            "python=1",
+            "--preload",
+            "python=no_such_module_xyz",
+        ],
+        &[],
+    );
+    let sample = "runcell_pool_refill_failures_total{language=\"python\"}";
+    let deadline = Instant::now() + LOADED_MARGIN + Duration::from_secs(20);
+    while metric(&s, sample).unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < deadline, "no failure counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        metric(&s, "runcell_pool_ready{language=\"python\"}"),
+        Some(0.0)
+    );
+    let v = execute(&s, &json!({"language": "python", "code": "print(1)"}));
+    assert_eq!(
+        (v["stdout"].as_str(), v["exit_code"].as_i64()),
+        (Some("1\n"), Some(0)),
+        "{v:#}"
+    );
+    assert_eq!(
+        metric(&s, "runcell_pool_misses_total{language=\"python\"}"),
+        Some(1.0)
+    );
+    assert!(s.log().contains("no_such_module_xyz"), "the log says why");
+    let pid = s.pid();
+    drop(s);
+    assert_host_clean(pid);
+}
