@@ -102,6 +102,11 @@ impl ValidRequest {
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
+
+    /// The input files, decoded, at their sandbox paths.
+    pub fn files(&self) -> &[InputFile] {
+        &self.files
+    }
 }
 
 /// What a request got wrong, found before anything runs. The `Display` text is a message a
@@ -216,7 +221,7 @@ impl Engine {
             let limits = key.apply(defaults);
             let spec = sandbox_spec(&config, &limits, &runtime);
             let mut sandbox = Sandbox::create(&spec).map_err(|e| crate::error::chain(&e))?;
-            let Some(inv) = runtime.interpreter(preload.of(key.language)) else {
+            let Some(inv) = runtime.interpreter(preload.of(key.language), false) else {
                 return Ok(Warm {
                     sandbox,
                     interpreter: false,
@@ -459,7 +464,7 @@ impl Engine {
         verdict
     }
 
-    fn program(
+    pub(crate) fn program(
         inv: &Invocation,
         limits: &Limits,
         timeout: Duration,
@@ -516,94 +521,15 @@ impl Engine {
                 Err(e) => return sandbox_failure("could not be set up", &e),
             },
         };
-        // Strict mode checks what this sandbox really got, not only what the host offers:
-        // a cgroup hierarchy without the pids controller, swap without accounting, ...
-        if self.config.strict {
-            let missing = sandbox.enforcement().missing();
-            if !missing.is_empty() {
-                let mut v = Verdict::failed(
-                    ErrorCategory::SandboxFailure,
-                    format!(
-                        "Strict mode: refusing to run because these isolation layers are \
-                         missing: {}. Run `runcell doctor` for how to fix them.",
-                        missing.join("; ")
-                    ),
-                );
-                v.enforcement = EnforcementReport::from(sandbox.enforcement());
-                return v;
-            }
+        if let Some(refused) = self.strict_refusal(&sandbox) {
+            return refused;
         }
-        let plan = runtime.plan();
-        let source = InputFile {
-            path: plan.source_path.clone(),
-            mode: 0o644,
-            content: v.code.clone().into_bytes(),
-        };
-        let enforcement = sandbox.enforcement().clone();
-
-        let mut compile_time = None;
-        let mut files = vec![source];
-        files.extend(v.files.iter().cloned());
-        if !interpreter {
-            // (A warm interpreter's sandbox got them when it started.)
-            files.extend(sandbox_files(runtime));
-        }
-        if let Some(compile) = plan.compile.as_ref().filter(|_| !interpreter) {
-            let program = Self::program(
-                compile,
-                limits,
-                limits.compile_timeout(),
-                runtime,
-                &enforcement,
-                std::mem::take(&mut files),
-                None,
-            );
-            // Compiler output is not the program's output: it is not streamed.
-            let outcome = match sandbox.run(&program, &mut runcell_jail::NoSink, cancel) {
-                Ok(o) => o,
-                Err(e) => return self.sandbox_failed(&sandbox, e),
-            };
-            compile_time = Some(outcome.wall.as_secs_f64());
-            let (code, error) = classify(&outcome, limits, Phase::Compile);
-            if error.is_some() {
-                let mut verdict = verdict_from(&outcome, code, error, &sandbox);
-                verdict.compile_time = compile_time;
-                verdict.execution_time = 0.0;
-                return verdict;
-            }
-        }
-        let program = Self::program(
-            &plan.run,
-            limits,
-            limits.timeout(),
-            runtime,
-            &enforcement,
-            files,
-            v.stdin.clone(),
-        );
-        let ran = if interpreter {
-            sandbox.run_cell(&program, sink, cancel)
+        let how = if interpreter {
+            RunIn::OneShotCell
         } else {
-            sandbox.run(&program, sink, cancel)
+            RunIn::FreshSandbox
         };
-        let outcome = match ran {
-            Ok(o) => o,
-            Err(e) => return self.sandbox_failed(&sandbox, e),
-        };
-        let (code, error) = classify(&outcome, limits, Phase::Run);
-        let mut verdict = verdict_from(&outcome, code, error, &sandbox);
-        verdict.compile_time = compile_time;
-        verdict
-            .warnings
-            .extend(memory_fallback_note(&sandbox, runtime));
-        // Every process of the run is dead now (pid 1 killed and reaped them before it
-        // reported); what they left in /workspace is the output. A sandbox killed outright
-        // (cancelled, or pid 1 lost) has no files to give.
-        if let Ok(collected) = sandbox.collect(&self.collect_limits(limits)) {
-            let notes;
-            (verdict.files, verdict.files_omitted, notes) = crate::files::to_verdict(collected);
-            verdict.warnings.extend(notes);
-        }
+        let (mut verdict, _) = self.run_in(&mut sandbox, how, v, runtime, sink, cancel);
         // A server (which has a pool) tears sandboxes down off the request's path: every
         // process of the run is dead already; what is left is pid 1, the helper and the
         // cgroup. A teardown failure is then in the log only.
@@ -623,6 +549,136 @@ impl Engine {
                 .push(format!("teardown: {}", crate::error::chain(&e)));
         }
         verdict
+    }
+
+    /// Strict mode checks what this sandbox really got, not only what the host offers: a
+    /// cgroup hierarchy without the pids controller, swap without accounting, ...
+    pub(crate) fn strict_refusal(&self, sandbox: &Sandbox) -> Option<Verdict> {
+        if !self.config.strict {
+            return None;
+        }
+        let missing = sandbox.enforcement().missing();
+        if missing.is_empty() {
+            return None;
+        }
+        let mut v = Verdict::failed(
+            ErrorCategory::SandboxFailure,
+            format!(
+                "Strict mode: refusing to run because these isolation layers are missing: {}. \
+                 Run `runcell doctor` for how to fix them.",
+                missing.join("; ")
+            ),
+        );
+        v.enforcement = EnforcementReport::from(sandbox.enforcement());
+        Some(v)
+    }
+
+    /// Run a validated request in `sandbox` (compiling first where needed), and collect the
+    /// files it wrote: the verdict, and the outcome of the program or cell when one ran.
+    pub(crate) fn run_in(
+        &self,
+        sandbox: &mut Sandbox,
+        how: RunIn,
+        v: &ValidRequest,
+        runtime: &Runtime,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> (Verdict, Option<Outcome>) {
+        let limits = &v.limits;
+        let plan = runtime.plan();
+        let source_path = match how {
+            RunIn::SessionCell(n) => runtime.session_cell_path(n),
+            _ => plan.source_path.clone(),
+        };
+        let source = InputFile {
+            path: source_path.clone(),
+            mode: 0o644,
+            content: v.code.clone().into_bytes(),
+        };
+        let enforcement = sandbox.enforcement().clone();
+        let cell = matches!(how, RunIn::OneShotCell | RunIn::SessionCell(_));
+
+        let mut compile_time = None;
+        let mut files = vec![source];
+        files.extend(v.files.iter().cloned());
+        if how == RunIn::FreshSandbox {
+            // (A warm interpreter's sandbox, and a session's, got them when they started.)
+            files.extend(sandbox_files(runtime));
+        }
+        let mut stdin = v.stdin.clone();
+        if cell && v.language == Language::Bash {
+            // A shell cannot take a new stdin per cell: it reads it from a file.
+            if let Some(data) = stdin.take() {
+                files.push(InputFile {
+                    path: PathBuf::from(runcell_runtimes::BASH_SESSION_STDIN),
+                    mode: 0o600,
+                    content: data,
+                });
+            }
+        }
+        if let Some(compile) = plan.compile.as_ref().filter(|_| !cell) {
+            let program = Self::program(
+                compile,
+                limits,
+                limits.compile_timeout(),
+                runtime,
+                &enforcement,
+                std::mem::take(&mut files),
+                None,
+            );
+            // Compiler output is not the program's output: it is not streamed.
+            let outcome = match sandbox.run(&program, &mut runcell_jail::NoSink, cancel) {
+                Ok(o) => o,
+                Err(e) => return (self.sandbox_failed(sandbox, e), None),
+            };
+            compile_time = Some(outcome.wall.as_secs_f64());
+            let (code, error) = classify(&outcome, limits, Phase::Compile);
+            if error.is_some() {
+                let mut verdict = verdict_from(&outcome, code, error, sandbox);
+                verdict.compile_time = compile_time;
+                verdict.execution_time = 0.0;
+                return (verdict, None);
+            }
+        }
+        let program = Self::program(
+            &plan.run,
+            limits,
+            limits.timeout(),
+            runtime,
+            &enforcement,
+            files,
+            stdin,
+        );
+        let ran = match how {
+            RunIn::OneShotCell => sandbox.run_cell(&program, None, sink, cancel),
+            RunIn::SessionCell(_) => sandbox.run_cell(&program, Some(&source_path), sink, cancel),
+            _ => sandbox.run(&program, sink, cancel),
+        };
+        let outcome = match ran {
+            Ok(o) => o,
+            Err(runcell_jail::SandboxError::NoInterpreter) => {
+                return (
+                    Verdict::failed(ErrorCategory::SandboxFailure, NO_INTERPRETER),
+                    None,
+                )
+            }
+            Err(e) => return (self.sandbox_failed(sandbox, e), None),
+        };
+        let (code, error) = classify(&outcome, limits, Phase::Run);
+        let mut verdict = verdict_from(&outcome, code, error, sandbox);
+        verdict.compile_time = compile_time;
+        verdict
+            .warnings
+            .extend(memory_fallback_note(sandbox, runtime));
+        // Every process of the run is dead now (pid 1 killed and reaped them before it
+        // reported; a session's interpreter excepted); what they left in /workspace is the
+        // output. A sandbox killed outright (cancelled, or pid 1 lost) has no files to give.
+        if let Ok(collected) = sandbox.collect(&self.collect_limits(limits)) {
+            let notes;
+            (verdict.files, verdict.files_omitted, notes) = crate::files::to_verdict(collected);
+            verdict.warnings.extend(notes);
+        }
+        (verdict, Some(outcome))
     }
 
     fn collect_limits(&self, limits: &Limits) -> CollectLimits {
@@ -654,11 +710,27 @@ impl Engine {
     }
 }
 
+/// Where [`Engine::run_in`] runs a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunIn {
+    /// A sandbox that has run nothing yet: it gets the runtime's files with the request's.
+    FreshSandbox,
+    /// A warm pool's sandbox whose interpreter runs the request as its one cell.
+    OneShotCell,
+    /// A session's interpreter, as its cell number `n`.
+    SessionCell(u64),
+    /// A session's sandbox without an interpreter (Go): the request runs as a program.
+    SessionProgram,
+}
+
+/// The message of a cell sent to a sandbox whose interpreter is gone (sessions restart it).
+pub(crate) const NO_INTERPRETER: &str = "The session's interpreter is not running.";
+
 /// How long a warm interpreter may take to start and import its preload modules.
-const INTERPRETER_START_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const INTERPRETER_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The files the runtime places in every sandbox (matplotlib's configuration).
-fn sandbox_files(runtime: &Runtime) -> Vec<InputFile> {
+pub(crate) fn sandbox_files(runtime: &Runtime) -> Vec<InputFile> {
     runtime
         .sandbox_files
         .iter()
@@ -671,7 +743,11 @@ fn sandbox_files(runtime: &Runtime) -> Vec<InputFile> {
 }
 
 /// What to build for a run with `limits` of `runtime`.
-fn sandbox_spec(config: &EngineConfig, limits: &Limits, runtime: &Runtime) -> SandboxSpec {
+pub(crate) fn sandbox_spec(
+    config: &EngineConfig,
+    limits: &Limits,
+    runtime: &Runtime,
+) -> SandboxSpec {
     SandboxSpec {
         hostname: config.hostname.clone(),
         root: runtime.root_entries(),
@@ -702,7 +778,7 @@ fn sandbox_spec(config: &EngineConfig, limits: &Limits, runtime: &Runtime) -> Sa
 
 /// A `sandbox_failure` verdict: the host's problem, with the whole chain of causes in the
 /// message and the OS error behind it (EACCES, EBUSY, ...) in `error.os_error`.
-fn sandbox_failure(what: &str, e: &runcell_jail::SandboxError) -> Verdict {
+pub(crate) fn sandbox_failure(what: &str, e: &runcell_jail::SandboxError) -> Verdict {
     // The operator learns of it from the log, not only the client from its verdict.
     tracing::warn!(error = %crate::error::chain(e), "the sandbox {what}");
     let mut v = Verdict::failed(
@@ -759,6 +835,9 @@ fn verdict_from(
         compile_time: None,
         limits: None,
         warnings: Vec::new(),
+        session_id: None,
+        execution_count: None,
+        state_lost: None,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod limits;
 pub mod pool;
 pub mod request;
 pub mod schema;
+pub mod session;
 pub mod stream;
 pub mod units;
 pub mod verdict;
@@ -25,6 +26,10 @@ pub use exec::ExecutionFailed;
 pub use limits::{Limit, LimitOverrides, Limits, Policy};
 pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::{ExecRequest, InputFile};
+pub use session::{
+    CellRequest, Session, SessionError, SessionInfo, SessionPolicy, SessionRequest, SessionStats,
+    Sessions, WorkspaceListing,
+};
 pub use verdict::{ErrorCategory, Verdict, VerdictError};
 
 /// What the engine needs from a front end while a program runs, and what it offers to stop

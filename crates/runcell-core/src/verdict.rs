@@ -234,6 +234,17 @@ pub struct Verdict {
     /// are missing are in `enforcement.missing`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Sessions only: the session the code ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// Sessions only: this call's number in the session (1 for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_count: Option<u64>,
+    /// Sessions only: true when the session's state (variables, imports, definitions) did not
+    /// survive this call: its interpreter ended (a memory kill, a crash, an exit, an
+    /// interruption it did not survive) and was restarted. `warnings` says what was lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_lost: Option<bool>,
 }
 
 impl Verdict {
@@ -255,6 +266,9 @@ impl Verdict {
             compile_time: None,
             limits: None,
             warnings: Vec::new(),
+            session_id: None,
+            execution_count: None,
+            state_lost: None,
         }
     }
 

@@ -244,6 +244,36 @@ pub fn collect(root: &str, baseline: &Baseline, limits: &CollectLimits) -> Colle
     }
 }
 
+/// The one regular file at `rel` under `root` (a list of one, or none when there is no such
+/// file or its name could not be returned), with its content within the caps.
+pub fn collect_one(root: &str, rel: &str, limits: &CollectLimits) -> Collection {
+    let mut c = Collection::default();
+    if rel.is_empty() || rel.len() > MAX_PATH_BYTES {
+        return c;
+    }
+    let Ok(top) = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return c;
+    };
+    let mut budget = limits.max_read_bytes;
+    if let Some((size, sha256, content)) = read_file(&top, rel.as_bytes(), limits, 0, &mut budget) {
+        let blob = content.map(|b| {
+            c.blobs.push(b);
+            0
+        });
+        c.files.push(CollectedFile {
+            path: rel.to_string(),
+            size,
+            sha256,
+            blob,
+        });
+    }
+    c
+}
+
 /// Open `rel` beneath `top` one component at a time without following symlinks, check it is a
 /// regular file, hash all of it and keep the content if it fits.
 fn read_file(

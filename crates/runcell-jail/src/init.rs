@@ -37,7 +37,9 @@ use rustix::thread::{
 
 use crate::collect::{self, Baseline};
 use crate::config::{ExecStep, JailConfig, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
-use crate::protocol::{self, CellStep, ChildError, ExitStatus, LandlockStatus, Report, Request};
+use crate::protocol::{
+    self, Browse, CellStep, ChildError, ExitStatus, LandlockStatus, Report, Request,
+};
 use crate::rootfs::{self, under, Step, StepError};
 use crate::seccomp::SeccompPolicy;
 use crate::sys;
@@ -583,7 +585,19 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
             }
             if fds[0].revents().is_empty() && !fds[1].revents().is_empty() {
                 let _ = sys::kill_rest_of_namespace();
-                sys::exit_now(125);
+                if !it.persistent {
+                    // A warm sandbox that lost its interpreter is never handed out.
+                    sys::exit_now(125);
+                }
+                // A session's interpreter died between cells (a thread ended the process, or
+                // it wrote on its channel): the sandbox and its files stay, the next cell
+                // finds no interpreter and the supervisor starts a new one.
+                interp = None;
+                let mut peak = 0;
+                if end_of_run(sigchld, &mut peak).is_err() {
+                    sys::exit_now(125);
+                }
+                continue;
             }
         }
         let frame = match protocol::recv::<Request>(ctrl) {
@@ -598,8 +612,18 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
                 run_step(ctrl, sigchld, &step, frame.blobs, seccomp, &mut baseline)
                     .unwrap_or_else(|e| Report::from(&e))
             }
-            Request::Collect(limits) => {
-                let c = collect::collect(WORKSPACE, &baseline, &limits);
+            Request::Collect(_) | Request::Browse(_) => {
+                let c = match &frame.message {
+                    Request::Collect(limits) => collect::collect(WORKSPACE, &baseline, limits),
+                    Request::Browse(Browse {
+                        limits,
+                        path: Some(rel),
+                    }) => collect::collect_one(WORKSPACE, rel, limits),
+                    Request::Browse(Browse { limits, path: None }) => {
+                        collect::collect(WORKSPACE, &Baseline::default(), limits)
+                    }
+                    _ => unreachable!("matched above"),
+                };
                 let blobs: Vec<&[u8]> = c.blobs.iter().map(Vec::as_slice).collect();
                 let report = Report::Files {
                     files: c.files,
@@ -630,8 +654,13 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
                 &mut interp,
             )
             .unwrap_or_else(|e| Report::from(&e)),
-            // A Stop that crossed the program's exit on the wire: nothing is running.
-            Request::Stop => continue,
+            Request::Put { files } => files
+                .iter()
+                .try_for_each(|f| write_sandbox_file(&f.path, f.mode, blob(&frame.blobs, f.blob)?))
+                .map(|()| Report::Written)
+                .unwrap_or_else(|e| Report::from(&e)),
+            // A Stop or Interrupt that crossed the program's exit on the wire: nothing runs.
+            Request::Stop | Request::Interrupt => continue,
             Request::Setup(_) => sys::exit_now(125),
         };
         if protocol::send(ctrl, &report, &[]).is_err() {
@@ -691,6 +720,9 @@ struct Interpreter {
     pid: i32,
     chan: UnixStream,
     landlock: LandlockStatus,
+    /// It ran a session's cell (`keep`): it outlives cells, and its death between cells ends
+    /// only itself, not the sandbox.
+    persistent: bool,
 }
 
 /// The longest line an interpreter may send on its channel (`R`, `D <code>`).
@@ -754,6 +786,7 @@ fn start_interpreter(
                 pid: spawned.pid,
                 chan: ours,
                 landlock: spawned.landlock,
+                persistent: false,
             });
             Ok(Report::InterpreterReady)
         }
@@ -764,9 +797,10 @@ fn start_interpreter(
 }
 
 /// Run one cell in the warm interpreter (`Request::Cell`): place the files, hand the
-/// interpreter the cell's stdin with a `C` line, and wait for its `D <code>` (or its end).
-/// Then, as after any program, every process of the run is killed and reaped: a cell is the
-/// run of a one-shot request.
+/// interpreter the cell's stdin with a `C` line (a session's cell: `K <source>`), and wait for
+/// its `D <code>` (or its end). Then, as after any program, every process of the run is killed
+/// and reaped: a one-shot cell is the run of a one-shot request; after a session's cell the
+/// interpreter alone is spared and waits for the next cell.
 fn run_cell(
     ctrl: &UnixStream,
     sigchld: &OwnedFd,
@@ -775,18 +809,33 @@ fn run_cell(
     baseline: &mut Baseline,
     interp: &mut Option<Interpreter>,
 ) -> Result<Report, StepError> {
-    let Some(it) = interp.take() else {
+    let Some(mut it) = interp.take() else {
         return Err(invalid("cell", "no interpreter is running"));
+    };
+    let line = match (&cell.keep, &cell.source) {
+        (false, _) => b"C\n".to_vec(),
+        (true, Some(src)) => {
+            let src = src.to_str().filter(|s| !s.contains('\n'));
+            let src = src.ok_or_else(|| invalid("cell source", "not a one-line path"))?;
+            format!("K {src}\n").into_bytes()
+        }
+        (true, None) => return Err(invalid("cell source", "a session's cell without one")),
     };
     let stdin = place_inputs(&cell.files, cell.stdin_blob, &blobs, baseline)?;
     drop(blobs);
+    if cell.keep && cell.files.is_empty() {
+        // A session's cell returns what it created or changed, whatever it was given.
+        *baseline = Baseline::snapshot(WORKSPACE, BASELINE_MAX_ENTRIES);
+    }
+    it.persistent |= cell.keep;
     let before = sys::children_rusage();
     let started = Instant::now();
     let mut peak_rss = 0u64;
     // A one-line message with the stdin descriptor attached (the socket is empty: the
     // interpreter read everything before; a send cannot block on a few bytes).
-    let sent = sys::send_with_fd(&it.chan, b"C\n", stdin.as_fd());
+    let sent = sys::send_with_fd(&it.chan, &line, stdin.as_fd());
     drop(stdin);
+    let mut done = false;
     let status = match sent {
         Ok(()) => {
             protocol::send(
@@ -801,16 +850,54 @@ fn run_cell(
             match wait_for(ctrl, sigchld, it.pid, Some(&it.chan), &mut peak_rss)? {
                 Waited::Exited(st) => exit_status(&st),
                 // Anything but `D <code>`: the cell's code wrote on the channel.
-                Waited::Line(line) => {
-                    parse_done(&line).map_or(ExitStatus::Code(125), ExitStatus::Code)
-                }
+                Waited::Line(line) => match parse_done(&line) {
+                    Some(code) => {
+                        done = true;
+                        ExitStatus::Code(code)
+                    }
+                    None => ExitStatus::Code(125),
+                },
             }
         }
         // The interpreter is gone (it closed its end): the run is over.
         Err(_) => ExitStatus::Signal(libc::SIGKILL),
     };
+    if done && cell.keep {
+        let wall = started.elapsed();
+        if spare_interpreter(sigchld, it.pid, &mut peak_rss) {
+            *interp = Some(it);
+            return report_exit(status, wall, before, peak_rss, true);
+        }
+    }
     drop(it);
     finish(sigchld, status, started, before, peak_rss)
+}
+
+/// After a session's cell: kill and reap every process of the run but the interpreter `pid`.
+/// False when some process would not go within two seconds (stuck in the kernel): then the
+/// whole run ends, the interpreter with it.
+fn spare_interpreter(sigchld: &OwnedFd, pid: i32, peak_rss: &mut u64) -> bool {
+    for _ in 0..40 {
+        match sys::kill_all_but(Path::new("/proc"), pid) {
+            Ok(0) => {
+                reap_exited(0, peak_rss);
+                return true;
+            }
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+        reap_exited(0, peak_rss);
+        let mut fds = [PollFd::new(sigchld, PollFlags::IN)];
+        let _ = poll(
+            &mut fds,
+            Some(&Timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000_000,
+            }),
+        );
+        drain_signalfd(sigchld);
+    }
+    false
 }
 
 /// A program that could not be started: end the run (the forked child is gone or going) and
@@ -991,6 +1078,11 @@ fn wait_for(
                     message: Request::Stop,
                     ..
                 })) => sys::kill_rest_of_namespace().step("stop")?,
+                // Ctrl-C for the program's process group (it leads its own session).
+                Ok(Some(protocol::Frame {
+                    message: Request::Interrupt,
+                    ..
+                })) => sys::signal_group(pid, libc::SIGINT).step("interrupt")?,
                 Ok(Some(_)) => return Err(invalid("control", "unexpected request while running")),
                 // The supervisor is gone: so is the run.
                 _ => {
@@ -1065,6 +1157,17 @@ fn finish(
 ) -> Result<Report, StepError> {
     let wall = started.elapsed();
     end_of_run(sigchld, &mut peak_rss)?;
+    report_exit(status, wall, before, peak_rss, false)
+}
+
+/// The `Exited` report of a run whose other processes are all gone.
+fn report_exit(
+    status: ExitStatus,
+    wall: std::time::Duration,
+    before: sys::ChildrenUsage,
+    peak_rss: u64,
+    interpreter: bool,
+) -> Result<Report, StepError> {
     let after = sys::children_rusage();
     let disk_full = match rustix::fs::statvfs(WORKSPACE) {
         Ok(s) => s.f_bavail == 0 || s.f_favail == 0,
@@ -1076,6 +1179,7 @@ fn finish(
         cpu_ns: after.cpu_ns.saturating_sub(before.cpu_ns),
         max_rss_bytes: peak_rss,
         disk_full,
+        interpreter,
     })
 }
 

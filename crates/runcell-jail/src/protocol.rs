@@ -44,8 +44,29 @@ pub enum Request {
     Start(ExecStep),
     /// Run one cell in the interpreter: write the files (blobs), hand it stdin, tell it to run
     /// its source file; pid 1 answers with `Started` and `Exited` (the cell's exit code, after
-    /// every process of the run was killed and reaped, as for `Exec`).
+    /// every process of the run was killed and reaped, as for `Exec`; with `keep`, every
+    /// process but the interpreter). Without an interpreter: `Failed` at step `cell`.
     Cell(CellStep),
+    /// While a program or cell runs: send SIGINT to its process group (Ctrl-C), so that an
+    /// interpreter can abandon the running code and keep its state. pid 1 answers nothing of
+    /// its own; the program's end comes as usual (or the supervisor follows up with `Stop`).
+    Interrupt,
+    /// Between programs: write files (blobs carry the contents) under /workspace or /tmp; pid
+    /// 1 answers `Written` (or `Failed`).
+    Put { files: Vec<crate::config::FileSpec> },
+    /// Between programs: every file under /workspace (not only what changed), or the one at
+    /// `path`; pid 1 answers `Files`.
+    Browse(Browse),
+}
+
+/// What a `Browse` returns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Browse {
+    pub limits: CollectLimits,
+    /// Relative to /workspace: only this file (a missing or non-regular file gives an empty
+    /// list).
+    pub path: Option<String>,
 }
 
 /// One cell for a started interpreter.
@@ -55,6 +76,11 @@ pub struct CellStep {
     pub files: Vec<crate::config::FileSpec>,
     /// Blob index of the cell's stdin, if any (otherwise empty).
     pub stdin_blob: Option<usize>,
+    /// A session's cell: the interpreter keeps its state and waits for the next cell (pid 1
+    /// kills every other process of the run); otherwise it serves this one cell and ends.
+    pub keep: bool,
+    /// The cell's source file, for a session's cell (its interpreter reads it from there).
+    pub source: Option<PathBuf>,
 }
 
 /// Caps for collecting output files.
@@ -149,6 +175,9 @@ pub enum Report {
         max_rss_bytes: u64,
         /// The scratch filesystem (/tmp, /workspace, /dev/shm) had no space or inodes left.
         disk_full: bool,
+        /// A session's interpreter survived the cell and waits for the next one.
+        #[serde(default)]
+        interpreter: bool,
     },
     /// From pid 1: the files of a `Collect`, sorted by path.
     Files {
@@ -160,6 +189,8 @@ pub enum Report {
         #[serde(default)]
         notes: Vec<String>,
     },
+    /// From pid 1: the files of a `Put` are written.
+    Written,
     /// From any helper: a setup step failed.
     Failed {
         step: String,
@@ -286,6 +317,7 @@ mod tests {
             cpu_ns: 3,
             max_rss_bytes: 1024,
             disk_full: false,
+            interpreter: false,
         };
         send(&mut buf, &msg, &[b"abc", b"", &[0xff, 0x00]]).unwrap();
         send(&mut buf, &Report::Ready, &[]).unwrap();

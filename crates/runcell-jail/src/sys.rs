@@ -212,6 +212,69 @@ pub fn kill_rest_of_namespace() -> io::Result<()> {
     Ok(())
 }
 
+/// Send `sig` to the process group `pgid` (a program started by pid 1 leads its own session
+/// and group): Ctrl-C for a running cell. ESRCH (the group is gone) is not an error.
+pub fn signal_group(pgid: i32, sig: i32) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: kill takes plain integers; a negative pid names the process group, which pid 1
+    // checked is a program's own (never -1, never pid 1's).
+    if unsafe { libc::kill(-pgid, sig) } == -1 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// SIGKILL every live process of the pid namespace except pid 1 and `spare` (a session's
+/// interpreter, which must outlive the cell), by listing `proc` (the namespace's own procfs).
+/// Zombies are left to their parents. Returns how many processes were signalled: call again
+/// until it is 0, reaping in between (a process forked during the sweep is caught by the next).
+pub fn kill_all_but(proc: &std::path::Path, spare: i32) -> io::Result<usize> {
+    if rustix::process::getpid().as_raw_nonzero().get() != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "refusing to sweep: not pid 1 of a private pid namespace",
+        ));
+    }
+    let mut signalled = 0;
+    for entry in std::fs::read_dir(proc)? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid <= 1 || pid == spare {
+            continue;
+        }
+        // "pid (comm) S ...": the state follows the last ')'. A process that is gone by now
+        // is skipped; a zombie cannot be killed and is its parent's to reap.
+        let Ok(stat) = std::fs::read(entry.path().join("stat")) else {
+            continue;
+        };
+        let state = stat
+            .iter()
+            .rposition(|&b| b == b')')
+            .and_then(|i| stat.get(i + 2))
+            .copied();
+        if matches!(state, Some(b'Z') | Some(b'X') | None) {
+            continue;
+        }
+        // SAFETY: kill takes plain integers; `pid` is a process of this namespace other than
+        // pid 1 (read from this namespace's /proc).
+        if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+            signalled += 1;
+        }
+    }
+    Ok(signalled)
+}
+
 /// Bring the loopback interface of the current network namespace up (it starts down), so that
 /// programs can talk to themselves over 127.0.0.1; nothing else exists in the namespace.
 pub fn loopback_up() -> io::Result<()> {

@@ -149,8 +149,19 @@ pub struct Runtime {
     pub python_stack: Option<Vec<(String, String)>>,
 }
 
-/// The warm Python interpreter's program (see [`Runtime::interpreter`]).
-pub const PYTHON_RUNNER: &str = include_str!("../python/runcell_runner.py");
+/// The warm Python interpreter's program (see [`Runtime::interpreter`]): one-shot cells for
+/// the warm pool, and a session's cells.
+pub const PYTHON_RUNNER: &str = include_str!("../runners/python.py");
+/// The session interpreters of the other languages that have one.
+pub const NODE_RUNNER: &str = include_str!("../runners/node.js");
+pub const RUBY_RUNNER: &str = include_str!("../runners/ruby.rb");
+pub const BASH_RUNNER: &str = include_str!("../runners/bash.sh");
+
+/// Where a session's cell source is written (the interpreter reads it and removes it): in
+/// /tmp, so that a session's /workspace holds only the user's files.
+pub const SESSION_CELL_DIR: &str = "/tmp";
+/// Where a bash session's cell finds its stdin (the shell cannot receive a descriptor).
+pub const BASH_SESSION_STDIN: &str = "/tmp/.runcell-stdin";
 
 /// Whether `name` can be a module to preload: dotted Python identifiers (`numpy`,
 /// `matplotlib.pyplot`), nothing that could be read as an option.
@@ -305,25 +316,46 @@ impl Runtime {
         parse_version(self.language, &text)
     }
 
-    /// The command of a warm interpreter for this language, which imports `preload` and then
-    /// runs one cell (its source file, written with the cell), for the languages that have
-    /// one: Python (`python/runcell_runner.py`).
-    pub fn interpreter(&self, preload: &[String]) -> Option<Invocation> {
-        if self.language != Language::Python {
-            return None;
-        }
+    /// The command of a warm interpreter for this language: one that imports `preload` and
+    /// then runs cells (a one-shot cell, or a session's cells; see `runners/`). Python has one
+    /// for both; Node, Ruby and bash only for sessions (`session`); Go none (a Go session
+    /// compiles and runs each cell as a program).
+    pub fn interpreter(&self, preload: &[String], session: bool) -> Option<Invocation> {
         let plan = self.plan();
-        let mut argv = vec![
-            self.executable.to_string_lossy().into_owned(),
-            "-c".to_string(),
-            PYTHON_RUNNER.to_string(),
-            plan.source_path.to_string_lossy().into_owned(),
-        ];
-        argv.extend(preload.iter().cloned());
+        let exe = self.executable.to_string_lossy().into_owned();
+        let argv = match self.language {
+            Language::Python => {
+                let mut argv = vec![
+                    exe,
+                    "-c".to_string(),
+                    PYTHON_RUNNER.to_string(),
+                    plan.source_path.to_string_lossy().into_owned(),
+                ];
+                argv.extend(preload.iter().cloned());
+                argv
+            }
+            Language::Node if session => vec![exe, "-e".into(), NODE_RUNNER.into()],
+            Language::Ruby if session => vec![exe, "-e".into(), RUBY_RUNNER.into()],
+            Language::Bash if session => {
+                vec![exe, "-c".into(), BASH_RUNNER.into(), "bash".into()]
+            }
+            _ => return None,
+        };
         Some(Invocation {
             argv,
             env: plan.run.env,
         })
+    }
+
+    /// Where a session's cell number `n` is written for the interpreter to read.
+    pub fn session_cell_path(&self, n: u64) -> PathBuf {
+        let ext = self
+            .language
+            .source_file()
+            .rsplit('.')
+            .next()
+            .unwrap_or("txt");
+        Path::new(SESSION_CELL_DIR).join(format!(".runcell-cell-{n}.{ext}"))
     }
 
     /// The plan for running `source` (the file content is written by the caller).

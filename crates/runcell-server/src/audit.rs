@@ -76,6 +76,8 @@ pub struct AuditRequest {
     code_bytes: usize,
     input_files: usize,
     requested: LimitOverrides,
+    /// The session a call ran in.
+    pub(crate) session_id: Option<String>,
 }
 
 impl From<&ExecRequest> for AuditRequest {
@@ -86,6 +88,7 @@ impl From<&ExecRequest> for AuditRequest {
             code_bytes: req.code.len(),
             input_files: req.files.len(),
             requested: req.limits,
+            session_id: None,
         }
     }
 }
@@ -98,6 +101,8 @@ struct Line<'a> {
     interface: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     peer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
     language: &'a str,
     code_sha256: &'a str,
     code_bytes: usize,
@@ -153,6 +158,7 @@ impl AuditLog {
             key_id: caller.key_id.as_deref(),
             interface: caller.interface,
             peer: caller.peer.map(|p| p.to_string()),
+            session_id: req.session_id.as_deref(),
             language: req.language,
             code_sha256: &req.code_sha256,
             code_bytes: req.code_bytes,

@@ -31,6 +31,13 @@
 //! [preload]                   # modules the warm Python interpreters import ahead
 //! python = ["numpy", "pandas", "matplotlib.pyplot"]
 //!
+//! [sessions]                  # stateful sessions (POST /v1/sessions)
+//! max = 32                    # live sessions at most (429 beyond)
+//! per_key = 8                 # per API key
+//! ttl = "10m"                 # idle time before a session ends, unless a request asks
+//! max_ttl = "1h"              # the longest idle TTL a request may ask for
+//! lifetime = "4h"             # a session ends this long after its creation
+//!
 //! [caps]                      # sizes and counts of code, stdin and files
 //! code = "1M"
 //! input_total = "64M"
@@ -73,6 +80,19 @@ pub struct FileConfig {
     pub pool: BTreeMap<String, usize>,
     #[serde(default)]
     pub preload: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub sessions: FileSessions,
+}
+
+/// `[sessions]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSessions {
+    pub max: Option<usize>,
+    pub per_key: Option<usize>,
+    pub ttl: Option<toml::Value>,
+    pub max_ttl: Option<toml::Value>,
+    pub lifetime: Option<toml::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -144,6 +164,11 @@ pub struct Overrides {
     pub pool: Vec<String>,
     /// `LANG=MOD,MOD` entries, e.g. `python=numpy,pandas`.
     pub preload: Vec<String>,
+    pub max_sessions: Option<usize>,
+    pub max_sessions_per_key: Option<usize>,
+    pub session_ttl: Option<String>,
+    pub session_max_ttl: Option<String>,
+    pub session_lifetime: Option<String>,
 }
 
 fn toml_to_json(v: &toml::Value) -> Value {
@@ -435,6 +460,48 @@ pub fn build(
         preload.set_text(entry).map_err(bad)?;
     }
     c.preload = preload;
+    // Sessions: flags, then the file, then the defaults.
+    let fs = &file.sessions;
+    let sp = &mut c.sessions;
+    if let Some(n) = o.max_sessions.or(fs.max) {
+        sp.max_total = n;
+    }
+    if let Some(n) = o.max_sessions_per_key.or(fs.per_key) {
+        sp.max_per_owner = n;
+    }
+    for (name, flag, from_file, slot) in [
+        ("sessions.ttl", &o.session_ttl, &fs.ttl, &mut sp.default_ttl),
+        (
+            "sessions.max_ttl",
+            &o.session_max_ttl,
+            &fs.max_ttl,
+            &mut sp.max_ttl,
+        ),
+        (
+            "sessions.lifetime",
+            &o.session_lifetime,
+            &fs.lifetime,
+            &mut sp.max_lifetime,
+        ),
+    ] {
+        if let Some(v) = flag
+            .clone()
+            .map(Value::String)
+            .or(from_file.as_ref().map(toml_to_json))
+        {
+            *slot = duration_setting(name, &v)?;
+        }
+    }
+    if sp.default_ttl > sp.max_ttl {
+        sp.max_ttl = sp.default_ttl;
+    }
+    if sp.max_lifetime < sp.default_ttl {
+        return Err(ServerError::Config(format!(
+            "sessions: the lifetime ({} s) is shorter than the idle TTL ({} s)",
+            sp.max_lifetime.as_secs(),
+            sp.default_ttl.as_secs()
+        )));
+    }
     Ok(c)
 }
 

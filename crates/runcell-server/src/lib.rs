@@ -75,6 +75,8 @@ pub struct ServerConfig {
     pub pool: runcell_core::PoolSizes,
     /// Modules the warm Python interpreters import before they are ready.
     pub preload: runcell_core::Preload,
+    /// What sessions may do: how many, how long.
+    pub sessions: runcell_core::SessionPolicy,
     pub engine: EngineConfig,
 }
 
@@ -92,6 +94,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("audit", &self.audit)
             .field("pool", &self.pool)
             .field("preload", &self.preload)
+            .field("sessions", &self.sessions)
             .field("engine", &self.engine)
             .finish()
     }
@@ -124,6 +127,7 @@ impl ServerConfig {
             audit: AuditTarget::Stderr,
             pool: runcell_core::PoolSizes::default(),
             preload: runcell_core::Preload::default(),
+            sessions: runcell_core::SessionPolicy::default(),
             engine,
         }
     }

@@ -155,7 +155,12 @@ impl Metrics {
     }
 
     /// The text exposition, with the gauges and the warm pool's figures read now.
-    pub fn render(&self, running: usize, pool: &[PoolStats]) -> String {
+    pub fn render(
+        &self,
+        running: usize,
+        pool: &[PoolStats],
+        sessions: runcell_core::SessionStats,
+    ) -> String {
         self.running.set(running as i64);
         self.queued
             .set(self.queued_now.load(Ordering::Relaxed).max(0));
@@ -168,10 +173,38 @@ impl Metrics {
         if let Some(body) = out.strip_suffix("# EOF\n") {
             let mut text = body.to_string();
             pool_families(&mut text, pool);
+            session_families(&mut text, sessions);
             text.push_str("# EOF\n");
             out = text;
         }
         out
+    }
+}
+
+/// The sessions' families, in the OpenMetrics text format.
+fn session_families(out: &mut String, s: runcell_core::SessionStats) {
+    use std::fmt::Write;
+    let families = [
+        ("sessions", "gauge", "Live sessions", s.live as u64),
+        ("sessions_created", "counter", "Sessions created", s.created),
+        (
+            "sessions_expired",
+            "counter",
+            "Sessions ended by the reaper (idle past their TTL, or past the maximum lifetime)",
+            s.expired,
+        ),
+        (
+            "sessions_deleted",
+            "counter",
+            "Sessions ended by DELETE",
+            s.deleted,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP runcell_{name} {help}.");
+        let _ = writeln!(out, "# TYPE runcell_{name} {kind}");
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        let _ = writeln!(out, "runcell_{name}{suffix} {value}");
     }
 }
 
@@ -275,7 +308,7 @@ mod tests {
             refill_seconds: 0.3,
             refill_failures: 2,
         }];
-        let text = m.render(1, &pool);
+        let text = m.render(1, &pool, runcell_core::SessionStats::default());
         for needle in [
             "runcell_executions_total{language=\"python\",category=\"timeout\",interface=\"http\"} 1",
             "runcell_executions_total{language=\"node\",category=\"ok\",interface=\"mcp\"} 1",

@@ -101,6 +101,8 @@ pub(crate) struct Inner {
     pub(crate) runtimes: Mutex<Option<(Instant, Arc<Vec<RuntimeInfo>>)>>,
     /// Cancelled when the grace period is over: ends long-lived MCP streams.
     pub(crate) shutdown: runcell_mcp::CancellationToken,
+    /// Live sessions.
+    pub(crate) sessions: Arc<runcell_core::Sessions>,
 }
 
 impl AppState {
@@ -113,6 +115,7 @@ impl AppState {
             .min(Semaphore::MAX_PERMITS);
         let mut engine = Engine::new(config.engine.clone());
         engine.start_pool(&config.pool, &config.preload);
+        let sessions = runcell_core::Sessions::new(engine.clone(), config.sessions);
         AppState {
             inner: Arc::new(Inner {
                 engine,
@@ -129,6 +132,7 @@ impl AppState {
                 audit,
                 runtimes: Mutex::new(None),
                 shutdown: runcell_mcp::CancellationToken::new(),
+                sessions,
             }),
         }
     }
@@ -139,6 +143,10 @@ impl AppState {
 
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    pub fn sessions(&self) -> &Arc<runcell_core::Sessions> {
+        &self.inner.sessions
     }
 
     pub fn metrics(&self) -> &Metrics {

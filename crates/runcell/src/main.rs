@@ -152,6 +152,22 @@ struct ServeArgs {
     /// own `import pandas` then finds it loaded. Each warm sandbox holds their memory.
     #[arg(long = "preload", env = "RUNCELL_PRELOAD", value_name = "LANG=MODULES")]
     preload: Vec<String>,
+    /// Live sessions at most (POST /v1/sessions; 429 beyond) [default: 32].
+    #[arg(long, env = "RUNCELL_MAX_SESSIONS", value_name = "N")]
+    max_sessions: Option<usize>,
+    /// Live sessions per API key at most [default: 8].
+    #[arg(long, env = "RUNCELL_MAX_SESSIONS_PER_KEY", value_name = "N")]
+    max_sessions_per_key: Option<usize>,
+    /// Idle time after which a session ends, unless its request asks for another [default:
+    /// 10m].
+    #[arg(long, env = "RUNCELL_SESSION_TTL", value_name = "DURATION")]
+    session_ttl: Option<String>,
+    /// The longest idle TTL a session request may ask for [default: 1h].
+    #[arg(long, env = "RUNCELL_SESSION_MAX_TTL", value_name = "DURATION")]
+    session_max_ttl: Option<String>,
+    /// A session ends this long after its creation, however busy [default: 4h].
+    #[arg(long, env = "RUNCELL_SESSION_LIFETIME", value_name = "DURATION")]
+    session_lifetime: Option<String>,
     /// Where the audit log (one JSON line per execution) goes: stderr, off, or a file path
     /// (appended to, created 0640) [default: stderr].
     #[arg(long, env = "RUNCELL_AUDIT_LOG", value_name = "stderr|off|FILE")]
@@ -673,6 +689,11 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         caps: args.caps,
         pool: args.pool,
         preload: args.preload,
+        max_sessions: args.max_sessions,
+        max_sessions_per_key: args.max_sessions_per_key,
+        session_ttl: args.session_ttl,
+        session_max_ttl: args.session_max_ttl,
+        session_lifetime: args.session_lifetime,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -43,6 +43,9 @@ pub enum SandboxError {
     Cgroup(#[from] CgroupError),
     #[error("the sandbox is no longer running")]
     Dead,
+    /// A cell was sent to a sandbox whose interpreter is gone (it died between cells).
+    #[error("the sandbox's interpreter is no longer running")]
+    NoInterpreter,
     #[error("the program's files and stdin do not fit in the memory limit")]
     InputExceedsMemory,
 }

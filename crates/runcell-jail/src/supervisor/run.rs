@@ -29,6 +29,15 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 /// sandbox is stuck in the kernel (uninterruptible sleep) and still holds a pipe.
 const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 
+/// How long a session's interpreter gets to abandon its cell after SIGINT (a timeout, an
+/// output flood, a cancellation) before the supervisor stops the run the hard way, which ends
+/// the interpreter and its state: time for a KeyboardInterrupt to unwind and its traceback
+/// to print, even on a loaded host.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+
+/// How long pid 1 may take to write the files of a `Put` (up to the disk limit's worth).
+const PUT_ALLOWANCE: Duration = Duration::from_secs(30);
+
 /// A file to place in the sandbox before a program starts.
 #[derive(Debug, Clone)]
 pub struct InputFile {
@@ -82,6 +91,9 @@ pub struct Outcome {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub landlock: Option<LandlockStatus>,
+    /// A session's interpreter survived the cell (always false for programs and one-shot
+    /// cells).
+    pub interpreter_alive: bool,
 }
 
 /// The wire form of a program: its step, and the blobs (files, then stdin) it refers to.
@@ -127,6 +139,8 @@ struct ExitRecord {
     max_rss_bytes: u64,
     /// The scratch filesystem was full when the program ended.
     disk_full: bool,
+    /// A session's interpreter survived.
+    interpreter: bool,
 }
 
 impl ExitRecord {
@@ -139,12 +153,14 @@ impl ExitRecord {
                 cpu_ns,
                 max_rss_bytes,
                 disk_full,
+                interpreter,
             } => Some(ExitRecord {
                 status,
                 wall: Duration::from_nanos(wall_ns),
                 cpu: Duration::from_nanos(cpu_ns),
                 max_rss_bytes,
                 disk_full,
+                interpreter,
             }),
             _ => None,
         }
@@ -159,6 +175,7 @@ impl ExitRecord {
             cpu: Duration::ZERO,
             max_rss_bytes: 0,
             disk_full: false,
+            interpreter: false,
         }
     }
 }
@@ -194,11 +211,14 @@ impl Sandbox {
 
     /// Run one cell in the warm interpreter: the `files` (the cell's source among them) are
     /// written first, the interpreter runs its source file with `stdin`; the outcome is that
-    /// of a program (`Exited` with the cell's exit code). As after a program, every process of
-    /// the run is killed afterwards: the interpreter serves one cell.
+    /// of a program (`Exited` with the cell's exit code). In a one-shot sandbox every process
+    /// of the run is killed afterwards: the interpreter serves one cell. In a persistent one
+    /// ([`Sandbox::set_persistent`]) the interpreter runs `source` and keeps its state for the
+    /// next cell; [`Outcome::interpreter_alive`] says whether it still can.
     pub fn run_cell(
         &mut self,
         cell: &Program,
+        source: Option<&std::path::Path>,
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
     ) -> Result<Outcome, SandboxError> {
@@ -206,9 +226,45 @@ impl Sandbox {
         let cell_step = CellStep {
             files: step.files,
             stdin_blob: step.stdin_blob,
+            keep: self.persistent,
+            source: source.map(PathBuf::from),
         };
         self.drive(&Request::Cell(cell_step), &blobs, cell, sink, cancel, false)
             .map(|(o, _)| o)
+    }
+
+    /// Write files into the sandbox between programs (under /workspace or /tmp).
+    pub fn put_files(&mut self, files: &[InputFile]) -> Result<(), SandboxError> {
+        if !self.alive {
+            return Err(SandboxError::Dead);
+        }
+        let mut blobs: Vec<&[u8]> = Vec::new();
+        let specs = files
+            .iter()
+            .map(|f| {
+                blobs.push(&f.content);
+                FileSpec {
+                    path: f.path.clone(),
+                    mode: f.mode,
+                    blob: blobs.len() - 1,
+                }
+            })
+            .collect();
+        protocol::send(&self.ctrl, &Request::Put { files: specs }, &blobs)
+            .map_err(io_err("send files"))?;
+        match self.wait_report(Instant::now() + PUT_ALLOWANCE)? {
+            Some(Report::Written) => Ok(()),
+            Some(Report::Failed { step, path, error }) => Err(SandboxError::Setup {
+                step,
+                path,
+                source: error,
+            }),
+            Some(other) => Err(SandboxError::Protocol(format!("{other:?}"))),
+            None => {
+                self.kill();
+                Err(SandboxError::Protocol("no answer to put".into()))
+            }
+        }
     }
 
     /// Send `request` (an `Exec`, `Start` or `Cell`) and follow the program it starts until it
@@ -313,6 +369,9 @@ impl Sandbox {
                     }
                     Report::Exited { .. } => exited = ExitRecord::from_report(&report),
                     Report::InterpreterReady if until_ready => ready = true,
+                    Report::Failed { step, .. } if step == "cell" => {
+                        return Err(SandboxError::NoInterpreter)
+                    }
                     Report::Failed { step, path, error } => {
                         self.kill();
                         return Err(SandboxError::Setup {
@@ -326,7 +385,14 @@ impl Sandbox {
             }
         }
 
-        if matches!(end, Some(End::TimedOut | End::OutputLimit(_))) && exited.is_none() {
+        if self.persistent && end.is_some() && exited.is_none() {
+            // A session: Ctrl-C first, so that an interpreter can keep its state; the output
+            // it prints meanwhile (the traceback) still counts, within the caps.
+            exited = self.interrupt_program(&mut out, &mut err, sink);
+        }
+        let stop = matches!(end, Some(End::TimedOut | End::OutputLimit(_)))
+            || (self.persistent && end == Some(End::Cancelled));
+        if stop && exited.is_none() {
             // Ask pid 1 to kill the program and everything it started: the sandbox and its
             // files survive (outputs written before a timeout are still collected). If pid 1
             // does not answer in time, fall through to the hard kill below.
@@ -377,6 +443,7 @@ impl Sandbox {
                     stdout: out.data,
                     stderr: err.data,
                     landlock,
+                    interpreter_alive: false,
                 },
                 true,
             ));
@@ -413,9 +480,53 @@ impl Sandbox {
                 stdout: out.data,
                 stderr: err.data,
                 landlock,
+                interpreter_alive: exited.is_some_and(|r| r.interpreter),
             },
             false,
         ))
+    }
+
+    /// Send `Interrupt` and wait up to [`INTERRUPT_GRACE`] for pid 1's `Exited`, reading the
+    /// output meanwhile (a program blocked on a full pipe could not unwind).
+    fn interrupt_program(
+        &mut self,
+        out: &mut Capture,
+        err: &mut Capture,
+        sink: &mut dyn OutputSink,
+    ) -> Option<ExitRecord> {
+        protocol::send(&self.ctrl, &Request::Interrupt, &[]).ok()?;
+        let deadline = Instant::now() + INTERRUPT_GRACE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let mut fds = [
+                PollFd::new(&self.ctrl, PollFlags::IN),
+                PollFd::new(&self.stdout, PollFlags::IN),
+                PollFd::new(&self.stderr, PollFlags::IN),
+            ];
+            match poll(&mut fds, Some(&timespec(left))) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return None,
+            }
+            let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents()).collect();
+            if !revents[1].is_empty() {
+                out.read_from(&self.stdout, Stream::Stdout, sink);
+            }
+            if !revents[2].is_empty() {
+                err.read_from(&self.stderr, Stream::Stderr, sink);
+            }
+            if !revents[0].is_empty() {
+                match self.read_report() {
+                    Ok(report @ Report::Exited { .. }) => return ExitRecord::from_report(&report),
+                    Ok(Report::Started { .. }) => continue,
+                    _ => return None,
+                }
+            }
+        }
     }
 
     /// Send `Stop` and wait up to `grace` for pid 1's `Exited`.

@@ -167,6 +167,8 @@ pub struct Sandbox {
     pub(super) cgroup: Option<Cgroup>,
     pub(super) enforcement: Enforcement,
     pub(super) alive: bool,
+    /// A session's sandbox: it outlives its programs (see [`Sandbox::set_persistent`]).
+    pub(super) persistent: bool,
 }
 
 /// The next sandbox host uid: sequential within this process from a random start, so two
@@ -289,6 +291,7 @@ impl Sandbox {
             cgroup,
             enforcement,
             alive: true,
+            persistent: false,
         };
         // S4. The sandbox description goes over the socket, never through argv or the
         //     environment (which /proc would show); then wait, bounded, for `Ready`.
@@ -396,6 +399,27 @@ impl Sandbox {
         self.alive && matches!(self.helper.try_wait(), Ok(None))
     }
 
+    /// Make this a session's sandbox: its interpreter keeps its state between cells, and a
+    /// cell or program that runs out of time or output, or is cancelled, is interrupted
+    /// (SIGINT) and then stopped, never the whole sandbox killed, so that its files survive.
+    pub fn set_persistent(&mut self, persistent: bool) {
+        self.persistent = persistent;
+    }
+
+    /// Every file under /workspace (`path: None`), or the one regular file at `path`
+    /// (relative to /workspace), with contents within `limits`. Call between programs.
+    pub fn browse(
+        &mut self,
+        limits: &CollectLimits,
+        path: Option<&str>,
+    ) -> Result<CollectedFiles, SandboxError> {
+        let request = Request::Browse(protocol::Browse {
+            limits: *limits,
+            path: path.map(str::to_string),
+        });
+        self.files_request(&request, limits)
+    }
+
     /// Kill every process of the sandbox now. pid 1 is killed, and the death of pid 1 kills its
     /// whole pid namespace: double forks, setsid, ignored SIGTERM and new sessions cannot
     /// escape that. The cgroup is killed as well when there is one. The helper is reaped
@@ -416,11 +440,19 @@ impl Sandbox {
     /// The files the last program(s) created or changed under /workspace, with contents within
     /// the caps. Call between programs (after `run` returned with the sandbox alive).
     pub fn collect(&mut self, limits: &CollectLimits) -> Result<CollectedFiles, SandboxError> {
+        self.files_request(&Request::Collect(*limits), limits)
+    }
+
+    /// Send a `Collect` or `Browse` and read the `Files` answer.
+    fn files_request(
+        &mut self,
+        request: &Request,
+        limits: &CollectLimits,
+    ) -> Result<CollectedFiles, SandboxError> {
         if !self.alive {
             return Err(SandboxError::Dead);
         }
-        protocol::send(&self.ctrl, &Request::Collect(*limits), &[])
-            .map_err(io_err("send collect"))?;
+        protocol::send(&self.ctrl, request, &[]).map_err(io_err("send collect"))?;
         let mut fds = [PollFd::new(&self.ctrl, PollFlags::IN)];
         // pid 1 bounds the collection to `deadline_ms`; allow for the transfer on top.
         let wait = Duration::from_millis(limits.deadline_ms) + COLLECT_TRANSFER_ALLOWANCE;

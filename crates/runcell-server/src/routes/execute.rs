@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::future::BoxFuture;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use runcell_core::stream::TextSink;
 use runcell_core::{ExecRequest, NoSink, Stream, Verdict};
@@ -30,7 +31,7 @@ enum Message {
     Done(Box<Result<Verdict, ApiError>>),
 }
 
-fn wants_events(headers: &HeaderMap) -> bool {
+pub(crate) fn wants_events(headers: &HeaderMap) -> bool {
     headers
         .get_all(ACCEPT)
         .iter()
@@ -114,7 +115,7 @@ pub(crate) async fn read_body(
     }
 }
 
-fn parse_body(bytes: &[u8]) -> Result<ExecRequest, ApiError> {
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| {
         use serde_json::error::Category;
         match e.classify() {
@@ -162,7 +163,7 @@ pub(crate) async fn execute(
     let (parts, body) = req.into_parts();
     let reservation = state.reserve()?;
     let parsed = match read_body(body, &parts.headers, state.inner.max_body_bytes, None).await {
-        Ok(bytes) => parse_body(&bytes),
+        Ok(bytes) => parse_body::<ExecRequest>(&bytes),
         Err(e) => Err(e),
     };
     let req = parsed.inspect_err(|e| state.inner.metrics.rejected(e.category))?;
@@ -174,6 +175,22 @@ pub(crate) async fn execute(
     if !wants_events(&parts.headers) {
         return Ok(Json(admitted.run(Box::new(NoSink)).await?).into_response());
     }
+    Ok(event_stream(&state, move |sink| {
+        Box::pin(async move { admitted.run(sink).await })
+    }))
+}
+
+/// A run answered as server-sent events: `stdout` and `stderr` (`{"text": ...}`) as the
+/// program writes, then `result` (the verdict) or `error` (an error body). `run` gets the sink
+/// for the output; dropping the stream (a client that went away) aborts it.
+pub(crate) fn event_stream<F>(state: &AppState, run: F) -> Response
+where
+    F: FnOnce(
+            Box<dyn runcell_core::OutputSink + Send>,
+        ) -> BoxFuture<'static, Result<Verdict, ApiError>>
+        + Send
+        + 'static,
+{
     let (tx, rx) = mpsc::unbounded_channel();
     let done = tx.clone();
     let task = tokio::spawn(
@@ -182,7 +199,7 @@ pub(crate) async fn execute(
                 // A closed channel means the client is gone; the kill switch handles that.
                 let _ = tx.send(Message::Output(stream, text));
             });
-            let result = admitted.run(Box::new(sink)).await;
+            let result = run(Box::new(sink)).await;
             let _ = done.send(Message::Done(Box::new(result)));
         }
         // The run outlives the handler: it keeps the request's span (its id) all the same.
@@ -228,5 +245,5 @@ pub(crate) async fn execute(
         .into_response();
     res.headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(res)
+    res
 }

@@ -2,6 +2,7 @@
 
 pub mod execute;
 pub mod ops;
+pub mod sessions;
 
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -14,6 +15,15 @@ pub(crate) fn authenticated() -> OpenApiRouter<AppState> {
         .routes(routes!(execute::execute))
         .routes(routes!(ops::runtimes))
         .routes(routes!(ops::metrics))
+        .routes(routes!(sessions::create, sessions::list))
+        .routes(routes!(sessions::get, sessions::delete))
+        .routes(routes!(sessions::execute))
+        .routes(routes!(sessions::list_files))
+        .routes(routes!(sessions::get_file, sessions::put_file))
+        .route(
+            "/v1/sessions/{id}/files/{dir}/{*rest}",
+            axum::routing::get(sessions::get_nested_file).put(sessions::put_nested_file),
+        )
 }
 
 /// The routes anyone may call.

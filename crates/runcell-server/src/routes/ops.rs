@@ -84,10 +84,11 @@ pub(crate) async fn openapi_json() -> Response {
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
     ))]
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
-    let text = state
-        .inner
-        .metrics
-        .render(state.runs().active(), &state.inner.engine.pool_stats());
+    let text = state.inner.metrics.render(
+        state.runs().active(),
+        &state.inner.engine.pool_stats(),
+        state.sessions().stats(),
+    );
     (
         [(
             CONTENT_TYPE,

@@ -1,0 +1,64 @@
+# runcell's session interpreter for Ruby: runs a session's cells one after another in one
+# top-level binding, like irb: local variables, methods, classes and constants persist from
+# cell to cell. `exit n` ends the cell, not the session, with exit code n. SIGINT (a timeout)
+# raises Interrupt in the running cell.
+#
+# Channel (fd 4, a unix socket to the sandbox's pid 1): "R\n" when ready; pid 1 sends
+# "K <source path>\n" with the cell's stdin attached as a descriptor; this process answers
+# "D <exit code>\n" when the cell is over.
+require 'socket'
+
+module RuncellRunner
+  def self.main
+    chan = UNIXSocket.for_fd(4)
+    chan.close_on_exec = true
+    $stdout.sync = true
+    $stderr.sync = true
+    count = 0
+    chan.write("R\n")
+    loop do
+      trap('INT', 'IGNORE')
+      msg, _addr, _flags, *controls = chan.recvmsg(4096, 0, nil, scm_rights: true)
+      exit!(0) if msg.nil? || msg.empty?
+      exit!(125) unless msg.start_with?('K ') && msg.end_with?("\n")
+      io = controls.first&.unix_rights&.first
+      exit!(125) if io.nil?
+      STDIN.reopen(io)
+      io.close
+      $stdin = STDIN
+      count += 1
+      code = run_cell(msg[2..-2], count)
+      trap('INT', 'IGNORE')
+      $stdout.flush
+      $stderr.flush
+      chan.write("D #{code & 0xFF}\n")
+    end
+  end
+
+  def self.run_cell(path, count)
+    source = File.read(path)
+    File.unlink(path)
+    trap('INT', 'DEFAULT')
+    eval(source, TOPLEVEL_BINDING, "<cell #{count}>", 1)
+    0
+  rescue SystemExit => e
+    e.status
+  rescue Interrupt => e
+    report(e)
+    130
+  rescue Exception => e # rubocop:disable Lint/RescueException
+    report(e)
+    1
+  end
+
+  def self.report(e)
+    if e.backtrace
+      e.set_backtrace(e.backtrace.reject { |l| l.start_with?('-e:') })
+    end
+    $stderr.print(e.full_message(highlight: false))
+  rescue Exception # rubocop:disable Lint/RescueException
+    $stderr.puts("#{e.class}: #{e.message}")
+  end
+end
+
+RuncellRunner.main
