@@ -28,7 +28,7 @@ pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::{ExecRequest, InputFile};
 pub use session::{
     CellRequest, Session, SessionError, SessionInfo, SessionPolicy, SessionRequest, SessionStats,
-    Sessions, WorkspaceListing,
+    SessionTarget, Sessions, WorkspaceListing,
 };
 pub use verdict::{ErrorCategory, Verdict, VerdictError};
 

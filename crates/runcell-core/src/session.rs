@@ -300,9 +300,13 @@ impl Engine {
         v: &ValidRequest,
         overrides: LimitOverrides,
         lifetime: Duration,
-    ) -> Result<Session, Verdict> {
-        let runtime = runcell_runtimes::locate(v.language(), &self.config().host)
-            .map_err(|e| Verdict::failed(ErrorCategory::RuntimeUnavailable, e.to_string()))?;
+    ) -> Result<Session, Box<Verdict>> {
+        let runtime = runcell_runtimes::locate(v.language(), &self.config().host).map_err(|e| {
+            Box::new(Verdict::failed(
+                ErrorCategory::RuntimeUnavailable,
+                e.to_string(),
+            ))
+        })?;
         let interpreter = runtime.interpreter(&[], true);
         let mut s = Session {
             language: v.language(),
@@ -336,13 +340,13 @@ impl Session {
     }
 
     /// A new sandbox with the session's files (and the runtime's), its interpreter started.
-    fn start_sandbox(&mut self, engine: &Engine) -> Result<(), Verdict> {
+    fn start_sandbox(&mut self, engine: &Engine) -> Result<(), Box<Verdict>> {
         self.sandbox = None;
         let spec = sandbox_spec(engine.config(), &self.limits, &self.runtime);
         let mut sandbox = Sandbox::create(&spec)
-            .map_err(|e| sandbox_failure("of the session could not be set up", &e))?;
+            .map_err(|e| Box::new(sandbox_failure("of the session could not be set up", &e)))?;
         if let Some(refused) = engine.strict_refusal(&sandbox) {
-            return Err(refused);
+            return Err(Box::new(refused));
         }
         sandbox.set_persistent(true);
         let mut files = sandbox_files(&self.runtime);
@@ -353,13 +357,16 @@ impl Session {
         }
         sandbox
             .put_files(&files)
-            .map_err(|e| sandbox_failure("could not receive the session's files", &e))?;
+            .map_err(|e| Box::new(sandbox_failure("could not receive the session's files", &e)))?;
         self.sandbox = Some(sandbox);
         Ok(())
     }
 
     /// Start the session's interpreter in its sandbox (again, after it ended).
-    fn start_interpreter(&mut self, files: Vec<runcell_jail::InputFile>) -> Result<(), Verdict> {
+    fn start_interpreter(
+        &mut self,
+        files: Vec<runcell_jail::InputFile>,
+    ) -> Result<(), Box<Verdict>> {
         let (Some(inv), Some(sandbox)) = (&self.interpreter, self.sandbox.as_mut()) else {
             return Ok(());
         };
@@ -378,27 +385,27 @@ impl Session {
             Ok(None) => Ok(()),
             Ok(Some(outcome)) => {
                 self.sandbox = None;
-                Err(Verdict::failed(
+                Err(Box::new(Verdict::failed(
                     ErrorCategory::SandboxFailure,
                     format!(
                         "The session's interpreter ended while starting ({:?}): {}",
                         outcome.end,
                         String::from_utf8_lossy(&outcome.stderr).trim_end()
                     ),
-                ))
+                )))
             }
             Err(e) => {
                 self.sandbox = None;
-                Err(sandbox_failure(
+                Err(Box::new(sandbox_failure(
                     "could not start the session's interpreter",
                     &e,
-                ))
+                )))
             }
         }
     }
 
     /// The sandbox, rebuilt if it ended (its files are lost then).
-    fn ensure_sandbox(&mut self, engine: &Engine) -> Result<&mut Sandbox, Verdict> {
+    fn ensure_sandbox(&mut self, engine: &Engine) -> Result<&mut Sandbox, Box<Verdict>> {
         let alive = self.sandbox.as_mut().is_some_and(|s| s.is_ready());
         if !alive {
             self.start_sandbox(engine)?;
@@ -406,7 +413,7 @@ impl Session {
         }
         self.sandbox
             .as_mut()
-            .ok_or_else(|| Verdict::failed(ErrorCategory::SandboxFailure, "no sandbox"))
+            .ok_or_else(|| Box::new(Verdict::failed(ErrorCategory::SandboxFailure, "no sandbox")))
     }
 
     /// Validate one call against the session's limits (with its own timeout).
@@ -475,7 +482,7 @@ impl Session {
         lost: &mut Option<Lost>,
     ) -> Verdict {
         if let Err(v) = self.ensure_sandbox(engine) {
-            return v;
+            return *v;
         }
         *lost = (*lost).max(self.pending.take());
         let has_interpreter = self.interpreter.is_some();
@@ -502,7 +509,7 @@ impl Session {
                 // It ended between calls: start it again, and run the call in the new one.
                 *lost = (*lost).max(Some(Lost::State));
                 if let Err(v) = self.start_interpreter(Vec::new()) {
-                    return v;
+                    return *v;
                 }
                 continue;
             }
@@ -545,7 +552,7 @@ impl Session {
     }
 
     /// The files of /workspace (names and sizes).
-    pub fn list_files(&mut self, engine: &Engine) -> Result<WorkspaceListing, Verdict> {
+    pub fn list_files(&mut self, engine: &Engine) -> Result<WorkspaceListing, Box<Verdict>> {
         let limits = CollectLimits {
             max_files: LIST_MAX_FILES,
             max_file_bytes: 0,
@@ -557,7 +564,7 @@ impl Session {
         let sandbox = self.ensure_sandbox(engine)?;
         let c = sandbox
             .browse(&limits, None)
-            .map_err(|e| sandbox_failure("could not list its files", &e))?;
+            .map_err(|e| Box::new(sandbox_failure("could not list its files", &e)))?;
         Ok(WorkspaceListing {
             files: c
                 .files
@@ -586,7 +593,7 @@ impl Session {
         let sandbox = self.ensure_sandbox(engine).map_err(message)?;
         let mut c = sandbox
             .browse(&limits, Some(&rel))
-            .map_err(|e| message(sandbox_failure("could not read the file", &e)))?;
+            .map_err(|e| message(Box::new(sandbox_failure("could not read the file", &e))))?;
         Ok(match c.files.first().and_then(|f| f.blob) {
             Some(i) if i < c.blobs.len() => Some(c.blobs.swap_remove(i)),
             _ => None,
@@ -633,8 +640,27 @@ impl Session {
     }
 }
 
-fn message(v: Verdict) -> String {
+fn message(v: Box<Verdict>) -> String {
     v.error.map(|e| e.message).unwrap_or_default()
+}
+
+/// Where a front end that speaks in [`ExecRequest`]s (MCP) runs one: a new session, or an
+/// existing one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionTarget {
+    New,
+    Id(String),
+}
+
+impl SessionTarget {
+    /// `"new"` or a session id.
+    pub fn parse(text: &str) -> SessionTarget {
+        if text == "new" {
+            SessionTarget::New
+        } else {
+            SessionTarget::Id(text.to_string())
+        }
+    }
 }
 
 /// A live session in the table.
@@ -808,7 +834,7 @@ impl Sessions {
             Err(verdict) => {
                 drop(st);
                 lock(&self.table).slots.remove(&slot.id);
-                Err(SessionError::Failed(Box::new(verdict)))
+                Err(SessionError::Failed(verdict))
             }
         }
     }
@@ -920,6 +946,86 @@ impl Sessions {
         Ok(verdict)
     }
 
+    /// Run a one-shot shaped request in a session: `New` creates one with the request's
+    /// language and limits first. The request's files are written for this call. Blocking.
+    pub fn run_request(
+        &self,
+        owner: Option<&str>,
+        target: &SessionTarget,
+        req: &ExecRequest,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> Result<Verdict, SessionError> {
+        let id = match target {
+            SessionTarget::Id(id) => {
+                let info = self.get(owner, id)?;
+                let asked = Language::parse(&req.language).map(Language::name);
+                if asked != Some(info.language.as_str()) {
+                    return Err(SessionError::Invalid(format!(
+                        "Session {id} is a {} session: run its code with the {} tool, or start                          a new session (session_id \"new\").",
+                        info.language, info.language
+                    )));
+                }
+                id.clone()
+            }
+            SessionTarget::New => {
+                let mut exec = req.clone();
+                exec.code = String::new();
+                exec.stdin = None;
+                exec.files = Vec::new();
+                let created = self.create(owner, &SessionRequest { exec, ttl: None })?;
+                created.id
+            }
+        };
+        let cell = CellRequest {
+            code: req.code.clone(),
+            stdin: req.stdin.clone(),
+            files: req.files.clone(),
+            timeout: req.limits.timeout,
+        };
+        self.execute(owner, &id, &cell, sink, cancel)
+    }
+
+    /// [`Sessions::run_request`] on a blocking thread, from async code: `kill` fires when the
+    /// returned future is dropped (a cancelled call interrupts the session's cell); `hold` is
+    /// dropped once the call is over, and `finish` sees its result there.
+    #[allow(clippy::too_many_arguments)] // (each is one thing the caller owns and hands over)
+    pub async fn run_request_blocking<H, F>(
+        self: &Arc<Self>,
+        owner: Option<String>,
+        target: SessionTarget,
+        req: ExecRequest,
+        mut sink: Box<dyn OutputSink + Send>,
+        kill: KillSwitch,
+        hold: H,
+        finish: F,
+    ) -> Result<Verdict, SessionError>
+    where
+        H: Send + 'static,
+        F: FnOnce(&Result<Verdict, SessionError>) + Send + 'static,
+    {
+        let mut guard = kill.kill_on_drop();
+        let sessions = self.clone();
+        let span = tracing::Span::current();
+        let r = tokio::task::spawn_blocking(move || {
+            let _span = span.enter();
+            let _hold = hold;
+            let r = sessions.run_request(owner.as_deref(), &target, &req, &mut *sink, Some(&kill));
+            drop(sink);
+            finish(&r);
+            r
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(SessionError::Failed(Box::new(Verdict::failed(
+                ErrorCategory::SandboxFailure,
+                "The session call failed unexpectedly.",
+            ))))
+        });
+        guard.disarm();
+        r
+    }
+
     /// The files of a session's /workspace.
     pub fn list_files(
         &self,
@@ -929,7 +1035,7 @@ impl Sessions {
         let (slot, mut session) = self.checkout(owner, id, None)?;
         let r = session.list_files(&self.engine);
         self.checkin(&slot, session);
-        r.map_err(|v| SessionError::Failed(Box::new(v)))
+        r.map_err(SessionError::Failed)
     }
 
     /// One file of a session's /workspace (`Ok(None)`: no such file).

@@ -553,6 +553,7 @@ mod tests {
             stdout_truncated: false,
             stderr_truncated: false,
             landlock: None,
+            interpreter_alive: false,
         }
     }
 

@@ -559,6 +559,7 @@ mod proptests {
                         cpu_ns,
                         max_rss_bytes,
                         disk_full,
+                        interpreter: disk_full && sig,
                     }
                 }),
             (

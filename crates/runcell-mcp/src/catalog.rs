@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 /// The arguments a `code_exec_*` tool takes: these fields of the engine's request (the
 /// language is the tool's). Other limits stay the operator's defaults: a model is not the
 /// party that should size its own sandbox.
-pub const ARGUMENTS: [&str; 3] = ["code", "timeout", "files"];
+pub const ARGUMENTS: [&str; 4] = ["code", "timeout", "files", "session_id"];
 
 /// An installed runtime, as the catalog describes it.
 pub type RuntimeInfo = RuntimeStatus;
@@ -73,12 +73,42 @@ fn cores(cpu_millis: u64) -> String {
     format!("{n} CPU core{}", if n == "1" { "" } else { "s" })
 }
 
+/// What `session_id` does, for the schema and the description.
+const SESSION_ID_HELP: &str = "Omit for a fresh, isolated run. \"new\" starts a session whose \
+    variables, imports, definitions and /workspace files persist between calls (its id comes \
+    back in structuredContent.session_id); pass that id to run more code in it.";
+
+/// Take `session_id` out of a call's arguments: where the call runs.
+pub fn session_target(
+    arguments: &mut Option<JsonObject>,
+) -> Result<Option<runcell_core::SessionTarget>, String> {
+    let Some(args) = arguments.as_mut() else {
+        return Ok(None);
+    };
+    match args.remove("session_id") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 128 => {
+            Ok(Some(runcell_core::SessionTarget::parse(&s)))
+        }
+        Some(other) => Err(format!(
+            "session_id must be \"new\" or the id of a session, not {other}."
+        )),
+    }
+}
+
 /// The input schema of one tool: the request's schema cut to [`ARGUMENTS`], the
 /// descriptions and bounds from this language and this operator's policy.
 fn input_schema(language: Language, policy: &Policy) -> JsonObject {
     let mut schema = object(ExecRequest::schema());
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
         props.retain(|k, _| ARGUMENTS.contains(&k.as_str()));
+        props.insert(
+            "session_id".into(),
+            json!({
+                "type": "string",
+                "description": SESSION_ID_HELP,
+            }),
+        );
     }
     schema.insert("required".into(), json!(["code"]));
     let code = match language {
@@ -246,13 +276,20 @@ fn description(rt: &RuntimeInfo, policy: &Policy) -> (String, String) {
                 .to_string(),
         ),
     };
+    let session_note = match rt.language {
+        Language::Go => " (for Go, only the files persist: each call is a new program)",
+        Language::Node => " (a session's cells run like the Node REPL: no stdin)",
+        _ => "",
+    };
     let text = format!(
         "{intro} in a fresh, isolated sandbox and get back its stdout, stderr, exit code and \
          the files it writes.\n\
          {env}\
          - No network: nothing can be downloaded, and no outside service can be reached.\n\
          - Every call starts from scratch: nothing persists between calls (no variables, no \
-         files), so send everything the program needs in `code` and `files`.\n\
+         files), so send everything the program needs in `code` and `files`; unless you pass \
+         `session_id`: \"new\" starts a session that keeps variables, definitions and files \
+         between calls, and its returned id continues it{session_note}.\n\
          - The working directory is /workspace. `files` are written there before the program \
          starts. Every file the program creates or changes under /workspace comes back with \
          the result (images as images; up to {} files, {} each), so write output files \

@@ -6,7 +6,10 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use runcell_core::{Engine, ExecRequest, KillSwitch, OutputSink, Verdict};
+use runcell_core::{
+    Engine, ExecRequest, KillSwitch, OutputSink, SessionError, SessionPolicy, SessionTarget,
+    Sessions, Verdict,
+};
 use tokio::sync::Semaphore;
 
 /// Who is calling.
@@ -61,6 +64,29 @@ pub trait Executor: Send + Sync + 'static {
         caller: Caller,
         sink: Box<dyn OutputSink + Send>,
     ) -> BoxFuture<'static, Result<Verdict, Rejection>>;
+
+    /// Run one request in a session (`New`: a session created for it, whose id the verdict
+    /// carries). Dropping the future interrupts the call (the session survives it).
+    fn execute_in_session(
+        &self,
+        target: SessionTarget,
+        req: ExecRequest,
+        caller: Caller,
+        sink: Box<dyn OutputSink + Send>,
+    ) -> BoxFuture<'static, Result<Verdict, Rejection>>;
+}
+
+/// A session operation that was refused, as a rejection.
+pub fn session_rejection(e: SessionError) -> Rejection {
+    let category = match &e {
+        SessionError::NotFound(_) => "not_found",
+        SessionError::Busy => "session_busy",
+        SessionError::Invalid(_) => "invalid_request",
+        SessionError::TooMany(_) => "rate_limited",
+        SessionError::ShuttingDown => "unavailable",
+        SessionError::Failed(_) => "sandbox_failure",
+    };
+    Rejection::new(category, e.to_string())
 }
 
 impl<E: Executor + ?Sized> Executor for Arc<E> {
@@ -72,6 +98,16 @@ impl<E: Executor + ?Sized> Executor for Arc<E> {
     ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
         (**self).execute(req, caller, sink)
     }
+
+    fn execute_in_session(
+        &self,
+        target: SessionTarget,
+        req: ExecRequest,
+        caller: Caller,
+        sink: Box<dyn OutputSink + Send>,
+    ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
+        (**self).execute_in_session(target, req, caller, sink)
+    }
 }
 
 /// The engine, in-process: at most as many sandboxes at once as the host has cores (more
@@ -80,6 +116,7 @@ impl<E: Executor + ?Sized> Executor for Arc<E> {
 pub struct LocalExecutor {
     engine: Engine,
     slots: Arc<Semaphore>,
+    sessions: Arc<Sessions>,
 }
 
 impl LocalExecutor {
@@ -93,6 +130,7 @@ impl LocalExecutor {
     /// At most `slots` sandboxes at once (at least one).
     pub fn with_slots(engine: Engine, slots: usize) -> LocalExecutor {
         LocalExecutor {
+            sessions: Sessions::new(engine.clone(), SessionPolicy::default()),
             engine,
             slots: Arc::new(Semaphore::new(slots.max(1))),
         }
@@ -133,6 +171,33 @@ impl Executor for LocalExecutor {
                 .execute_blocking(req, sink, ks, permit, |_| {})
                 .await
                 .map_err(|_| Rejection::new("internal", "The execution failed unexpectedly."))
+        })
+    }
+
+    fn execute_in_session(
+        &self,
+        target: SessionTarget,
+        req: ExecRequest,
+        _caller: Caller,
+        sink: Box<dyn OutputSink + Send>,
+    ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
+        let sessions = self.sessions.clone();
+        let slots = self.slots.clone();
+        Box::pin(async move {
+            let permit = slots
+                .acquire_owned()
+                .await
+                .map_err(|_| Rejection::new("unavailable", "The server is shutting down."))?;
+            let ks = KillSwitch::new().map_err(|_| {
+                Rejection::new(
+                    "unavailable",
+                    "The server cannot start a run right now. Retry shortly.",
+                )
+            })?;
+            sessions
+                .run_request_blocking(None, target, req, sink, ks, permit, |_| {})
+                .await
+                .map_err(session_rejection)
         })
     }
 }

@@ -127,6 +127,18 @@ fn advice(category: ErrorCategory) -> &'static str {
 /// The text block: what happened, in a few hundred lines at most.
 pub fn summary(v: &Verdict) -> String {
     let mut s = String::new();
+    if let Some(id) = &v.session_id {
+        s.push_str(&format!(
+            "session_id: {id} (call {}; pass this session_id to run more code with this \
+             state{})\n",
+            v.execution_count.unwrap_or(0),
+            if v.state_lost == Some(true) {
+                "; NOTE: the session's earlier state was lost, see the warnings"
+            } else {
+                ""
+            }
+        ));
+    }
     match (v.exit_code, &v.error) {
         (Some(code), _) => {
             s.push_str(&format!("exit code {code}, {:.3} s", v.execution_time));

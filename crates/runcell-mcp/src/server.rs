@@ -76,7 +76,12 @@ impl<E: Executor> McpServer<E> {
             ));
         };
         let language = def.language.name();
-        let req = match catalog.request(def, request.arguments) {
+        let mut arguments = request.arguments;
+        let target = match crate::catalog::session_target(&mut arguments) {
+            Ok(t) => t,
+            Err(message) => return Ok(result::invalid_request(language, message)),
+        };
+        let req = match catalog.request(def, arguments) {
             Ok(req) => req,
             Err(message) => return Ok(result::invalid_request(language, message)),
         };
@@ -86,7 +91,14 @@ impl<E: Executor> McpServer<E> {
         };
         let (sink, rx) = progress::channel();
         let token = ctx.meta.get_progress_token();
-        let run = self.inner.executor.execute(req, caller, Box::new(sink));
+        let run = match target {
+            Some(target) => {
+                self.inner
+                    .executor
+                    .execute_in_session(target, req, caller, Box::new(sink))
+            }
+            None => self.inner.executor.execute(req, caller, Box::new(sink)),
+        };
         // The output goes to the client while the program runs, and all of it before the
         // result. Without a progress token it is only drained: the verdict has it anyway.
         let work = async {
