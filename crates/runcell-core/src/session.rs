@@ -196,6 +196,52 @@ impl CellRequest {
     }
 }
 
+/// The OpenAPI document's schemas of the two session requests (their files are `InputFile`
+/// components, as in `ExecRequest`).
+macro_rules! openapi_schema {
+    ($ty:ty, $name:literal, $example:expr) => {
+        impl utoipa::PartialSchema for $ty {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                let mut s = <$ty>::schema();
+                s["examples"] = serde_json::json!([$example]);
+                s["properties"]["files"]["items"] =
+                    serde_json::json!({"$ref": "#/components/schemas/InputFile"});
+                crate::schema::openapi(s)
+            }
+        }
+
+        impl utoipa::ToSchema for $ty {
+            fn name() -> std::borrow::Cow<'static, str> {
+                $name.into()
+            }
+
+            fn schemas(
+                schemas: &mut Vec<(
+                    String,
+                    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+                )>,
+            ) {
+                use utoipa::PartialSchema;
+                schemas.push((
+                    "InputFile".into(),
+                    <InputFile as PartialSchema>::schema(),
+                ));
+            }
+        }
+    };
+}
+
+openapi_schema!(
+    SessionRequest,
+    "SessionRequest",
+    serde_json::json!({"language": "python", "ttl": 600, "memory": "512M"})
+);
+openapi_schema!(
+    CellRequest,
+    "CellRequest",
+    serde_json::json!({"code": "x = 41\nprint(x + 1)", "timeout": 10})
+);
+
 /// Why a session operation was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SessionError {
@@ -541,6 +587,11 @@ impl Session {
                         | runcell_jail::End::Cancelled
                 ) && has_interpreter
                 {
+                    if o.end == runcell_jail::End::Cancelled {
+                        err.message = "The call was interrupted (Ctrl-C, a cancelled call, or \
+                                       a client that went away)."
+                            .into();
+                    }
                     err.message.push_str(
                         " The call was interrupted (SIGINT); the session's interpreter survived \
                          and keeps its state.",
@@ -1184,7 +1235,7 @@ mod tests {
     fn rfc3339_dates() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let t = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
-        assert_eq!(rfc3339(t), "2026-11-18T09:46:40Z");
+        assert_eq!(rfc3339(t), "2026-11-18T11:06:40Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
     }

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+mod repl;
+
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use runcell_core::limits::{Limit, Policy};
@@ -40,6 +42,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// An interactive session in the terminal: state is kept between inputs, Ctrl-C
+    /// interrupts the running input, Ctrl-D ends the session.
+    Repl(ReplArgs),
     /// Serve the HTTP API (and MCP at /mcp) until SIGTERM or SIGINT.
     ///
     /// Endpoints: POST /v1/execute (JSON, or server-sent events with
@@ -269,6 +274,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => Ok(run(*args, host)),
         Command::Setup => setup(&host),
+        Command::Repl(args) => Ok(repl_cmd(args, host)),
         Command::Doctor { json } => doctor(json, host),
         Command::Serve(args) => serve(*args, host),
         Command::Mcp(args) => mcp(args, host),
@@ -354,7 +360,7 @@ fn read_bounded(mut r: impl Read, what: &str, max: u64) -> Result<Vec<u8>, Strin
 }
 
 /// Writes the program's output through as it arrives.
-struct Passthrough;
+pub(crate) struct Passthrough;
 
 impl OutputSink for Passthrough {
     fn output(&mut self, stream: Stream, chunk: &[u8]) {
@@ -520,6 +526,55 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
             .map_err(|e| invalid(format!("--limit {name}: {e}.")))?;
     }
     Ok(req)
+}
+
+/// `runcell repl`.
+#[derive(Args)]
+struct ReplArgs {
+    /// python, node (or javascript), ruby, go or bash.
+    #[arg(long, short = 'l', default_value = "python")]
+    lang: String,
+    /// Any limit by name, as NAME=VALUE (repeatable): `timeout` is each input's, the others
+    /// (memory=1G, pids, disk, cpus) the whole session's.
+    #[arg(long = "limit", value_name = "NAME=VALUE")]
+    limit: Vec<String>,
+    /// Refuse to run when any isolation layer is missing on this host.
+    #[arg(long)]
+    strict: bool,
+}
+
+fn repl_cmd(args: ReplArgs, host: runcell_runtimes::Host) -> ExitCode {
+    let mut config = EngineConfig::for_host();
+    config.strict = args.strict;
+    config.host = host;
+    let engine = Engine::new(config);
+    let mut limits = runcell_core::LimitOverrides::default();
+    for pair in &args.limit {
+        let parsed = pair.split_once('=').and_then(|(name, text)| {
+            Limit::from_name(name.trim()).map(|l| limits.set_text(l, text.trim()))
+        });
+        match parsed {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                eprintln!("runcell repl: --limit {pair}: {e}.");
+                return ExitCode::from(2);
+            }
+            None => {
+                eprintln!(
+                    "runcell repl: --limit {pair}: expected NAME=VALUE with a limit among: {}.",
+                    runcell_core::limits::limit_names()
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    repl::repl(
+        &engine,
+        repl::ReplOptions {
+            language: args.lang,
+            limits,
+        },
+    )
 }
 
 fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {

@@ -240,7 +240,12 @@ impl Sandbox {
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::from(out_w))
-            .stderr(Stdio::from(err_w));
+            .stderr(Stdio::from(err_w))
+            // Its own process group: a terminal's Ctrl-C (SIGINT to the foreground group) is
+            // for the supervisor to act on (`runcell repl` interrupts the running input), not
+            // a signal that kills the helper and with it the sandbox behind its back. The
+            // supervisor's death still ends the sandbox (the lifeline).
+            .process_group(0);
         // SAFETY: the closure runs between fork and exec in the child and only calls dup2,
         // which is async-signal-safe; the raw fds are valid in the child (inherited copies).
         unsafe {

@@ -77,10 +77,10 @@ pub(crate) struct SessionList {
 }
 
 /// Create a session: its sandbox is built and its interpreter started before this answers.
-#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
-    request_body(content = Object, description = "`language`, `files`, `ttl` (idle seconds, \
-        default 600) and limits under their usual names: `timeout` is each call's default, \
-        `memory`, `pids`, `disk`, `cpus` are the whole session's."),
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "create_session",
+    request_body(content = SessionRequest, description = "`language`, `files`, `ttl` (idle \
+        seconds, default 600) and limits under their usual names: `timeout` is each call's \
+        default, `memory`, `pids`, `disk`, `cpus` are the whole session's."),
     responses(
         (status = 201, description = "The session", body = SessionInfo),
         (status = 400, description = "Invalid request", body = ErrorBody),
@@ -103,7 +103,7 @@ pub(crate) async fn create(
 }
 
 /// The caller's live sessions.
-#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", operation_id = "list_sessions",
     responses(
         (status = 200, description = "The caller's sessions", body = SessionList),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
@@ -117,7 +117,7 @@ pub(crate) async fn list(State(state): State<AppState>, req: Request) -> Json<Se
 }
 
 /// Describe a session.
-#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", operation_id = "get_session",
     params(("id" = String, Path, description = "The session's id")),
     responses(
         (status = 200, description = "The session", body = SessionInfo),
@@ -136,6 +136,7 @@ pub(crate) async fn get(
 
 /// End a session: its processes and sandbox are gone (a running call is killed first).
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
+    operation_id = "delete_session",
     params(("id" = String, Path, description = "The session's id")),
     responses(
         (status = 204, description = "Ended"),
@@ -158,9 +159,10 @@ pub(crate) async fn delete(
 /// `execution_count` and `state_lost`. With `Accept: text/event-stream`, events as for
 /// `/v1/execute`.
 #[utoipa::path(post, path = "/v1/sessions/{id}/execute", tag = "sessions",
+    operation_id = "execute_in_session",
     params(("id" = String, Path, description = "The session's id")),
-    request_body(content = Object, description = "`code`, `stdin`, `files`, and the call's own \
-        `timeout`."),
+    request_body(content = CellRequest, description = "`code`, `stdin`, `files`, and the call's \
+        own `timeout`."),
     responses(
         (status = 200, description = "The verdict (JSON), or events as for /v1/execute",
             content((Verdict = "application/json"), (String = "text/event-stream"))),
@@ -276,6 +278,7 @@ impl SessionRun {
 
 /// The files of the session's /workspace (paths and sizes).
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "sessions",
+    operation_id = "list_session_files",
     params(("id" = String, Path, description = "The session's id")),
     responses(
         (status = 200, description = "The files", body = WorkspaceListing),
@@ -298,10 +301,13 @@ pub(crate) async fn list_files(
 
 /// Download one file of the session's /workspace.
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", tag = "sessions",
+    operation_id = "get_session_file",
     params(("id" = String, Path, description = "The session's id"),
-        ("path" = String, Path, description = "The file's path relative to /workspace")),
+        ("path" = String, Path, description = "The file's path relative to /workspace \
+            (a path with directories may also be sent unescaped: a/b.csv)")),
     responses(
-        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 200, description = "The file's bytes (Content-Type from its name)",
+            content_type = "application/octet-stream", body = String),
         (status = 400, description = "Invalid path", body = ErrorBody),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
         (status = 404, description = "No such session for this key, or no such file", body = ErrorBody),
@@ -337,9 +343,12 @@ pub(crate) async fn get_file(
 
 /// Upload one file into the session's /workspace (replacing what is at that path).
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", tag = "sessions",
+    operation_id = "put_session_file",
     params(("id" = String, Path, description = "The session's id"),
-        ("path" = String, Path, description = "The file's path relative to /workspace")),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+        ("path" = String, Path, description = "The file's path relative to /workspace \
+            (a path with directories may also be sent unescaped: a/b.csv)")),
+    request_body(content = String, content_type = "application/octet-stream",
+        description = "The file's bytes"),
     responses(
         (status = 204, description = "Written"),
         (status = 400, description = "Invalid path, too large, or no room", body = ErrorBody),
