@@ -1,0 +1,643 @@
+//! Stateful sessions (issue 11) through the real HTTP API and the CLI's `runcell repl`: state
+//! kept across calls in each language, isolation between sessions, ownership by key, expiry
+//! and reaping with the host clean afterwards, an interruption that keeps state, a memory kill
+//! that restarts the interpreter with a clear verdict, files listed, downloaded and uploaded,
+//! caps, a busy session, and the metrics. (MCP's `session_id` is in tests/mcp.rs.)
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_host_clean, cgroup_roots, runcell_bin, ServeProcess, LOADED_MARGIN};
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+
+const KEY_A: &str = "session-key-a-0123456789";
+const KEY_B: &str = "session-key-b-0123456789";
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+/// A server with two keys and no warm pool (sessions are built on demand).
+fn server(extra: &[&str]) -> ServeProcess {
+    let mut args = vec!["--pool", "python=0", "--api-key", KEY_A, "--api-key", KEY_B];
+    args.extend_from_slice(extra);
+    ServeProcess::start(&args, &[])
+}
+
+fn call(
+    s: &ServeProcess,
+    key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = client()
+        .request(method, s.url(path))
+        .header("authorization", format!("Bearer {key}"));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().expect("request");
+    let status = res.status().as_u16();
+    let text = res.text().unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn create(s: &ServeProcess, key: &str, body: Value) -> String {
+    let (st, v) = call(s, key, reqwest::Method::POST, "/v1/sessions", Some(body));
+    assert_eq!(st, 201, "{v}");
+    assert!(v["expires_at"].as_str().unwrap().ends_with('Z'), "{v}");
+    v["id"].as_str().unwrap().to_string()
+}
+
+fn exec(s: &ServeProcess, key: &str, id: &str, body: Value) -> Value {
+    let (st, v) = call(
+        s,
+        key,
+        reqwest::Method::POST,
+        &format!("/v1/sessions/{id}/execute"),
+        Some(body),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["session_id"], json!(id), "{v}");
+    v
+}
+
+fn code(s: &ServeProcess, id: &str, code: &str) -> Value {
+    exec(s, KEY_A, id, json!({ "code": code }))
+}
+
+/// Cgroups of server `pid` that exist now: one per live sandbox.
+fn sandboxes_of(pid: u32) -> usize {
+    let prefix = format!("{pid}-");
+    cgroup_roots()
+        .iter()
+        .filter_map(|r| std::fs::read_dir(r).ok())
+        .flat_map(|rd| rd.flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .count()
+        / cgroup_roots().len().max(1)
+}
+
+fn has(lang: &str) -> bool {
+    let language = runcell_runtimes::Language::parse(lang).unwrap();
+    runcell_runtimes::locate(language, &runcell_runtimes::Host::default()).is_ok()
+}
+
+#[test]
+fn state_is_kept_across_calls_in_each_language() {
+    let s = server(&[]);
+    // (language, calls: (code, expected stdout))
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "python",
+            vec![
+                ("import math\nx = 41\ndef f(y):\n    return x + y", ""),
+                ("print(f(1), math.floor(2.5))", "42 2\n"),
+                ("x * 2", "82\n"),
+                ("open('kept.txt', 'w').write('k')", "1\n"),
+                ("print(open('kept.txt').read())", "k\n"),
+            ],
+        ),
+        (
+            "node",
+            vec![
+                ("let x = 41\nconst g = (y) => x + y\nfunction h() { return 2 }", ""),
+                ("console.log(g(h() - 1))", "42\n"),
+                ("require('fs').writeFileSync('kept.txt', 'k')", ""),
+                ("console.log(require('fs').readFileSync('kept.txt', 'utf8'))", "k\n"),
+            ],
+        ),
+        (
+            "ruby",
+            vec![
+                ("x = 41\ndef twice(v)\n  v * 2\nend", ""),
+                ("puts x + 1\nputs twice(x)", "42\n82\n"),
+                ("File.write('kept.txt', 'k')", ""),
+                ("puts File.read('kept.txt')", "k\n"),
+            ],
+        ),
+        (
+            "bash",
+            vec![
+                ("mkdir -p d && cd d && export X=41 && y=1 && echo k > kept.txt", ""),
+                ("echo $((X + y)) $PWD $(cat kept.txt)", "42 /workspace/d k\n"),
+            ],
+        ),
+        (
+            "go",
+            vec![
+                (
+                    "package main\nimport \"os\"\nfunc main() { os.WriteFile(\"kept.txt\", []byte(\"k\"), 0o644) }",
+                    "",
+                ),
+                (
+                    "package main\nimport (\"fmt\"; \"os\")\nfunc main() { b, _ := os.ReadFile(\"kept.txt\"); fmt.Println(string(b)) }",
+                    "k\n",
+                ),
+            ],
+        ),
+    ];
+    for (lang, calls) in cases {
+        if !has(lang) {
+            eprintln!("skipping {lang}: not installed");
+            continue;
+        }
+        let id = create(&s, KEY_A, json!({ "language": lang }));
+        for (i, (c, want)) in calls.iter().enumerate() {
+            let v = code(&s, &id, c);
+            assert_eq!(v["error"], Value::Null, "{lang} call {i}: {v}");
+            assert_eq!(v["stdout"], json!(want), "{lang} call {i}: {v}");
+            assert_eq!(v["execution_count"], json!(i + 1), "{lang}: {v}");
+            assert_eq!(v["state_lost"], json!(false), "{lang}: {v}");
+        }
+        let (st, info) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{id}"),
+            None,
+        );
+        assert_eq!(st, 200);
+        assert_eq!(info["language"], json!(lang));
+        assert_eq!(info["execution_count"], json!(calls.len()));
+        let (st, _) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::DELETE,
+            &format!("/v1/sessions/{id}"),
+            None,
+        );
+        assert_eq!(st, 204);
+    }
+    assert_eq!(sandboxes_of(s.pid()), 0);
+}
+
+#[test]
+fn sessions_are_isolated_from_each_other_and_from_one_shot_runs() {
+    let s = server(&[]);
+    let a = create(&s, KEY_A, json!({ "language": "python" }));
+    let b = create(&s, KEY_A, json!({ "language": "python" }));
+    code(&s, &a, "secret = 'a-only'\nopen('a.txt', 'w').write('a')");
+    // A process started in a cell does not outlive it (the interpreter does).
+    let v = code(
+        &s,
+        &a,
+        "import subprocess\nsubprocess.Popen(['sleep', '1000'])\nprint('started')",
+    );
+    assert_eq!(v["stdout"], "started\n", "{v}");
+    let v = code(
+        &s,
+        &a,
+        "import os\nlive = [int(p) for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z']\nprint(sorted(live) == [1, os.getpid()])",
+    );
+    // (The killed child stays a zombie until the interpreter reaps it, as without a sandbox.)
+    assert_eq!(
+        v["stdout"], "True\n",
+        "only pid 1 and the interpreter remain: {v}"
+    );
+    let v = code(
+        &s,
+        &b,
+        "import os\nprint('secret' in globals(), os.path.exists('a.txt'), os.listdir('/workspace'))",
+    );
+    assert_eq!(v["stdout"], "False False []\n", "{v}");
+    // A one-shot run sees nothing of either.
+    let (st, v) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::POST,
+        "/v1/execute",
+        Some(json!({"language": "python", "code": "import os; print(os.listdir('/workspace'))"})),
+    );
+    assert_eq!(st, 200);
+    assert_eq!(v["stdout"], "['main.py']\n", "{v}");
+    assert!(v.get("session_id").is_none(), "{v}");
+}
+
+#[test]
+fn a_session_belongs_to_its_key() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    use reqwest::Method;
+    for (method, path, body) in [
+        (Method::GET, format!("/v1/sessions/{id}"), None),
+        (
+            Method::POST,
+            format!("/v1/sessions/{id}/execute"),
+            Some(json!({"code": "print(1)"})),
+        ),
+        (Method::GET, format!("/v1/sessions/{id}/files"), None),
+        (Method::GET, format!("/v1/sessions/{id}/files/x.txt"), None),
+        (Method::DELETE, format!("/v1/sessions/{id}"), None),
+    ] {
+        let (st, v) = call(&s, KEY_B, method.clone(), &path, body);
+        assert_eq!(st, 404, "{method} {path} with another key: {v}");
+        assert_eq!(v["error"]["category"], "not_found", "{v}");
+    }
+    let (_, list) = call(&s, KEY_B, Method::GET, "/v1/sessions", None);
+    assert_eq!(list["sessions"], json!([]));
+    let (_, list) = call(&s, KEY_A, Method::GET, "/v1/sessions", None);
+    assert_eq!(list["sessions"][0]["id"], json!(id));
+    // Still there for its owner.
+    assert_eq!(code(&s, &id, "print(1)")["stdout"], "1\n");
+    // No key at all: 401.
+    let res = client().get(s.url("/v1/sessions")).send().unwrap();
+    assert_eq!(res.status().as_u16(), 401);
+}
+
+#[test]
+fn idle_sessions_expire_and_leave_nothing_behind() {
+    let s = server(&["--session-ttl", "1s", "--session-max-ttl", "5s"]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let kept = create(&s, KEY_A, json!({ "language": "bash", "ttl": 5 }));
+    assert_eq!(sandboxes_of(s.pid()), 2);
+    let (st, v) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::POST,
+        "/v1/sessions",
+        Some(json!({"language": "python", "ttl": 60})),
+    );
+    assert_eq!(st, 400, "a ttl above the maximum: {v}");
+    code(&s, &id, "x = 1");
+    let deadline = Instant::now() + Duration::from_secs(4) + LOADED_MARGIN;
+    loop {
+        let (st, _) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{id}"),
+            None,
+        );
+        if st == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the session did not expire");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, v) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::POST,
+        &format!("/v1/sessions/{id}/execute"),
+        Some(json!({"code": "print(x)"})),
+    );
+    assert_eq!(st, 404, "{v}");
+    // The other one (ttl 5 s) is still alive; then it expires too, and nothing is left.
+    let (st, _) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::GET,
+        &format!("/v1/sessions/{kept}"),
+        None,
+    );
+    assert_eq!(st, 200);
+    let text = client()
+        .get(s.url("/metrics"))
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(text.contains("runcell_sessions 1\n"), "{text}");
+    assert!(
+        text.contains("runcell_sessions_expired_total 1\n"),
+        "{text}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(8) + LOADED_MARGIN;
+    while sandboxes_of(s.pid()) > 0 {
+        assert!(Instant::now() < deadline, "expired sessions left sandboxes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_host_clean(s.pid());
+}
+
+#[test]
+fn a_timeout_interrupts_the_call_and_keeps_the_state() {
+    let s = server(&[]);
+    for (lang, setup, slow, check, want) in [
+        (
+            "python",
+            "x = 41",
+            "import time\ntime.sleep(30)",
+            "print(x + 1)",
+            "42\n",
+        ),
+        (
+            "python",
+            "x = 41",
+            "while True:\n    pass",
+            "print(x + 1)",
+            "42\n",
+        ),
+        (
+            "node",
+            "let x = 41",
+            "while (true) {}",
+            "console.log(x + 1)",
+            "42\n",
+        ),
+        ("ruby", "x = 41", "sleep 30", "puts x + 1", "42\n"),
+        (
+            "bash",
+            "x=41",
+            "sleep 30; echo not-here",
+            "echo $((x + 1))",
+            "42\n",
+        ),
+    ] {
+        if !has(lang) {
+            continue;
+        }
+        let id = create(&s, KEY_A, json!({ "language": lang }));
+        code(&s, &id, setup);
+        let started = Instant::now();
+        let v = exec(&s, KEY_A, &id, json!({"code": slow, "timeout": 1}));
+        assert!(started.elapsed() < Duration::from_secs(10) + LOADED_MARGIN);
+        assert_eq!(v["error"]["category"], "timeout", "{lang}: {v}");
+        assert_eq!(v["state_lost"], json!(false), "{lang}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("keeps its state"),
+            "{lang}: {v}"
+        );
+        assert!(!v["stdout"].as_str().unwrap().contains("not-here"), "{v}");
+        let v = code(&s, &id, check);
+        assert_eq!(
+            v["stdout"], want,
+            "{lang}: state after the interruption: {v}"
+        );
+    }
+    if has("python") {
+        // A cell that ignores KeyboardInterrupt cannot keep its state: it is stopped, and the
+        // verdict says the state was lost.
+        let id = create(&s, KEY_A, json!({ "language": "python" }));
+        code(&s, &id, "x = 41\nopen('f.txt', 'w').write('kept')");
+        let v = exec(
+            &s,
+            KEY_A,
+            &id,
+            json!({"code": "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass", "timeout": 1}),
+        );
+        assert_eq!(v["error"]["category"], "timeout", "{v}");
+        assert_eq!(v["state_lost"], json!(true), "{v}");
+        let v = code(&s, &id, "print('x' in globals(), open('f.txt').read())");
+        assert_eq!(v["stdout"], "False kept\n", "{v}");
+    }
+}
+
+#[test]
+fn a_memory_kill_restarts_the_interpreter_and_says_the_state_was_lost() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python", "memory": "128M" }));
+    code(&s, &id, "x = 41\nopen('f.txt', 'w').write('kept')");
+    let v = code(&s, &id, "big = bytearray(400 * 1024 * 1024)");
+    assert_eq!(v["error"]["category"], "memory_limit", "{v}");
+    assert_eq!(v["state_lost"], json!(true), "{v}");
+    let warning = v["warnings"][0].as_str().unwrap();
+    assert!(warning.contains("state was lost"), "{v}");
+    assert!(warning.contains("files in /workspace are kept"), "{v}");
+    // The next call runs in a fresh interpreter, with the files.
+    let v = code(&s, &id, "print('x' in globals(), open('f.txt').read())");
+    assert_eq!(v["stdout"], "False kept\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+    // Memory is the whole session's: what earlier calls hold counts.
+    code(&s, &id, "hold = bytearray(70 * 1024 * 1024)");
+    let v = code(&s, &id, "more = bytearray(70 * 1024 * 1024)");
+    assert_eq!(v["error"]["category"], "memory_limit", "{v}");
+}
+
+#[test]
+fn workspace_files_can_be_listed_downloaded_and_uploaded() {
+    let s = server(&[]);
+    let id = create(
+        &s,
+        KEY_A,
+        json!({"language": "python", "files": [{"path": "in/data.csv", "content": "a,b\n1,2\n"}]}),
+    );
+    let v = code(&s, &id, "import csv\nrows = list(csv.reader(open('in/data.csv')))\nopen('out.bin', 'wb').write(bytes(range(256)))\nprint(rows)");
+    assert_eq!(v["stdout"], "[['a', 'b'], ['1', '2']]\n", "{v}");
+    assert_eq!(
+        v["files"][0]["path"], "out.bin",
+        "only what the call wrote: {v}"
+    );
+    let (st, list) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::GET,
+        &format!("/v1/sessions/{id}/files"),
+        None,
+    );
+    assert_eq!(st, 200);
+    assert_eq!(
+        list["files"],
+        json!([{"path": "in/data.csv", "size": 8}, {"path": "out.bin", "size": 256}])
+    );
+    let auth = format!("Bearer {KEY_A}");
+    let res = client()
+        .get(s.url(&format!("/v1/sessions/{id}/files/out.bin")))
+        .header("authorization", &auth)
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(
+        res.bytes().unwrap().to_vec(),
+        (0..=255u8).collect::<Vec<_>>()
+    );
+    for path in ["in/data.csv", "in%2Fdata.csv"] {
+        let res = client()
+            .get(s.url(&format!("/v1/sessions/{id}/files/{path}")))
+            .header("authorization", &auth)
+            .send()
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 200, "{path}");
+        assert_eq!(res.text().unwrap(), "a,b\n1,2\n");
+    }
+    let res = client()
+        .put(s.url(&format!("/v1/sessions/{id}/files/up/loaded.txt")))
+        .header("authorization", &auth)
+        .body("uploaded\n")
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 204);
+    let v = code(&s, &id, "print(open('up/loaded.txt').read(), end='')");
+    assert_eq!(v["stdout"], "uploaded\n", "{v}");
+    assert_eq!(v["files"], json!([]), "an upload is input, not output: {v}");
+    for (path, status) in [("nope.txt", 404), ("..%2Fetc%2Fpasswd", 400), ("in", 404)] {
+        let res = client()
+            .get(s.url(&format!("/v1/sessions/{id}/files/{path}")))
+            .header("authorization", &auth)
+            .send()
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status, "{path}");
+    }
+    let res = client()
+        .put(s.url(&format!("/v1/sessions/{id}/files/in")))
+        .header("authorization", &auth)
+        .body("x")
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400, "a directory is in the way");
+}
+
+#[test]
+fn caps_busy_sessions_and_deletion() {
+    let s = server(&["--max-sessions", "3", "--max-sessions-per-key", "2"]);
+    let a1 = create(&s, KEY_A, json!({ "language": "python" }));
+    let _a2 = create(&s, KEY_A, json!({ "language": "bash" }));
+    let (st, v) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::POST,
+        "/v1/sessions",
+        Some(json!({"language": "python"})),
+    );
+    assert_eq!(st, 429, "per key: {v}");
+    let _b1 = create(&s, KEY_B, json!({ "language": "python" }));
+    let (st, v) = call(
+        &s,
+        KEY_B,
+        reqwest::Method::POST,
+        "/v1/sessions",
+        Some(json!({"language": "python"})),
+    );
+    assert_eq!(st, 429, "in total: {v}");
+    // A call while another runs in the same session: 409.
+    let url = s.url(&format!("/v1/sessions/{a1}/execute"));
+    let slow = std::thread::spawn(move || {
+        client()
+            .post(url)
+            .header("authorization", format!("Bearer {KEY_A}"))
+            .json(&json!({"code": "import time\ntime.sleep(3)\nprint('slept')"}))
+            .send()
+            .unwrap()
+            .json::<Value>()
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    let (st, v) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::POST,
+        &format!("/v1/sessions/{a1}/execute"),
+        Some(json!({"code": "print(1)"})),
+    );
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(v["error"]["category"], "session_busy");
+    assert_eq!(slow.join().unwrap()["stdout"], "slept\n");
+    // Deleting ends it: 204, then 404, and its sandbox is gone.
+    let before = sandboxes_of(s.pid());
+    let (st, _) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::DELETE,
+        &format!("/v1/sessions/{a1}"),
+        None,
+    );
+    assert_eq!(st, 204);
+    let (st, _) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::DELETE,
+        &format!("/v1/sessions/{a1}"),
+        None,
+    );
+    assert_eq!(st, 404);
+    assert_eq!(sandboxes_of(s.pid()), before - 1);
+    // Room again for key A.
+    create(&s, KEY_A, json!({ "language": "python" }));
+    // Invalid requests: an unknown language, code at creation, an unknown field in a call.
+    for body in [
+        json!({"language": "cobol"}),
+        json!({"language": "python", "code": "x"}),
+        json!({"language": "python", "memory": "1T"}),
+    ] {
+        let (st, v) = call(
+            &s,
+            KEY_B,
+            reqwest::Method::POST,
+            "/v1/sessions",
+            Some(body.clone()),
+        );
+        assert!(st == 400 || st == 429, "{body}: {st} {v}");
+    }
+}
+
+#[test]
+fn sessions_stream_their_output_as_events() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    code(&s, &id, "n = 3");
+    let text = client()
+        .post(s.url(&format!("/v1/sessions/{id}/execute")))
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"code": "for i in range(n):\n    print(i, flush=True)"}))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(text.contains("event: stdout"), "{text}");
+    let result = text
+        .split("event: result\ndata: ")
+        .nth(1)
+        .and_then(|r| r.lines().next())
+        .unwrap();
+    let v: Value = serde_json::from_str(result).unwrap();
+    assert_eq!(v["stdout"], "0\n1\n2\n");
+    assert_eq!(v["execution_count"], 2);
+}
+
+/// `runcell repl`, fed on stdin: state kept between inputs, blocks, errors, and Ctrl-C (SIGINT
+/// to the whole foreground group, as a terminal sends it) interrupting the running input while
+/// the session keeps its state.
+#[test]
+fn the_repl_keeps_state_and_ctrl_c_interrupts_the_running_input() {
+    let mut child = Command::new(runcell_bin())
+        .args(["repl", "--lang", "python"])
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(
+            b"x = 41\ndef f(y):\n    return x + y\n\nf(1)\n1/0\nimport time\ntime.sleep(60)\n",
+        )
+        .unwrap();
+    stdin.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(3) + LOADED_MARGIN / 4);
+    // kill(1) from the command line, to the repl's process group.
+    let st = Command::new("kill")
+        .args(["-INT", "--", &format!("-{}", child.id())])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::thread::sleep(Duration::from_millis(500));
+    stdin.write_all(b"print('after', x)\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "42\nafter 41\n", "{stderr}");
+    assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
+    assert!(stderr.contains("KeyboardInterrupt"), "{stderr}");
+    assert!(stderr.contains("keeps its state"), "{stderr}");
+}
