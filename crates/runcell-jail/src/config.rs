@@ -37,8 +37,12 @@ pub struct JailConfig {
     pub scratch_bytes: u64,
     /// Inode cap of that tmpfs (stops a million empty files).
     pub scratch_inodes: u64,
-    /// Files (`cgroup.procs`) the sandbox's pid 1 must be written to before it continues.
+    /// Files (`cgroup.procs`) the sandbox's pid 1 must be written to before it serves programs.
     pub cgroup_procs: Vec<PathBuf>,
+    /// cgroup v2: the run's group directory. pid 1 is created in it (`clone3` with
+    /// `CLONE_INTO_CGROUP`), and `cgroup_procs` is only the fallback where clone3 is refused.
+    #[serde(default)]
+    pub cgroup_dir: Option<PathBuf>,
     /// Host directories shown writable inside through an overlay whose upper layer lives in
     /// the scratch filesystem (prepared caches, e.g. Go's build cache).
     #[serde(default)]

@@ -55,6 +55,10 @@ const NEW_ROOT: &str = "/tmp";
 /// The largest host file copied into the sandbox's root (P8): `/etc/ld.so.cache` is tens of KiB.
 const HOST_FILE_MAX: u64 = 4 << 20;
 const HOSTNAME_FILE_MODE: u32 = 0o644;
+/// The helper's words to pid 1 on the go pipe: "your uid/gid maps are written" (H6) and "you
+/// are in the run's cgroup" (H7).
+const GO: &[u8] = b"g";
+const IN_CGROUP: &[u8] = b"c";
 
 /// Entry point of `runcell __jail`. Never returns.
 pub fn helper_main() -> ! {
@@ -122,7 +126,8 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         sys::clear_supplementary_groups().step("setgroups")?;
     }
 
-    // H3. The "go" pipe: pid 1 waits on it until its uid/gid maps and cgroup are in place.
+    // H3. The "go" pipe: pid 1 waits on it until its uid/gid maps are written (H6), and again
+    //     until it is in its cgroup (H7).
     let (go_r, go_w) = pipe_with(PipeFlags::CLOEXEC).step("pipe")?;
 
     // H3a. As host root, build the sandbox's own /dev: fresh device nodes on a tiny tmpfs that
@@ -152,27 +157,59 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
 
     // H4. Create pid 1 of the sandbox in new user, mount, pid, network, ipc and uts namespaces
     //     in one clone: the user namespace comes first in the kernel's order, so the others are
-    //     owned by it, and the uid 0 of the host never owns anything inside.
+    //     owned by it, and the uid 0 of the host never owns anything inside. On cgroup v2 pid 1
+    //     is created inside the run's group (clone3 with CLONE_INTO_CGROUP): it never runs
+    //     outside it, and H7 has nothing to write.
     let ns = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
+    let cgroup_dir = match &cfg.cgroup_dir {
+        Some(dir) => Some(
+            rustix::fs::open(
+                dir,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .step_at("open cgroup", dir)?,
+        ),
+        None => None,
+    };
     // H4a. As root, create the user namespace with the sandbox's host uid/gid as effective ids:
     //      the namespace's owner is who created it, and the kernel charges per-user budgets of
     //      everything inside (inotify instances, pending signals, processes) to the owner as
     //      well. Owned by root, one run could use up host root's budgets; owned by its own
     //      uid, it can only use up its own. Saved ids stay 0, so the helper gets root back
-    //      right after the clone (H5 and H6 need it).
+    //      right after the clone (H5 and H7 need it). The fsuid stays 0 as well: with
+    //      CLONE_INTO_CGROUP the kernel checks the caller's right to write the root-owned
+    //      group's cgroup.procs by it (pid 1 changes all its ids in P3 before it touches a file).
     if cfg.privileged {
         set_thread_res_gid(None::<Gid>, Gid::from_raw(cfg.host_gid), None::<Gid>)
             .step("setegid")?;
         set_thread_res_uid(None::<Uid>, Uid::from_raw(cfg.host_uid), None::<Uid>)
             .step("seteuid")?;
+        if cgroup_dir.is_some() {
+            sys::set_fsuid(0);
+        }
     }
-    // SAFETY: the helper is a freshly exec'd binary that starts no threads.
-    let forked = unsafe { sys::clone_with_pidfd(ns) };
+    let mut joined = false;
+    let forked = match &cgroup_dir {
+        // SAFETY: the helper is a freshly exec'd binary that starts no threads.
+        Some(dir) => match unsafe { sys::clone_into_cgroup_with_pidfd(ns, dir.as_fd()) } {
+            Ok(Some(forked)) => {
+                joined = true;
+                Ok(forked)
+            }
+            // clone3 refused (a container's seccomp profile): clone, then write cgroup.procs.
+            // SAFETY: as above.
+            Ok(None) => unsafe { sys::clone_with_pidfd(ns) },
+            Err(e) => Err(e),
+        },
+        // SAFETY: as above.
+        None => unsafe { sys::clone_with_pidfd(ns) },
+    };
     if cfg.privileged && !matches!(forked, Ok(sys::Forked::Child)) {
         set_thread_res_uid(None::<Uid>, Uid::ROOT, None::<Uid>).step("restore euid")?;
         set_thread_res_gid(None::<Gid>, Gid::ROOT, None::<Gid>).step("restore egid")?;
@@ -181,6 +218,7 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         sys::Forked::Child => {
             drop(go_w);
             drop(lifeline);
+            drop(cgroup_dir);
             sandbox_pid1(ctrl, &cfg, go_r, dev, layers)
         }
         sys::Forked::Parent { pid, pidfd } => (pid, pidfd),
@@ -188,6 +226,7 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     drop(go_r);
     drop(dev);
     drop(layers);
+    drop(cgroup_dir);
     let kill_child = |e: StepError| {
         let _ = pidfd_send_signal(&pidfd, Signal::KILL);
         e
@@ -212,19 +251,34 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     )
     .map_err(kill_child)?;
 
-    // H6. Put pid 1 into the sandbox's cgroup before it runs anything, so every process it
-    //     ever creates is accounted and limited. The helper itself stays outside the group.
-    for procs in &cfg.cgroup_procs {
-        fs::write(procs, pid.to_string())
-            .step_at("join cgroup", procs)
-            .map_err(kill_child)?;
+    // H6. Release pid 1 ("g") to build its root (P3-P15) while H7 runs. The write end stays
+    //     open until the helper exits: pid 1 checks it after P3 to learn whether the helper is
+    //     still there (see P3a).
+    rustix::io::write(&go_w, GO).step("release pid 1")?;
+
+    // H7. Put pid 1 into the sandbox's cgroup (each v1 hierarchy's cgroup.procs; on v2 it was
+    //     created there in H4), then tell pid 1 ("c"). pid 1 waits for it (P15a) before it
+    //     enters its cgroup namespace, reports Ready, runs or receives anything of the request:
+    //     every process of the run other than pid 1 is forked after it, so all are accounted
+    //     and limited. What pid 1 allocates before (mount structures, the root tmpfs's few
+    //     files, the copy of ld.so.cache) is fixed by runcell and the runtime, not by the
+    //     request, and small. The first cgroup.procs write of a moment waits for an RCU grace
+    //     period in the kernel (6-12 ms on a v1 host): pid 1's mounts now run in that time.
+    //     The helper itself stays outside the group.
+    if !joined {
+        for procs in &cfg.cgroup_procs {
+            fs::write(procs, pid.to_string())
+                .step_at("join cgroup", procs)
+                .map_err(kill_child)?;
+        }
     }
-
-    protocol::send(ctrl, &Report::Spawned { pid }, &[]).step("report spawned")?;
-
-    // H7. Release pid 1. The write end stays open until the helper exits: pid 1 checks it
-    //     after P3 to learn whether the helper is still there (see P3a).
-    rustix::io::write(&go_w, b"g").step("release pid 1")?;
+    // (Spawned first: pid 1's Ready, which follows the "c", must be the last setup report.)
+    protocol::send(ctrl, &Report::Spawned { pid }, &[])
+        .step("report spawned")
+        .map_err(kill_child)?;
+    rustix::io::write(&go_w, IN_CGROUP)
+        .step("report cgroup joined")
+        .map_err(kill_child)?;
 
     // H8. Hold no descriptor the program could need to see closed: the pipes' write ends and
     //     the control socket belong to pid 1 and the supervisor from now on.
@@ -318,12 +372,9 @@ fn build_sandbox(
     //     kills the whole pid namespace, so nothing of the run can outlive its supervisor.
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).step("pdeathsig")?;
 
-    // P2. Wait until the helper wrote our uid/gid maps and cgroup. EOF without the byte means
-    //     the helper died first (and so before P1 could take effect): give up.
-    let mut b = [0u8; 1];
-    if rustix::io::read(&go_r, &mut b).step("wait for helper")? != 1 {
-        return Err(helper_gone());
-    }
+    // P2. Wait until the helper wrote our uid/gid maps (H6). EOF without the byte means the
+    //     helper died first (and so before P1 could take effect): give up.
+    wait_for_word(&go_r, GO)?;
 
     // P3. Become uid/gid 1000 of the new user namespace now, keeping our capabilities in it
     //     (uid 0 is not mapped, so the kernel's setuid capability fix-up does not fire). Files
@@ -352,14 +403,6 @@ fn build_sandbox(
     if fds[0].revents().contains(PollFlags::HUP) {
         return Err(helper_gone());
     }
-    drop(go_r);
-
-    // P4. A cgroup namespace rooted at the sandbox's cgroup (we were moved there in H6), so
-    //     /proc/self/cgroup shows "/" and no host cgroup path.
-    // SAFETY: unshare(CLONE_NEWCGROUP) only changes this process's cgroup namespace; the
-    // process is single-threaded.
-    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
-        .step("unshare cgroup namespace")?;
 
     // P5. Non-dumpable: the program (same uid) cannot open /proc/1/{mem,environ,fd,exe,...}
     //     of this process, which holds the control socket and runs the runcell binary (runc
@@ -559,7 +602,34 @@ fn build_sandbox(
     )
     .step("make root read-only")?;
 
+    // P15a. Wait until the helper has put us into the run's cgroup (H7), which it did while we
+    //       built the root. Nothing of the request has reached us yet, and we have forked
+    //       nothing: from here on every process of the run is created inside the group.
+    wait_for_word(&go_r, IN_CGROUP)?;
+    drop(go_r);
+
+    // P15b. A cgroup namespace rooted at the sandbox's cgroup (we are in it since P15a), so
+    //       /proc/self/cgroup shows "/" and no host cgroup path.
+    // SAFETY: unshare(CLONE_NEWCGROUP) only changes this process's cgroup namespace; the
+    // process is single-threaded.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }
+        .step("unshare cgroup namespace")?;
+
     Ok(())
+}
+
+/// Read the helper's next word on the go pipe; anything else (EOF: the helper died) ends the
+/// setup.
+fn wait_for_word(go_r: &OwnedFd, word: &[u8]) -> Result<(), StepError> {
+    let mut b = [0u8; 1];
+    loop {
+        match rustix::io::read(go_r, &mut b) {
+            Ok(1) if b[..] == *word => return Ok(()),
+            Ok(_) => return Err(helper_gone()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e).step("wait for helper"),
+        }
+    }
 }
 
 /// Where programs work and where their output files are collected from.

@@ -53,6 +53,77 @@ pub unsafe fn clone_with_pidfd(ns_flags: libc::c_int) -> io::Result<Forked> {
     }
 }
 
+/// `CLONE_INTO_CGROUP` (Linux 5.7): clone3(2) creates the child directly in the cgroup v2 group
+/// whose directory descriptor is passed in `clone_args.cgroup`.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// As [`clone_with_pidfd`], but the child starts life in the cgroup v2 group `cgroup` (a
+/// directory descriptor, `O_PATH` is enough): `clone3(CLONE_INTO_CGROUP)`. No `cgroup.procs`
+/// write is needed afterwards, so the child is never outside its group, even for an instant,
+/// and the write's wait for an RCU grace period (the cgroup core's `percpu_down_write` on the
+/// threadgroup lock) is gone from the path. The kernel checks the *caller's* right to write
+/// the group's `cgroup.procs` (its fsuid), as for a write.
+///
+/// `Ok(None)`: clone3 is unavailable (`ENOSYS`, e.g. a container runtime's seccomp profile);
+/// the caller falls back to [`clone_with_pidfd`] and a `cgroup.procs` write.
+///
+/// # Safety
+/// As for [`clone_with_pidfd`]: the calling process must be single-threaded.
+pub unsafe fn clone_into_cgroup_with_pidfd(
+    ns_flags: libc::c_int,
+    cgroup: BorrowedFd<'_>,
+) -> io::Result<Option<Forked>> {
+    let mut pidfd: libc::c_int = -1;
+    let args = libc::clone_args {
+        flags: (ns_flags as u32 as u64) | libc::CLONE_PIDFD as u64 | CLONE_INTO_CGROUP,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        child_tid: 0,
+        parent_tid: 0,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: 0,
+        stack_size: 0,
+        tls: 0,
+        set_tid: 0,
+        set_tid_size: 0,
+        cgroup: cgroup.as_raw_fd() as u64,
+    };
+    // SAFETY: clone3(2) without a stack behaves like fork(2): the child gets a copy-on-write
+    // copy of our address space and continues from this point (the caller guarantees that the
+    // process is single-threaded, so no lock can be held by another thread at the copy).
+    // `args` is a valid clone_args of the size passed; the kernel writes the pidfd through
+    // `args.pidfd`, which points at a live local variable, and only reads `args` itself.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    match ret {
+        -1 => match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ENOSYS) => Ok(None),
+            e => Err(e),
+        },
+        0 => Ok(Some(Forked::Child)),
+        pid => Ok(Some(Forked::Parent {
+            pid: pid as i32,
+            // SAFETY: the kernel just created this descriptor for us and nothing else owns it.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        })),
+    }
+}
+
+/// Set the filesystem uid only (`setfsuid(2)`). The helper, as root, switches its effective uid
+/// to the sandbox's host uid for the clone (H4a: the new user namespace is owned by its
+/// creator's euid) but keeps fsuid 0, so that the kernel's permission check for
+/// `CLONE_INTO_CGROUP` (a write to the root-owned group's `cgroup.procs`) still passes. Allowed
+/// without privilege while the real or saved uid is that value; the kernel restores the file
+/// capabilities of the permitted set with fsuid 0. Returns the previous fsuid.
+pub fn set_fsuid(uid: u32) -> u32 {
+    // SAFETY: setfsuid(2) only changes this thread's credentials; it reads no memory.
+    unsafe { libc::setfsuid(uid) as u32 }
+}
+
 /// Plain `fork(2)`, for the sandbox's pid 1 starting a program.
 ///
 /// # Safety

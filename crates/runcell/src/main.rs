@@ -866,6 +866,12 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     let probe_ms = started.elapsed().as_millis();
     let sandbox_ok = probe.exit_code == Some(0);
     let all_layers = layers.iter().all(|l| l.available);
+    // Host settings that would make cold starts faster. Advice only: each is host-wide and
+    // the operator's call; runcell never changes them, and they do not change the exit code.
+    let speed = runcell_jail::startup_hints(
+        runcell_jail::cgroup_version(),
+        runcell_jail::RCU_EXPEDITED.as_ref(),
+    );
 
     if json {
         let report = serde_json::json!({
@@ -886,6 +892,10 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                 "enforcement": probe.enforcement,
                 "error": probe.error,
             },
+            "startup_hints": speed.iter().map(|h| serde_json::json!({
+                "setting": h.setting, "state": h.state, "recommended": h.recommended,
+                "advice": h.advice, "trade_off": h.trade_off,
+            })).collect::<Vec<_>>(),
         });
         println!(
             "{}",
@@ -945,6 +955,19 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                 mark(false),
                 probe.error.map(|e| e.message).unwrap_or_default()
             );
+        }
+        println!("Start-up speed (host settings; optional, host-wide, runcell never sets them)");
+        for h in &speed {
+            let verdict = if h.recommended {
+                "would help"
+            } else {
+                "fine      "
+            };
+            println!("  {:<30} {verdict}  {}", h.setting, h.state);
+            if h.recommended {
+                println!("  {:<30}             why: {}", "", h.advice);
+                println!("  {:<30}             cost: {}", "", h.trade_off);
+            }
         }
     }
     Ok(if sandbox_ok && all_layers {

@@ -769,6 +769,17 @@ impl Cgroup {
             .collect()
     }
 
+    /// cgroup v2: the group's directory, in which a process can be created directly
+    /// (`clone3(CLONE_INTO_CGROUP)`), so that it never runs outside the group and no
+    /// `cgroup.procs` write (with its wait for an RCU grace period) is needed. `None` on v1,
+    /// whose hierarchies the flag cannot name.
+    pub fn clone_into_dir(&self) -> Option<PathBuf> {
+        match (self.version, self.dirs.as_slice()) {
+            (CgroupVersion::V2, [only]) => Some(only.path.clone()),
+            _ => None,
+        }
+    }
+
     /// Moves `pid` (the whole process, all threads) into the group. (The sandbox's helper
     /// writes pid 1 into [`Cgroup::procs_files`] itself, from outside the supervisor.)
     #[cfg(test)]
@@ -1060,6 +1071,11 @@ mod tests {
             .expect("create");
         assert_eq!(group.path(), root.join("memory/runcell/4321-ab"));
         assert_eq!(group.procs_files().len(), 6);
+        assert_eq!(
+            group.clone_into_dir(),
+            None,
+            "CLONE_INTO_CGROUP cannot name v1 hierarchies: the helper writes cgroup.procs"
+        );
         assert!(
             !root.join("cpuset/runcell").exists(),
             "cpuset is never used"
@@ -1146,6 +1162,13 @@ mod tests {
             .create("4321-ab", &CgroupLimits::default())
             .expect("create");
         assert_eq!(group.path(), mp.join("runcell/4321-ab"));
+        // pid 1 is created in the group itself (clone3 CLONE_INTO_CGROUP), not written to it.
+        assert_eq!(group.clone_into_dir(), Some(mp.join("runcell/4321-ab")));
+        assert_eq!(
+            group.procs_files(),
+            vec![mp.join("runcell/4321-ab/cgroup.procs")],
+            "still the fallback where clone3 is refused"
+        );
     }
 
     #[test]

@@ -313,6 +313,7 @@ impl Sandbox {
                 .as_ref()
                 .map(Cgroup::procs_files)
                 .unwrap_or_default(),
+            cgroup_dir: sandbox.cgroup.as_ref().and_then(Cgroup::clone_into_dir),
             overlays: spec.overlays.clone(),
         };
         protocol::send(&sandbox.ctrl, &Request::Setup(config), &[])
