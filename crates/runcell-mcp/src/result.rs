@@ -297,6 +297,15 @@ pub fn rejection_result(language: &str, r: &Rejection) -> CallToolResult {
             "Nothing ran. The code is not the problem: call again with the same arguments in a \
              few seconds."
         }
+        "not_found" => {
+            "Nothing ran. The session is gone (it expired after its idle time, was ended, or \
+             belongs to another key): start a new one with session_id \"new\" and run the \
+             setup code again."
+        }
+        "session_busy" => {
+            "Nothing ran. The session is still running an earlier call: wait for its result, \
+             then call again."
+        }
         _ => "Nothing ran. Changing the code will not help: this is a problem with the server.",
     };
     CallToolResult::error(vec![ContentBlock::text(format!(

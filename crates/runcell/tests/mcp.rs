@@ -320,6 +320,45 @@ fn check_progress(p: &Value) {
     assert_eq!(got, want);
 }
 
+/// `session_id`: "new" starts a session whose id comes back in structuredContent and in the
+/// text; the id continues it; another "new" and a call without one see nothing of it; a wrong
+/// language, an unknown id and a malformed one are tool errors.
+fn check_sessions(r: &Value) {
+    let first = &r["first"];
+    assert!(!is_error(first), "{first:#}");
+    let sid = first["structuredContent"]["session_id"].as_str().unwrap();
+    assert!(sid.starts_with("ses_"), "{first:#}");
+    assert!(
+        text(first).contains(sid),
+        "the text names the session: {first:#}"
+    );
+    assert_eq!(first["structuredContent"]["execution_count"], 1);
+    let second = &r["second"];
+    assert!(!is_error(second), "{second:#}");
+    assert_eq!(
+        second["structuredContent"]["stdout"], "42 k\n",
+        "{second:#}"
+    );
+    assert_eq!(second["structuredContent"]["session_id"], sid);
+    assert_eq!(second["structuredContent"]["execution_count"], 2);
+    let other = &r["other"];
+    assert_eq!(
+        other["structuredContent"]["stdout"], "False []\n",
+        "{other:#}"
+    );
+    assert_ne!(other["structuredContent"]["session_id"], sid);
+    assert_eq!(r["fresh"]["structuredContent"]["stdout"], "False\n");
+    assert!(r["fresh"]["structuredContent"].get("session_id").is_none());
+    for (name, want) in [
+        ("wrong_language", "invalid_request"),
+        ("unknown", "not_found"),
+        ("bad", "invalid_request"),
+    ] {
+        assert!(is_error(&r[name]), "{name}: {:#}", r[name]);
+        assert!(text(&r[name]).contains(want), "{name}: {:#}", r[name]);
+    }
+}
+
 fn check_cancel(c: &Value, m: &str) {
     assert_eq!(c["alive_before_cancel"], true, "{c:#}");
     assert_eq!(c["finished"], false, "the call was not cancelled: {c:#}");
@@ -357,6 +396,7 @@ fn stdio_with_the_python_sdk() {
     check_files(&report["files"]);
     check_progress(&report["progress"]);
     check_cancel(&report["cancel"], &m);
+    check_sessions(&report["sessions"]);
     // The server exited with its client, leaving nothing behind.
     let pids = report["server_pids"].as_array().unwrap();
     assert_eq!(pids.len(), 1, "{report:#}");
@@ -424,6 +464,7 @@ fn http_with_the_python_sdk() {
     check_files(&report["files"]);
     check_progress(&report["progress"]);
     check_cancel(&report["cancel"], &m);
+    check_sessions(&report["sessions"]);
 
     // A handshake-era client (initialize, Mcp-Session-Id; cancelling sends
     // notifications/cancelled).

@@ -4,7 +4,7 @@ report on stdout; crates/runcell/tests/mcp.rs makes the assertions.
     client.py stdio RUNCELL_BINARY [--mode auto|legacy] [--scenarios a,b,...]
     client.py http URL [--mode auto|legacy] [--scenarios a,b,...]   (API key in RUNCELL_TEST_KEY)
 
-Scenarios: tools, languages, errors, plot, files, progress, cancel. The marker for the
+Scenarios: tools, languages, errors, plot, files, progress, cancel, sessions. The marker for the
 cancellation scenario comes in RUNCELL_TEST_MARKER. Whatever fails inside a scenario is
 reported as {"exception": ...} under its name, so one broken scenario does not hide others.
 """
@@ -197,6 +197,42 @@ async def scenario_cancel(c, report):
     report["cancel"] = out
 
 
+async def scenario_sessions(c, report):
+    first = dump(
+        await c.call_tool(
+            "code_exec_python",
+            {"code": "x = 41\nopen('kept.txt', 'w').write('k')", "session_id": "new"},
+        )
+    )
+    sid = first["structuredContent"]["session_id"]
+    out = {"first": first}
+    out["second"] = dump(
+        await c.call_tool(
+            "code_exec_python",
+            {"code": "print(x + 1, open('kept.txt').read())", "session_id": sid},
+        )
+    )
+    out["other"] = dump(
+        await c.call_tool(
+            "code_exec_python",
+            {"code": "import os\nprint('x' in globals(), os.listdir('.'))", "session_id": "new"},
+        )
+    )
+    out["fresh"] = dump(
+        await c.call_tool("code_exec_python", {"code": "print('x' in globals())"})
+    )
+    out["wrong_language"] = dump(
+        await c.call_tool("code_exec_bash", {"code": "echo hi", "session_id": sid})
+    )
+    out["unknown"] = dump(
+        await c.call_tool("code_exec_python", {"code": "1", "session_id": "ses_unknown"})
+    )
+    out["bad"] = dump(
+        await c.call_tool("code_exec_python", {"code": "1", "session_id": 7})
+    )
+    report["sessions"] = out
+
+
 SCENARIOS = {
     "tools": scenario_tools,
     "languages": scenario_languages,
@@ -205,6 +241,7 @@ SCENARIOS = {
     "files": scenario_files,
     "progress": scenario_progress,
     "cancel": scenario_cancel,
+    "sessions": scenario_sessions,
 }
 
 
