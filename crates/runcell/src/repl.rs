@@ -70,10 +70,7 @@ pub fn repl(engine: &Engine, options: ReplOptions) -> ExitCode {
 
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
-    loop {
-        let Some(block) = read_block(&mut lines, language, interactive) else {
-            break;
-        };
+    while let Some(block) = read_block(&mut lines, language, interactive) {
         if block.trim().is_empty() {
             continue;
         }
