@@ -674,6 +674,19 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
             Ok(Some(f)) => f,
             _ => sys::exit_now(0),
         };
+        if interp.is_none()
+            && matches!(
+                frame.message,
+                Request::Exec(_) | Request::Start(_) | Request::Cell(_)
+            )
+            && has_children()
+        {
+            // What a one-shot cell left dying is gone before anything else starts.
+            let mut peak = 0;
+            if end_of_run(sigchld, &mut peak).is_err() {
+                sys::exit_now(125);
+            }
+        }
         let report = match frame.message {
             Request::Exec(_) if interp.is_some() => {
                 Report::from(&invalid("exec", "a warm interpreter is running"))
@@ -938,6 +951,17 @@ fn run_cell(
             *interp = Some(it);
             return report_exit(status, wall, before, peak_rss, true);
         }
+    }
+    if done {
+        // A one-shot cell that ended normally: its sandbox serves no other run (a warm
+        // sandbox is used once), so pid 1 reports as soon as every process of the run is
+        // SIGKILLed, without waiting for them to exit: freeing a preloaded interpreter's
+        // memory takes milliseconds that belong to the teardown, after the verdict. They are
+        // reaped before anything else runs here (see `serve`).
+        let wall = started.elapsed();
+        sys::kill_rest_of_namespace().step("kill leftovers")?;
+        drop(it);
+        return report_exit(status, wall, before, peak_rss, false);
     }
     drop(it);
     finish(sigchld, status, started, before, peak_rss)
