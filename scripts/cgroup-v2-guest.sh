@@ -103,6 +103,10 @@ selection=(
     a_warm_sandbox_serves_one_request_only
     warm_sandboxes_die_with_a_killed_server
     a_dead_warm_interpreter_is_never_handed_out"
+  "runcell test sessions --exact
+    a_memory_kill_restarts_the_interpreter_and_says_the_state_was_lost
+    a_timeout_interrupts_the_call_and_keeps_the_state
+    idle_sessions_expire_and_leave_nothing_behind"
 )
 
 # ---------------------------------------------------------------------------------------------
