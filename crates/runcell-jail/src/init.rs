@@ -981,17 +981,22 @@ fn spare_interpreter(sigchld: &OwnedFd, pid: i32, peak_rss: &mut u64) -> bool {
             Err(_) => return false,
         }
         reap_exited(0, peak_rss);
-        let mut fds = [PollFd::new(sigchld, PollFlags::IN)];
-        let _ = poll(
-            &mut fds,
-            Some(&Timespec {
-                tv_sec: 0,
-                tv_nsec: 50_000_000,
-            }),
-        );
-        drain_signalfd(sigchld);
+        wait_sigchld(sigchld);
     }
     false
+}
+
+/// Wait up to 50 ms for a SIGCHLD (a killed process exiting), and consume it.
+fn wait_sigchld(sigchld: &OwnedFd) {
+    let mut fds = [PollFd::new(sigchld, PollFlags::IN)];
+    let _ = poll(
+        &mut fds,
+        Some(&Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        }),
+    );
+    drain_signalfd(sigchld);
 }
 
 /// A program that could not be started: end the run (the forked child is gone or going) and
@@ -1228,15 +1233,7 @@ fn end_of_run(sigchld: &OwnedFd, peak_rss: &mut u64) -> Result<(), StepError> {
             // (Waiting for a SIGCHLD that will never come would cost the whole pause.)
             break;
         }
-        let mut fds = [PollFd::new(sigchld, PollFlags::IN)];
-        let _ = poll(
-            &mut fds,
-            Some(&Timespec {
-                tv_sec: 0,
-                tv_nsec: 50_000_000,
-            }),
-        );
-        drain_signalfd(sigchld);
+        wait_sigchld(sigchld);
     }
     Ok(())
 }

@@ -77,8 +77,8 @@ impl Executor for AppState {
 }
 
 impl AppState {
-    /// Run an MCP call in a session: admitted like any execution (a place in line, then a
-    /// slot), counted and audited; the session belongs to the caller's key.
+    /// Run an MCP call in a session, as `POST /v1/sessions/{id}/execute` runs one; the
+    /// session belongs to the caller's key.
     fn mcp_session_call(
         &self,
         target: runcell_core::SessionTarget,
@@ -98,53 +98,9 @@ impl AppState {
         Box::pin(
             async move {
                 let reservation = state.reserve().map_err(rejection)?;
-                let s = &state.inner;
-                let started = std::time::Instant::now();
-                let running = {
-                    let _queued = s.metrics.queued();
-                    s.running.clone().acquire_owned().await.map_err(|_| {
-                        Rejection::new("unavailable", "The server is shutting down.")
-                    })?
-                };
-                let ks = runcell_core::KillSwitch::new().map_err(|_| {
-                    Rejection::new("unavailable", "The server cannot start a run right now.")
-                })?;
-                let entry = s.runs.register(ks.clone());
-                let mut audit = crate::audit::AuditRequest::from(&req);
-                if let runcell_core::SessionTarget::Id(id) = &target {
-                    audit.session_id = Some(id.clone());
-                }
-                let st = state.clone();
-                let owner = caller.key_id.clone();
-                let finish = move |r: &Result<Verdict, runcell_core::SessionError>| {
-                    let seconds = started.elapsed().as_secs_f64();
-                    match r {
-                        Ok(v) => {
-                            audit.session_id = v.session_id.clone();
-                            st.inner.metrics.executed(caller.interface, v, seconds);
-                            st.inner.audit.record(&caller, &audit, Ok(v), seconds);
-                        }
-                        Err(e) => {
-                            let e = ApiError::from(e.clone());
-                            st.inner.metrics.rejected(e.category);
-                            st.inner
-                                .audit
-                                .record(&caller, &audit, Err(e.category), seconds);
-                        }
-                    }
-                };
-                s.sessions
-                    .run_request_blocking(
-                        owner,
-                        target,
-                        req,
-                        sink,
-                        ks,
-                        (reservation, running, entry),
-                        finish,
-                    )
+                crate::routes::sessions::session_call(state, reservation, caller, target, req, sink)
                     .await
-                    .map_err(runcell_mcp::session_rejection)
+                    .map_err(rejection)
             }
             .instrument(span),
         )

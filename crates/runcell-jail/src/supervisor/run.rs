@@ -98,19 +98,7 @@ pub struct Outcome {
 
 /// The wire form of a program: its step, and the blobs (files, then stdin) it refers to.
 fn exec_step(program: &Program) -> (ExecStep, Vec<&[u8]>) {
-    let mut blobs: Vec<&[u8]> = Vec::new();
-    let files = program
-        .files
-        .iter()
-        .map(|f| {
-            blobs.push(&f.content);
-            FileSpec {
-                path: f.path.clone(),
-                mode: f.mode,
-                blob: blobs.len() - 1,
-            }
-        })
-        .collect();
+    let (files, mut blobs) = file_specs(&program.files);
     let stdin_blob = program.stdin.as_ref().map(|s| {
         blobs.push(s);
         blobs.len() - 1
@@ -124,6 +112,21 @@ fn exec_step(program: &Program) -> (ExecStep, Vec<&[u8]>) {
         rlimits: program.rlimits,
     };
     (step, blobs)
+}
+
+/// The wire form of files: their specs, and the blobs (their contents) the specs index.
+fn file_specs(files: &[InputFile]) -> (Vec<FileSpec>, Vec<&[u8]>) {
+    let blobs: Vec<&[u8]> = files.iter().map(|f| f.content.as_slice()).collect();
+    let specs = files
+        .iter()
+        .enumerate()
+        .map(|(blob, f)| FileSpec {
+            path: f.path.clone(),
+            mode: f.mode,
+            blob,
+        })
+        .collect();
+    (specs, blobs)
 }
 
 /// How a program ended, as pid 1 reported it (or as the supervisor inferred it when pid 1
@@ -238,18 +241,7 @@ impl Sandbox {
         if !self.alive {
             return Err(SandboxError::Dead);
         }
-        let mut blobs: Vec<&[u8]> = Vec::new();
-        let specs = files
-            .iter()
-            .map(|f| {
-                blobs.push(&f.content);
-                FileSpec {
-                    path: f.path.clone(),
-                    mode: f.mode,
-                    blob: blobs.len() - 1,
-                }
-            })
-            .collect();
+        let (specs, blobs) = file_specs(files);
         protocol::send(&self.ctrl, &Request::Put { files: specs }, &blobs)
             .map_err(io_err("send files"))?;
         match self.wait_report(Instant::now() + PUT_ALLOWANCE)? {

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use runcell_core::{
     CellRequest, ExecRequest, KillSwitch, NoSink, OutputSink, SessionError, SessionInfo,
-    SessionRequest, Verdict, WorkspaceListing,
+    SessionRequest, SessionTarget, Verdict, WorkspaceListing,
 };
 use serde::Serialize;
 
@@ -185,95 +185,79 @@ pub(crate) async fn execute(
         parse_body(&bytes).inspect_err(|e: &ApiError| state.inner.metrics.rejected(e.category))?;
     // The session must exist for this key before anything waits.
     let info = state.sessions().get(owner(&caller).as_deref(), &id)?;
-    let run = SessionRun {
-        state: state.clone(),
-        id,
-        cell,
-        caller,
-        language: info.language,
-        _reservation: reservation,
-    };
+    let mut req = ExecRequest::new(info.language, cell.code);
+    req.stdin = cell.stdin;
+    req.files = cell.files;
+    req.limits.timeout = cell.timeout;
+    let target = SessionTarget::Id(id);
     if !wants_events(&parts.headers) {
-        return Ok(Json(run.run(Box::new(NoSink)).await?).into_response());
+        let v = session_call(state, reservation, caller, target, req, Box::new(NoSink)).await?;
+        return Ok(Json(v).into_response());
     }
-    Ok(event_stream(&state, move |sink| {
-        Box::pin(async move { run.run(sink).await })
+    Ok(event_stream(&state.clone(), move |sink| {
+        Box::pin(session_call(state, reservation, caller, target, req, sink))
     }))
 }
 
-/// One call in a session, admitted: it waits for a sandbox slot like any execution, is
-/// counted and audited.
-struct SessionRun {
+/// One call in a session (an HTTP call, or an MCP call with `session_id`), admitted like any
+/// execution: it waits for a sandbox slot, runs on a blocking thread, is counted and audited
+/// (with its session's id). Dropping the future interrupts the call; the session survives.
+pub(crate) async fn session_call(
     state: AppState,
-    id: String,
-    cell: CellRequest,
+    reservation: crate::admission::Reservation,
     caller: Caller,
-    language: String,
-    _reservation: crate::admission::Reservation,
-}
-
-impl SessionRun {
-    async fn run(self, mut sink: Box<dyn OutputSink + Send>) -> Result<Verdict, ApiError> {
-        let SessionRun {
-            state,
-            id,
-            cell,
-            caller,
-            language,
-            _reservation,
-        } = self;
-        let s = &state.inner;
-        let started = Instant::now();
-        let running = {
-            let _queued = s.metrics.queued();
-            s.running
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| ApiError::unavailable("The server is shutting down."))?
-        };
-        let ks = KillSwitch::new()
-            .map_err(|_| ApiError::unavailable("The server cannot start a run right now."))?;
-        let entry = s.runs.register(ks.clone());
-        let mut audit = AuditRequest::from(&ExecRequest {
-            language,
-            code: cell.code.clone(),
-            stdin: None,
-            files: cell.files.clone(),
-            limits: Default::default(),
-        });
+    target: SessionTarget,
+    req: ExecRequest,
+    sink: Box<dyn OutputSink + Send>,
+) -> Result<Verdict, ApiError> {
+    let s = &state.inner;
+    let started = Instant::now();
+    let running = {
+        let _queued = s.metrics.queued();
+        s.running
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::unavailable("The server is shutting down."))?
+    };
+    let ks = KillSwitch::new()
+        .map_err(|_| ApiError::unavailable("The server cannot start a run right now."))?;
+    let entry = s.runs.register(ks.clone());
+    let mut audit = AuditRequest::from(&req);
+    if let SessionTarget::Id(id) = &target {
         audit.session_id = Some(id.clone());
-        let mut guard = ks.kill_on_drop();
-        let sessions = s.sessions.clone();
-        let st = state.clone();
-        let span = tracing::Span::current();
-        let who = owner(&caller);
-        let result = tokio::task::spawn_blocking(move || {
-            let _span = span.enter();
-            let _hold = (running, entry, _reservation);
-            let r = sessions.execute(who.as_deref(), &id, &cell, &mut *sink, Some(&ks));
-            drop(sink);
-            let seconds = started.elapsed().as_secs_f64();
-            match &r {
-                Ok(v) => {
-                    st.inner.metrics.executed(caller.interface, v, seconds);
-                    st.inner.audit.record(&caller, &audit, Ok(v), seconds);
-                }
-                Err(e) => {
-                    let e = ApiError::from(e.clone());
-                    st.inner.metrics.rejected(e.category);
-                    st.inner
-                        .audit
-                        .record(&caller, &audit, Err(e.category), seconds);
-                }
-            }
-            r
-        })
-        .await
-        .map_err(|_| ApiError::internal("The execution failed unexpectedly."))?;
-        guard.disarm();
-        result.map_err(ApiError::from)
     }
+    let st = state.clone();
+    let owner = owner(&caller);
+    let finish = move |r: &Result<Verdict, SessionError>| {
+        let seconds = started.elapsed().as_secs_f64();
+        match r {
+            Ok(v) => {
+                audit.session_id = v.session_id.clone();
+                st.inner.metrics.executed(caller.interface, v, seconds);
+                st.inner.audit.record(&caller, &audit, Ok(v), seconds);
+            }
+            Err(e) => {
+                let e = ApiError::from(e.clone());
+                st.inner.metrics.rejected(e.category);
+                st.inner
+                    .audit
+                    .record(&caller, &audit, Err(e.category), seconds);
+            }
+        }
+    };
+    s.sessions
+        .run_request_blocking(
+            owner,
+            target,
+            req,
+            sink,
+            ks,
+            (reservation, running, entry),
+            finish,
+        )
+        .await
+        .map_err(ApiError::from)
 }
 
 /// The files of the session's /workspace (paths and sizes).
