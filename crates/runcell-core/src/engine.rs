@@ -704,10 +704,27 @@ impl Engine {
             v.enforcement = EnforcementReport::from(sandbox.enforcement());
             return v;
         }
+        if e.os_error().is_some_and(|o| o.errno == libc_enospc()) {
+            // The inputs (the code itself, for a session) did not fit: the run's disk is full.
+            let mut v = Verdict::failed(
+                ErrorCategory::DiskLimit,
+                "The disk is full (/tmp, /workspace and /dev/shm share the disk limit): the \
+                 code and its files could not be written. Delete files (in a session: PUT an \
+                 empty file over a large one, or remove it in a short call), or ask for more \
+                 disk.",
+            );
+            v.enforcement = EnforcementReport::from(sandbox.enforcement());
+            return v;
+        }
         let mut v = sandbox_failure("failed while running the program", &e);
         v.enforcement = EnforcementReport::from(sandbox.enforcement());
         v
     }
+}
+
+/// ENOSPC (28 on every Linux architecture).
+fn libc_enospc() -> i32 {
+    rustix::io::Errno::NOSPC.raw_os_error()
 }
 
 /// Where [`Engine::run_in`] runs a request.

@@ -254,6 +254,8 @@ const TEARDOWN_QUEUE: usize = 4;
 const MAX_AGE: Duration = Duration::from_secs(600);
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// How long after a take its replacement starts to be built.
+const REFILL_DELAY: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 impl Pool {
@@ -365,6 +367,13 @@ impl Pool {
             slot.hits += 1;
         } else {
             slot.misses += 1;
+        }
+        // The replacement is built a moment later, not while this request runs: building a
+        // sandbox takes locks the request's own steps need (on cgroup v1 the move into a
+        // cgroup waits for an RCU grace period and holds up forks and exits meanwhile), and
+        // a small request is over by then.
+        if slot.retry_at.is_none() {
+            slot.retry_at = Some(Instant::now() + REFILL_DELAY);
         }
         self.shared.wake.notify_all();
         drop(slots);

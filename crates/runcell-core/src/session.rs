@@ -632,19 +632,29 @@ impl Session {
     /// One file's bytes; `Ok(None)` when there is no regular file at `path`.
     pub fn read_file(&mut self, engine: &Engine, path: &str) -> Result<Option<Vec<u8>>, String> {
         let rel = workspace_path(path).map_err(|e| e.to_string())?;
-        let disk = self.limits.disk.0;
+        // The file crosses pid 1 and the server's memory whole: it is bounded like an uploaded
+        // file, not by the session's disk (a sparse file of that size costs the session
+        // nothing).
+        let cap = engine.policy().max_input_file_bytes.min(self.limits.disk.0);
         let limits = CollectLimits {
             max_files: 1,
-            max_file_bytes: disk,
-            max_total_bytes: disk,
+            max_file_bytes: cap,
+            max_total_bytes: cap,
             max_entries: 1,
-            max_read_bytes: disk,
+            max_read_bytes: cap,
             deadline_ms: 30_000,
         };
         let sandbox = self.ensure_sandbox(engine).map_err(message)?;
         let mut c = sandbox
             .browse(&limits, Some(&rel))
             .map_err(|e| message(Box::new(sandbox_failure("could not read the file", &e))))?;
+        if let Some(f) = c.files.first().filter(|f| f.blob.is_none() && f.size > cap) {
+            return Err(format!(
+                "The file is {} bytes, more than the limit of {cap} bytes per download: \
+                 read it in parts with a call, or return it in a call's output files.",
+                f.size
+            ));
+        }
         Ok(match c.files.first().and_then(|f| f.blob) {
             Some(i) if i < c.blobs.len() => Some(c.blobs.swap_remove(i)),
             _ => None,
@@ -831,6 +841,31 @@ impl Sessions {
                      once one has expired.",
                     self.policy.max_total
                 )));
+            }
+            // Sessions hold their memory and their (in-memory) disk while idle: together they
+            // stay within what all runs may use, or the kernel would have to find the room by
+            // killing runs of other keys.
+            if let Some(budget) = self.engine.config().all_runs_memory_bytes {
+                let held: u64 = t
+                    .slots
+                    .values()
+                    .map(|s| {
+                        let l = lock(&s.state).limits;
+                        l.memory.0.saturating_add(l.disk.0)
+                    })
+                    .sum();
+                let wanted = v.limits().memory.0.saturating_add(v.limits().disk.0);
+                if held.saturating_add(wanted) > budget {
+                    return Err(SessionError::TooMany(format!(
+                        "The live sessions hold {} of memory and disk, and this one would \
+                         need {} more: beyond what the server gives all runs together ({}). \
+                         Delete a session, ask for less memory or disk, or retry once one has \
+                         expired.",
+                        crate::units::format_size(held),
+                        crate::units::format_size(wanted),
+                        crate::units::format_size(budget)
+                    )));
+                }
             }
             let mine = t
                 .slots

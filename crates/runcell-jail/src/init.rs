@@ -892,9 +892,9 @@ fn run_cell(
     baseline: &mut Baseline,
     interp: &mut Option<Interpreter>,
 ) -> Result<Report, StepError> {
-    let Some(mut it) = interp.take() else {
+    if interp.is_none() {
         return Err(invalid("cell", "no interpreter is running"));
-    };
+    }
     let line = match (&cell.keep, &cell.source) {
         (false, _) => b"C\n".to_vec(),
         (true, Some(src)) => {
@@ -904,8 +904,13 @@ fn run_cell(
         }
         (true, None) => return Err(invalid("cell source", "a session's cell without one")),
     };
+    // The inputs first: a cell whose files do not fit (a full disk) fails without taking the
+    // interpreter, and a session's state, with it.
     let stdin = place_inputs(&cell.files, cell.stdin_blob, &blobs, baseline)?;
     drop(blobs);
+    let Some(mut it) = interp.take() else {
+        return Err(invalid("cell", "no interpreter is running"));
+    };
     if cell.keep && cell.files.is_empty() {
         // A session's cell returns what it created or changed, whatever it was given.
         *baseline = Baseline::snapshot(WORKSPACE, BASELINE_MAX_ENTRIES);
@@ -1586,22 +1591,19 @@ fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepErr
         dir = openat2(&dir, comp.as_os_str(), dir_flags, Mode::empty(), resolve)
             .step_at("open directory", path)?;
     }
-    // Whatever an earlier program left at this name (a file, a symlink, a fifo that would block
-    // the open, a socket) is replaced; a directory is refused.
-    match rustix::fs::unlinkat(&dir, name, rustix::fs::AtFlags::empty()) {
+    // The content goes to a fresh name first and is renamed into place: whatever an earlier
+    // program left at the name (a file, a symlink, a fifo that would block an open, a socket)
+    // is replaced whole and never followed, and a write that fails (a full disk) leaves what
+    // was there. A directory in the way is refused.
+    // (One fixed name: pid 1 writes one file at a time, and it fits beside a 255-byte name.)
+    let part = Path::new(".runcell-part");
+    match rustix::fs::unlinkat(&dir, part, rustix::fs::AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
-            return Err(StepError {
-                step: "write file",
-                path: Some(path.to_path_buf()),
-                source: io::Error::new(io::ErrorKind::IsADirectory, "a directory is in the way"),
-            })
-        }
         Err(e) => return Err(e).step_at("replace file", path),
     }
     let fd = openat2(
         &dir,
-        name,
+        part,
         OFlags::WRONLY
             | OFlags::CREATE
             | OFlags::EXCL
@@ -1612,8 +1614,32 @@ fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepErr
         resolve,
     )
     .step_at("create file", path)?;
-    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777)).step_at("chmod", path)?;
-    File::from(fd).write_all(data).step_at("write file", path)
+    let written = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777))
+        .step_at("chmod", path)
+        .and_then(|()| File::from(fd).write_all(data).step_at("write file", path))
+        .and_then(|()| {
+            rustix::fs::renameat(&dir, part, &dir, name).map_err(|e| match e {
+                rustix::io::Errno::ISDIR
+                | rustix::io::Errno::NOTEMPTY
+                | rustix::io::Errno::EXIST => StepError {
+                    step: "write file",
+                    path: Some(path.to_path_buf()),
+                    source: io::Error::new(
+                        io::ErrorKind::IsADirectory,
+                        "a directory is in the way",
+                    ),
+                },
+                e => StepError {
+                    step: "write file",
+                    path: Some(path.to_path_buf()),
+                    source: e.into(),
+                },
+            })
+        });
+    if written.is_err() {
+        let _ = rustix::fs::unlinkat(&dir, part, rustix::fs::AtFlags::empty());
+    }
+    written
 }
 
 fn blob(blobs: &[Vec<u8>], i: usize) -> Result<&[u8], StepError> {

@@ -641,3 +641,65 @@ fn the_repl_keeps_state_and_ctrl_c_interrupts_the_running_input() {
     assert!(stderr.contains("KeyboardInterrupt"), "{stderr}");
     assert!(stderr.contains("keeps its state"), "{stderr}");
 }
+
+/// A download is bounded like an upload (a sparse file as large as the session's disk costs
+/// the session nothing, but would cross pid 1 and the server whole).
+#[test]
+fn downloads_are_bounded_like_uploads() {
+    let s = server(&[]);
+    let id = create(
+        &s,
+        KEY_A,
+        json!({ "language": "python", "disk": "1G", "memory": "512M" }),
+    );
+    code(&s, &id, "open('sparse', 'wb').truncate(600 << 20)");
+    let res = client()
+        .get(s.url(&format!("/v1/sessions/{id}/files/sparse")))
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+    let v: Value = res.json().unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("per download"),
+        "{v}"
+    );
+    // The session is unharmed.
+    assert_eq!(code(&s, &id, "print(1)")["state_lost"], json!(false));
+}
+
+/// A session whose disk is full keeps its state and files: the next call says the disk is
+/// full (its code cannot even be written), and freeing space brings it back.
+#[test]
+fn a_full_disk_keeps_the_sessions_state_and_files() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python", "disk": "8M" }));
+    code(
+        &s,
+        &id,
+        "v = 41\nopen('important.txt', 'w').write('keep me')",
+    );
+    let v = code(
+        &s,
+        &id,
+        "try:\n    with open('big', 'wb') as f:\n        while True:\n            f.write(bytes(1 << 16))\n            f.flush()\nexcept OSError:\n    pass",
+    );
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+    let v = code(&s, &id, "import os\nos.remove('big')");
+    assert_eq!(v["error"]["category"], "disk_limit", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+    // An empty upload over the large file frees the space (written aside, then renamed).
+    let res = client()
+        .put(s.url(&format!("/v1/sessions/{id}/files/big")))
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .body("")
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 204);
+    let v = code(&s, &id, "print(v + 1, open('important.txt').read())");
+    assert_eq!(v["stdout"], "42 keep me\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+}

@@ -365,7 +365,12 @@ impl Sandbox {
                         return Err(SandboxError::NoInterpreter)
                     }
                     Report::Failed { step, path, error } => {
-                        self.kill();
+                        // A session's inputs that could not be written (its disk is full):
+                        // nothing started and pid 1 waits for the next request; its files and
+                        // its interpreter stay.
+                        if !(self.persistent && program_started.is_none()) {
+                            self.kill();
+                        }
                         return Err(SandboxError::Setup {
                             step,
                             path,

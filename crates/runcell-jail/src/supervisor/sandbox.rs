@@ -464,7 +464,12 @@ impl Sandbox {
         let wait = Duration::from_millis(limits.deadline_ms) + COLLECT_TRANSFER_ALLOWANCE;
         match poll(&mut fds, Some(&timespec(wait))) {
             Ok(n) if n > 0 => {}
-            _ => return Err(SandboxError::Protocol("no answer to collect".into())),
+            _ => {
+                // A late answer would be read as the answer to the next request: the sandbox
+                // cannot be used any more.
+                self.kill();
+                return Err(SandboxError::Protocol("no answer to collect".into()));
+            }
         }
         // The file list and the contents, within the caps the request set (plus framing).
         let files_limits = protocol::FrameLimits {
