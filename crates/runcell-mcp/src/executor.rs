@@ -141,6 +141,25 @@ impl LocalExecutor {
     }
 }
 
+/// A sandbox slot (waited for) and a kill switch for one call.
+async fn slot_and_switch(
+    slots: &Arc<Semaphore>,
+) -> Result<(tokio::sync::OwnedSemaphorePermit, KillSwitch), Rejection> {
+    let permit = slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| Rejection::new("unavailable", "The server is shutting down."))?;
+    let ks = KillSwitch::new().map_err(|e| {
+        tracing::error!(error = %e, "cannot create a kill switch");
+        Rejection::new(
+            "unavailable",
+            "The server cannot start a run right now. Retry shortly.",
+        )
+    })?;
+    Ok((permit, ks))
+}
+
 impl Executor for LocalExecutor {
     fn execute(
         &self,
@@ -154,17 +173,7 @@ impl Executor for LocalExecutor {
             let req = engine
                 .validate(&req)
                 .map_err(|e| Rejection::new("invalid_request", e.to_string()))?;
-            let permit = slots
-                .acquire_owned()
-                .await
-                .map_err(|_| Rejection::new("unavailable", "The server is shutting down."))?;
-            let ks = KillSwitch::new().map_err(|e| {
-                tracing::error!(error = %e, "cannot create a kill switch");
-                Rejection::new(
-                    "unavailable",
-                    "The server cannot start a run right now. Retry shortly.",
-                )
-            })?;
+            let (permit, ks) = slot_and_switch(&slots).await?;
             // The slot is held until the sandbox is gone, also when the call was cancelled
             // and nobody waits for the verdict any more.
             engine
@@ -184,16 +193,7 @@ impl Executor for LocalExecutor {
         let sessions = self.sessions.clone();
         let slots = self.slots.clone();
         Box::pin(async move {
-            let permit = slots
-                .acquire_owned()
-                .await
-                .map_err(|_| Rejection::new("unavailable", "The server is shutting down."))?;
-            let ks = KillSwitch::new().map_err(|_| {
-                Rejection::new(
-                    "unavailable",
-                    "The server cannot start a run right now. Retry shortly.",
-                )
-            })?;
+            let (permit, ks) = slot_and_switch(&slots).await?;
             sessions
                 .run_request_blocking(None, target, req, sink, ks, permit, |_| {})
                 .await

@@ -23,6 +23,18 @@ use crate::middleware::caller_of;
 use crate::{ApiError, AppState, Caller, Hold};
 use tracing::Instrument;
 
+/// The server's notion of an MCP call's caller: what the middleware found out about the HTTP
+/// request that carried it (request id, peer, API key id), or just the interface (stdio).
+fn server_caller(caller: &runcell_mcp::Caller) -> Caller {
+    match &caller.http {
+        Some(parts) => caller_of(parts, caller.interface),
+        None => Caller {
+            interface: caller.interface,
+            ..Caller::default()
+        },
+    }
+}
+
 fn rejection(e: ApiError) -> Rejection {
     Rejection::new(e.category, e.message)
 }
@@ -40,13 +52,7 @@ impl Executor for AppState {
             .http
             .as_ref()
             .and_then(|p| p.extensions.get::<Hold>().cloned());
-        let caller = match &caller.http {
-            Some(parts) => caller_of(parts, caller.interface),
-            None => Caller {
-                interface: caller.interface,
-                ..Caller::default()
-            },
-        };
+        let caller = server_caller(&caller);
         // rmcp runs tool calls in its own tasks: the span carries the HTTP request's id into
         // the run, as for `POST /v1/execute`.
         let span = tracing::info_span!("mcp_call", id = %caller.request_id);
@@ -86,13 +92,7 @@ impl AppState {
         caller: runcell_mcp::Caller,
         sink: Box<dyn OutputSink + Send>,
     ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
-        let caller = match &caller.http {
-            Some(parts) => caller_of(parts, caller.interface),
-            None => Caller {
-                interface: caller.interface,
-                ..Caller::default()
-            },
-        };
+        let caller = server_caller(&caller);
         let span = tracing::info_span!("mcp_call", id = %caller.request_id);
         let state = self.clone();
         Box::pin(

@@ -54,6 +54,22 @@ fn call(
     )
 }
 
+/// A request with key A's bearer token, answered raw (file bytes, event streams).
+fn raw(
+    s: &ServeProcess,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&str>,
+) -> reqwest::blocking::Response {
+    let mut req = client()
+        .request(method, s.url(path))
+        .header("authorization", format!("Bearer {KEY_A}"));
+    if let Some(b) = body {
+        req = req.body(b.to_string());
+    }
+    req.send().expect("request")
+}
+
 fn create(s: &ServeProcess, key: &str, body: Value) -> String {
     let (st, v) = call(s, key, reqwest::Method::POST, "/v1/sessions", Some(body));
     assert_eq!(st, 201, "{v}");
@@ -447,50 +463,52 @@ fn workspace_files_can_be_listed_downloaded_and_uploaded() {
         list["files"],
         json!([{"path": "in/data.csv", "size": 8}, {"path": "out.bin", "size": 256}])
     );
-    let auth = format!("Bearer {KEY_A}");
-    let res = client()
-        .get(s.url(&format!("/v1/sessions/{id}/files/out.bin")))
-        .header("authorization", &auth)
-        .send()
-        .unwrap();
+    let res = raw(
+        &s,
+        reqwest::Method::GET,
+        &format!("/v1/sessions/{id}/files/out.bin"),
+        None,
+    );
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(
         res.bytes().unwrap().to_vec(),
         (0..=255u8).collect::<Vec<_>>()
     );
     for path in ["in/data.csv", "in%2Fdata.csv"] {
-        let res = client()
-            .get(s.url(&format!("/v1/sessions/{id}/files/{path}")))
-            .header("authorization", &auth)
-            .send()
-            .unwrap();
+        let res = raw(
+            &s,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{id}/files/{path}"),
+            None,
+        );
         assert_eq!(res.status().as_u16(), 200, "{path}");
         assert_eq!(res.text().unwrap(), "a,b\n1,2\n");
     }
-    let res = client()
-        .put(s.url(&format!("/v1/sessions/{id}/files/up/loaded.txt")))
-        .header("authorization", &auth)
-        .body("uploaded\n")
-        .send()
-        .unwrap();
+    let res = raw(
+        &s,
+        reqwest::Method::PUT,
+        &format!("/v1/sessions/{id}/files/up/loaded.txt"),
+        Some("uploaded\n"),
+    );
     assert_eq!(res.status().as_u16(), 204);
     let v = code(&s, &id, "print(open('up/loaded.txt').read(), end='')");
     assert_eq!(v["stdout"], "uploaded\n", "{v}");
     assert_eq!(v["files"], json!([]), "an upload is input, not output: {v}");
     for (path, status) in [("nope.txt", 404), ("..%2Fetc%2Fpasswd", 400), ("in", 404)] {
-        let res = client()
-            .get(s.url(&format!("/v1/sessions/{id}/files/{path}")))
-            .header("authorization", &auth)
-            .send()
-            .unwrap();
+        let res = raw(
+            &s,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{id}/files/{path}"),
+            None,
+        );
         assert_eq!(res.status().as_u16(), status, "{path}");
     }
-    let res = client()
-        .put(s.url(&format!("/v1/sessions/{id}/files/in")))
-        .header("authorization", &auth)
-        .body("x")
-        .send()
-        .unwrap();
+    let res = raw(
+        &s,
+        reqwest::Method::PUT,
+        &format!("/v1/sessions/{id}/files/in"),
+        Some("x"),
+    );
     assert_eq!(res.status().as_u16(), 400, "a directory is in the way");
 }
 
@@ -653,11 +671,12 @@ fn downloads_are_bounded_like_uploads() {
         json!({ "language": "python", "disk": "1G", "memory": "512M" }),
     );
     code(&s, &id, "open('sparse', 'wb').truncate(600 << 20)");
-    let res = client()
-        .get(s.url(&format!("/v1/sessions/{id}/files/sparse")))
-        .header("authorization", format!("Bearer {KEY_A}"))
-        .send()
-        .unwrap();
+    let res = raw(
+        &s,
+        reqwest::Method::GET,
+        &format!("/v1/sessions/{id}/files/sparse"),
+        None,
+    );
     assert_eq!(res.status().as_u16(), 400);
     let v: Value = res.json().unwrap();
     assert!(
@@ -692,12 +711,12 @@ fn a_full_disk_keeps_the_sessions_state_and_files() {
     assert_eq!(v["error"]["category"], "disk_limit", "{v}");
     assert_eq!(v["state_lost"], json!(false), "{v}");
     // An empty upload over the large file frees the space (written aside, then renamed).
-    let res = client()
-        .put(s.url(&format!("/v1/sessions/{id}/files/big")))
-        .header("authorization", format!("Bearer {KEY_A}"))
-        .body("")
-        .send()
-        .unwrap();
+    let res = raw(
+        &s,
+        reqwest::Method::PUT,
+        &format!("/v1/sessions/{id}/files/big"),
+        Some(""),
+    );
     assert_eq!(res.status().as_u16(), 204);
     let v = code(&s, &id, "print(v + 1, open('important.txt').read())");
     assert_eq!(v["stdout"], "42 keep me\n", "{v}");
