@@ -4,7 +4,8 @@
 Starts the server on a free loopback port with an API key, sends N mixed requests (default
 10,000) at concurrency C (default 8): every language; successes, errors, timeouts, memory and
 fork bombs, output floods, disk floods, files in and out, stdin, background daemons, event
-streams, clients that hang up mid-run, refused requests. Every answer is checked precisely
+streams, clients that hang up mid-run, refused requests, and sessions (state across calls,
+interruptions that keep it, a memory kill that loses it, deletion). Every answer is checked precisely
 (status, exit code, category, stdout/stderr, files, truncation flags, the audit line of its
 request id), the server's memory is sampled every second, and after a clean shutdown the host
 is checked for leftovers: no sandbox process, no cgroup of this server, no new mount, no
@@ -45,7 +46,8 @@ MIB = 1 << 20
 class Req:
     """One request to send: the body, and a check of the answer returning a list of problems."""
 
-    def __init__(self, body, check, *, key=None, events=False, hangup=None, marker=None):
+    def __init__(self, body, check, *, key=None, events=False, hangup=None, marker=None, session=None):
+        self.session = session  # a session's calls: steps of (body, check), see Mix.session
         self.body = body
         self.check = check
         self.key = key  # None: the right key; otherwise the key to send
@@ -81,8 +83,22 @@ def verdict_problems(v, *, exit_code, category, stdout=None, stderr=None, langua
         expect(p, v.get("stderr") == stderr, f"stderr {v.get('stderr', '')[:300]!r}, want {stderr[:300]!r}")
     if language:
         expect(p, v.get("language") == language, f"language {v.get('language')!r}")
-    expect(p, not v.get("warnings"), f"warnings {v.get('warnings')!r}")
+    # A session's call that lost its state says so in a warning (checked by state_lost()).
+    warnings = [w for w in v.get("warnings") or [] if not (v.get("state_lost") and w.startswith("The session's state was lost"))]
+    expect(p, not warnings, f"warnings {v.get('warnings')!r}")
     return p
+
+
+def state_kept():
+    def extra(v):
+        return [] if v.get("state_lost") is False else [f"state_lost is {v.get('state_lost')!r}, not false"]
+    return extra
+
+
+def state_lost():
+    def extra(v):
+        return [] if v.get("state_lost") is True else [f"state_lost is {v.get('state_lost')!r}, not true"]
+    return extra
 
 
 def ok(stdout, stderr="", language=None, extra=None):
@@ -563,6 +579,42 @@ class Mix:
         code = f"pid = Process.spawn('sleep', '1000.{m}', pgroup: true)\nProcess.detach(pid)\nputs \"spawned {n}\"\n"
         return Req({"language": "ruby", "code": code, "timeout": 20}, ok(f"spawned {n}\n", extra=timed(0, PROMPT)), marker=m)
 
+    # --- sessions: state across calls, an interruption that keeps it, a memory kill -------
+    def session(self, language, create, steps):
+        """A session's life: created, called step by step (each call checked and audited),
+        then deleted."""
+        return Req({"language": language, **create}, None, session=steps)
+
+    def python_session(self, n, r):
+        a = r.randrange(10**6)
+        return self.session("python", {"ttl": 60}, [
+            ({"code": f"x = {a}\n_ = open('s.txt', 'w').write('{n}')"}, ok("")),
+            ({"code": "print(x + 1, open('s.txt').read())"}, ok(f"{a + 1} {n}\n", extra=state_kept())),
+            ({"code": "import time\ntime.sleep(30)", "timeout": 1},
+             failed("timeout", 124, stderr_has="KeyboardInterrupt", extra=state_kept())),
+            ({"code": "x * 2"}, ok(f"{a * 2}\n", extra=state_kept())),
+        ])
+
+    def python_session_membomb(self, n, r):
+        return self.session("python", {"memory": "96M"}, [
+            ({"code": f"y = {n}"}, ok("")),
+            ({"code": "b = bytearray(300 << 20)"}, failed("memory_limit", 137, extra=state_lost())),
+            ({"code": "print('y' in globals())"}, ok("False\n", extra=state_kept())),
+        ])
+
+    def node_session(self, n, r):
+        return self.session("node", {}, [
+            ({"code": f"let v = {n}"}, ok("")),
+            ({"code": "while (true) {}", "timeout": 1}, failed("timeout", 124, extra=state_kept())),
+            ({"code": "console.log(v)"}, ok(f"{n}\n", extra=state_kept())),
+        ])
+
+    def bash_session(self, n, r):
+        return self.session("bash", {}, [
+            ({"code": f"mkdir -p d{n} && cd d{n} && export V={n}"}, ok("")),
+            ({"code": "echo $V $(basename $PWD)"}, ok(f"{n} d{n}\n", extra=state_kept())),
+        ])
+
     # --- event streams and clients that hang up --------------------------------------------
     def bash_events(self, n, r):
         k = r.randrange(1, 6)
@@ -632,6 +684,10 @@ KINDS = {
     "ruby_daemon": (1.5, "ruby"),
     "bash_events": (3, "bash"),
     "python_hangup": (0.5, "python"),
+    "python_session": (2, "python"),
+    "python_session_membomb": (0.5, "python"),
+    "node_session": (1, "node"),
+    "bash_session": (1, "bash"),
 }
 
 
@@ -888,7 +944,10 @@ class Client:
         self.reconnects = 0
 
     def post(self, body, key, events):
-        data = json.dumps(body).encode()
+        return self.request("POST", "/v1/execute", body, key, events)
+
+    def request(self, method, path, body, key, events=False):
+        data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
         if events:
             headers["Accept"] = "text/event-stream"
@@ -897,7 +956,7 @@ class Client:
             if fresh:
                 self.conn = self.server.connection()
             try:
-                self.conn.request("POST", "/v1/execute", body=data, headers=headers)
+                self.conn.request(method, path, body=data, headers=headers)
                 r = self.conn.getresponse()
                 raw = r.read()
                 rid = r.getheader("X-Request-Id")
@@ -1031,6 +1090,44 @@ class Stats:
                 self.correct[kind] += 1
 
 
+def run_session(client, key, req, stats):
+    """Create a session, run its steps (each answer checked, each call audited), delete it."""
+    problems = []
+    status, raw, _ = client.request("POST", "/v1/sessions", req.body, key)
+    if status != 201:
+        return [f"creating the session answered {status}: {raw[:300]!r}"], status, raw[:2000].decode("utf-8", "replace")
+    sid = json.loads(raw)["id"]
+    detail = ""
+    try:
+        detail = session_steps(client, key, req, stats, sid, problems)
+    finally:
+        # Always ended, also after a wrong answer: a session left behind would count against
+        # the key's cap for every later one.
+        status, raw, _ = client.request("DELETE", f"/v1/sessions/{sid}", None, key)
+        expect(problems, status == 204, f"deleting the session answered {status}")
+    return problems, status, detail
+
+
+def session_steps(client, key, req, stats, sid, problems):
+    detail = ""
+    for i, (body, check) in enumerate(req.session, start=1):
+        status, raw, rid = client.request("POST", f"/v1/sessions/{sid}/execute", body, key)
+        detail = raw[:2000].decode("utf-8", "replace")
+        try:
+            v = json.loads(raw)
+        except ValueError:
+            v = {}
+        step = check(status, v)
+        expect(step, v.get("session_id") == sid, f"session_id {v.get('session_id')!r}")
+        expect(step, v.get("execution_count") == i, f"execution_count {v.get('execution_count')!r}, not {i}")
+        problems += [f"call {i}: {p}" for p in step]
+        if rid and status == 200:
+            err = v.get("error")
+            with stats.lock:
+                stats.audit_expect[rid] = "ok" if not err else err.get("category")
+    return detail
+
+
 def run_requests(server, mix, kinds, first, stats, concurrency, deadline, seed):
     """Send requests first..first+len(kinds)-1 from `concurrency` threads."""
     lock = threading.Lock()
@@ -1053,7 +1150,9 @@ def run_requests(server, mix, kinds, first, stats, concurrency, deadline, seed):
             t0 = time.monotonic()
             rid, status, detail = None, None, ""
             try:
-                if req.hangup:
+                if req.session is not None:
+                    problems, status, detail = run_session(client, server.key, req, stats)
+                elif req.hangup:
                     problems, rid = hangup(server, req)
                     status = "hangup"
                     with stats.lock:
