@@ -1,0 +1,90 @@
+//! The conversation as the loop keeps it, independent of any upstream's wire format.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the tool's input (an object).
+    pub input_schema: Value,
+}
+
+/// A tool call the model made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The upstream's id for the call, echoed in its result.
+    pub id: String,
+    pub name: String,
+    /// The arguments, as a JSON value (an object when the model behaves).
+    pub arguments: Value,
+}
+
+/// One entry of the conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// The user's (or, for `system`, the operator's) text.
+    User(String),
+    /// A turn of the model: its text and the tools it called.
+    Assistant {
+        text: Option<String>,
+        calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call.
+    ToolResult {
+        call_id: String,
+        content: String,
+        is_error: bool,
+    },
+}
+
+/// The system prompt and the items, in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Conversation {
+    pub system: Option<String>,
+    pub items: Vec<Item>,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// It answered.
+    EndTurn,
+    /// It called tools.
+    ToolUse,
+    /// It ran out of output tokens.
+    MaxTokens,
+    /// Something else the upstream said (kept verbatim).
+    Other(String),
+}
+
+/// Tokens a model call used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// What one model call answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    pub text: Option<String>,
+    pub calls: Vec<ToolCall>,
+    pub stop: StopReason,
+    pub usage: Usage,
+    /// The model that answered, as the upstream named it.
+    pub model: Option<String>,
+}
