@@ -13,6 +13,8 @@ pub mod anthropic;
 pub mod conversation;
 pub mod openai;
 pub mod run;
+pub mod upstream;
 
 pub use conversation::{Conversation, Item, StopReason, ToolCall, ToolSpec, Turn, Usage};
 pub use run::{run_agent, AgentError, Bounds, Event, Model, ModelError, Outcome, Step, Tools};
+pub use upstream::{Upstream, Wire};
