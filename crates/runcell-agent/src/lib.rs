@@ -13,6 +13,7 @@ pub mod anthropic;
 pub mod conversation;
 pub mod openai;
 pub mod run;
+pub mod tools;
 pub mod upstream;
 
 pub use conversation::{Conversation, Item, StopReason, ToolCall, ToolSpec, Turn, Usage};
