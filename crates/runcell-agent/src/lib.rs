@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod anthropic;
+pub mod api;
 pub mod conversation;
 pub mod openai;
 pub mod run;

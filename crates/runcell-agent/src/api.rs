@@ -1,0 +1,321 @@
+//! The `/v1/agents` contract: a Chat Completions shaped request (messages, the code tools
+//! with their `max_calls`, files, stream) and the `chat.completion` answer with runcell's
+//! `runcell` extension (the steps, the counts). Parsing and validation are here, before
+//! anything calls a model; so is the answer's shape, shared by the server and the CLI.
+
+use std::collections::BTreeMap;
+
+use runcell_core::InputFile;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::conversation::{Conversation, Item};
+use crate::run::{Bounds, Outcome};
+
+/// What the operator allows an agent request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentPolicy {
+    /// Defaults, and the maxima a request may ask for.
+    pub defaults: Bounds,
+    pub max_iterations: u32,
+    pub max_calls: u32,
+    pub max_code_retries: u32,
+    /// Models a request may name; empty: any.
+    pub allowed_models: Vec<String>,
+    /// The model when a request names none.
+    pub default_model: String,
+}
+
+/// One tool of a request: `{"type": "runcell_tool" | "heroku_tool", "name": "code_exec_python",
+/// "runtime_params": {"max_calls": 5}}`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: String,
+    #[serde(default)]
+    pub runtime_params: RuntimeParams,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct RuntimeParams {
+    pub max_calls: Option<u32>,
+    // Other keys of hosted APIs' runtime params are accepted and ignored.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+/// A message of the request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RequestMessage {
+    pub role: String,
+    pub content: Value,
+}
+
+/// `POST /v1/agents`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRequest {
+    pub model: Option<String>,
+    pub messages: Vec<RequestMessage>,
+    #[serde(default)]
+    pub tools: Vec<RequestTool>,
+    #[serde(default)]
+    pub files: Vec<InputFile>,
+    #[serde(default)]
+    pub stream: bool,
+    pub max_iterations: Option<u32>,
+    pub max_code_retries: Option<u32>,
+}
+
+/// A request that passed validation: the conversation, the tool names, the bounds, the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidAgentRequest {
+    pub conversation: Conversation,
+    pub tools: Vec<String>,
+    pub bounds: Bounds,
+    pub model: String,
+    pub files: Vec<InputFile>,
+    pub stream: bool,
+}
+
+/// The text of a message's content: a string, or the text parts of a list of parts.
+fn content_text(v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for p in parts {
+                match (p["type"].as_str(), p["text"].as_str()) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    _ => return Err("only text parts are accepted in message content".into()),
+                }
+            }
+            Ok(out)
+        }
+        _ => Err("a message's content must be a string or a list of text parts".into()),
+    }
+}
+
+impl AgentRequest {
+    /// Check the request against the policy: roles, tools (code tools only, each once),
+    /// bounds within the maxima, an allowed model.
+    pub fn validate(&self, policy: &AgentPolicy) -> Result<ValidAgentRequest, String> {
+        let mut conv = Conversation::default();
+        for m in &self.messages {
+            let text = content_text(&m.content)?;
+            match m.role.as_str() {
+                "system" | "developer" => {
+                    conv.system = Some(match conv.system.take() {
+                        Some(s) => format!("{s}\n\n{text}"),
+                        None => text,
+                    })
+                }
+                "user" => conv.items.push(Item::User(text)),
+                "assistant" => conv.items.push(Item::Assistant {
+                    text: Some(text),
+                    calls: Vec::new(),
+                }),
+                other => return Err(format!(
+                    "messages: role {other:?} is not accepted (system, developer, user, assistant)"
+                )),
+            }
+        }
+        if !conv.items.iter().any(|i| matches!(i, Item::User(_))) {
+            return Err("messages: at least one user message is needed".into());
+        }
+        let mut bounds = policy.defaults.clone();
+        let mut tools = Vec::new();
+        for t in &self.tools {
+            if t.kind != "runcell_tool" && t.kind != "heroku_tool" {
+                return Err(format!(
+                    "tools: type {:?} is not accepted; use \"runcell_tool\" (or \"heroku_tool\")",
+                    t.kind
+                ));
+            }
+            if !t.name.starts_with("code_exec_") {
+                return Err(format!("tools: {:?} is not a code_exec_* tool", t.name));
+            }
+            if tools.contains(&t.name) {
+                return Err(format!("tools: {} is listed twice", t.name));
+            }
+            if let Some(n) = t.runtime_params.max_calls {
+                if n == 0 || n > policy.max_calls {
+                    return Err(format!(
+                        "tools: max_calls of {} is {n}; it must be between 1 and {}",
+                        t.name, policy.max_calls
+                    ));
+                }
+                bounds.max_calls.insert(t.name.clone(), n);
+            }
+            tools.push(t.name.clone());
+        }
+        if tools.is_empty() {
+            return Err("tools: list at least one code tool, e.g. {\"type\": \"runcell_tool\", \"name\": \"code_exec_python\"}".into());
+        }
+        if let Some(n) = self.max_iterations {
+            if n == 0 || n > policy.max_iterations {
+                return Err(format!(
+                    "max_iterations is {n}; it must be between 1 and {}",
+                    policy.max_iterations
+                ));
+            }
+            bounds.max_iterations = n;
+        }
+        if let Some(n) = self.max_code_retries {
+            if n == 0 || n > policy.max_code_retries {
+                return Err(format!(
+                    "max_code_retries is {n}; it must be between 1 and {}",
+                    policy.max_code_retries
+                ));
+            }
+            bounds.max_code_retries = n;
+        }
+        let model = match &self.model {
+            Some(m) if !policy.allowed_models.is_empty() && !policy.allowed_models.contains(m) => {
+                return Err(format!(
+                    "model {m:?} is not allowed here; the models are: {}",
+                    policy.allowed_models.join(", ")
+                ))
+            }
+            Some(m) => m.clone(),
+            None => policy.default_model.clone(),
+        };
+        Ok(ValidAgentRequest {
+            conversation: conv,
+            tools,
+            bounds,
+            model,
+            files: self.files.clone(),
+            stream: self.stream,
+        })
+    }
+}
+
+/// The `chat.completion` answer, with the `runcell` extension.
+pub fn completion(id: &str, created: u64, model: &str, o: &Outcome) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": o.model.as_deref().unwrap_or(model),
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": o.answer},
+            "finish_reason": o.finish_reason,
+        }],
+        "usage": {
+            "prompt_tokens": o.usage.prompt_tokens,
+            "completion_tokens": o.usage.completion_tokens,
+            "total_tokens": o.usage.total(),
+        },
+        "runcell": {
+            "steps": o.steps,
+            "code_attempts": o.code_attempts,
+            "model_calls": o.model_calls,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Usage;
+
+    fn policy() -> AgentPolicy {
+        AgentPolicy {
+            defaults: Bounds::default(),
+            max_iterations: 20,
+            max_calls: 20,
+            max_code_retries: 5,
+            allowed_models: Vec::new(),
+            default_model: "default-model".into(),
+        }
+    }
+
+    fn parse(v: Value) -> Result<ValidAgentRequest, String> {
+        let r: AgentRequest = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        r.validate(&policy())
+    }
+
+    #[test]
+    fn the_hosted_shape_is_accepted() {
+        let v = parse(json!({
+            "messages": [{"role": "system", "content": "be exact"},
+                         {"role": "user", "content": [{"type": "text", "text": "std of [1, 2]?"}]}],
+            "tools": [{"type": "heroku_tool", "name": "code_exec_python", "runtime_params": {"max_calls": 5, "target_app_name": "x"}}],
+        }))
+        .unwrap();
+        assert_eq!(v.model, "default-model");
+        assert_eq!(v.bounds.max_calls["code_exec_python"], 5);
+        assert_eq!(v.conversation.system.as_deref(), Some("be exact"));
+        assert_eq!(
+            v.conversation.items,
+            vec![Item::User("std of [1, 2]?".into())]
+        );
+        assert!(!v.stream);
+    }
+
+    #[test]
+    fn what_is_refused_says_why() {
+        for (req, says) in [
+            (
+                json!({"messages": [], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]}),
+                "user message",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}]}),
+                "at least one code tool",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function", "name": "code_exec_python"}]}),
+                "not accepted",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python", "runtime_params": {"max_calls": 99}}]}),
+                "between 1 and 20",
+            ),
+            (
+                json!({"messages": [{"role": "tool", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]}),
+                "role",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}], "max_iterations": 0}),
+                "max_iterations",
+            ),
+        ] {
+            let e = parse(req.clone()).unwrap_err();
+            assert!(e.contains(says), "{req}: {e}");
+        }
+        let mut p = policy();
+        p.allowed_models = vec!["a".into()];
+        let r: AgentRequest = serde_json::from_value(
+            json!({"model": "b", "messages": [{"role": "user", "content": "q"}],
+            "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]}),
+        )
+        .unwrap();
+        assert!(r.validate(&p).unwrap_err().contains("not allowed"));
+    }
+
+    #[test]
+    fn the_answer_is_a_chat_completion_with_the_runcell_extension() {
+        let o = Outcome {
+            answer: "28.64".into(),
+            finish_reason: "stop",
+            usage: Usage {
+                prompt_tokens: 30,
+                completion_tokens: 4,
+            },
+            steps: Vec::new(),
+            code_attempts: 2,
+            model_calls: 3,
+            model: None,
+        };
+        let v = completion("agt_1", 7, "m", &o);
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["content"], "28.64");
+        assert_eq!(v["usage"]["total_tokens"], 34);
+        assert_eq!(v["runcell"]["model_calls"], 3);
+    }
+}
