@@ -117,9 +117,11 @@ impl AgentRequest {
                     text: Some(text),
                     calls: Vec::new(),
                 }),
-                other => return Err(format!(
+                other => {
+                    return Err(format!(
                     "messages: role {other:?} is not accepted (system, developer, user, assistant)"
-                )),
+                ))
+                }
             }
         }
         if !conv.items.iter().any(|i| matches!(i, Item::User(_))) {

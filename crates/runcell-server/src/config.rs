@@ -82,6 +82,35 @@ pub struct FileConfig {
     pub preload: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub sessions: FileSessions,
+    #[serde(default)]
+    pub agent: FileAgent,
+}
+
+/// `[agent]`: the model behind `POST /v1/agents`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAgent {
+    pub upstream: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+    pub model: Option<String>,
+    #[serde(default)]
+    pub models: Vec<String>,
+    pub max_iterations: Option<u32>,
+    pub max_calls: Option<u32>,
+    pub max_code_retries: Option<u32>,
+    pub timeout: Option<toml::Value>,
+}
+
+impl std::fmt::Debug for FileAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileAgent")
+            .field("upstream", &self.upstream)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .finish()
+    }
 }
 
 /// `[sessions]`.
@@ -124,7 +153,7 @@ impl FileConfig {
         let bad = |m: String| ServerError::Config(format!("{}: {m}", path.display()));
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
         let config: FileConfig = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        if !config.api_keys.is_empty() {
+        if !config.api_keys.is_empty() || config.agent.api_key.is_some() {
             use std::os::unix::fs::PermissionsExt;
             let mode = std::fs::metadata(path)
                 .map_err(|e| bad(e.to_string()))?
@@ -132,7 +161,7 @@ impl FileConfig {
                 .mode();
             if mode & 0o077 != 0 {
                 return Err(bad(format!(
-                    "the file holds API keys but its mode is {:o}: make it readable by its \
+                    "the file holds keys but its mode is {:o}: make it readable by its \
                      owner only (chmod 600)",
                     mode & 0o777
                 )));
@@ -169,6 +198,12 @@ pub struct Overrides {
     pub session_ttl: Option<String>,
     pub session_max_ttl: Option<String>,
     pub session_lifetime: Option<String>,
+    pub agent_upstream: Option<String>,
+    pub agent_base_url: Option<String>,
+    pub agent_api_key: Option<String>,
+    pub agent_model: Option<String>,
+    /// Models a request may name (comma-separated entries allowed).
+    pub agent_models: Vec<String>,
 }
 
 fn toml_to_json(v: &toml::Value) -> Value {
@@ -494,6 +529,48 @@ pub fn build(
     }
     if sp.default_ttl > sp.max_ttl {
         sp.max_ttl = sp.default_ttl;
+    }
+    // The agent loop's model: flags, then the file.
+    let fa = &file.agent;
+    if let Some(name) = o.agent_upstream.clone().or(fa.upstream.clone()) {
+        let wire = runcell_agent::Wire::parse(&name).ok_or_else(|| {
+            ServerError::Config(format!(
+                "agent: upstream {name:?} is not anthropic or openai"
+            ))
+        })?;
+        let model = o.agent_model.clone().or(fa.model.clone()).ok_or_else(|| {
+            ServerError::Config(
+                "agent: a default model is needed (--agent-model, RUNCELL_AGENT_MODEL or [agent] model)"
+                    .into(),
+            )
+        })?;
+        let base = o.agent_base_url.clone().or(fa.base_url.clone());
+        let key = o.agent_api_key.clone().or(fa.api_key.clone());
+        let mut models: Vec<String> = o
+            .agent_models
+            .iter()
+            .flat_map(|m| m.split(','))
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty())
+            .collect();
+        if models.is_empty() {
+            models = fa.models.clone();
+        }
+        let mut policy = runcell_agent::api::AgentPolicy {
+            defaults: runcell_agent::Bounds::default(),
+            max_iterations: fa.max_iterations.unwrap_or(30),
+            max_calls: fa.max_calls.unwrap_or(30),
+            max_code_retries: fa.max_code_retries.unwrap_or(10),
+            allowed_models: models,
+            default_model: model.clone(),
+        };
+        if let Some(t) = &fa.timeout {
+            policy.defaults.deadline = duration_setting("agent.timeout", &toml_to_json(t))?;
+        }
+        c.agent = Some(crate::AgentSettings {
+            upstream: runcell_agent::Upstream::new(wire, base.as_deref(), key, model),
+            policy,
+        });
     }
     if sp.max_lifetime < sp.default_ttl {
         return Err(ServerError::Config(format!(

@@ -77,6 +77,8 @@ pub struct ServerConfig {
     pub preload: runcell_core::Preload,
     /// What sessions may do: how many, how long.
     pub sessions: runcell_core::SessionPolicy,
+    /// The model behind `POST /v1/agents`; `None`: not configured (the route says how).
+    pub agent: Option<AgentSettings>,
     pub engine: EngineConfig,
 }
 
@@ -95,9 +97,17 @@ impl std::fmt::Debug for ServerConfig {
             .field("pool", &self.pool)
             .field("preload", &self.preload)
             .field("sessions", &self.sessions)
+            .field("agent", &self.agent)
             .field("engine", &self.engine)
             .finish()
     }
+}
+
+/// The agent loop's upstream and bounds.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub upstream: runcell_agent::Upstream,
+    pub policy: runcell_agent::api::AgentPolicy,
 }
 
 /// The default body cap for a policy: room for the largest code, stdin and input files
@@ -128,6 +138,7 @@ impl ServerConfig {
             pool: runcell_core::PoolSizes::default(),
             preload: runcell_core::Preload::default(),
             sessions: runcell_core::SessionPolicy::default(),
+            agent: None,
             engine,
         }
     }

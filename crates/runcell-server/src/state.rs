@@ -103,6 +103,8 @@ pub(crate) struct Inner {
     pub(crate) shutdown: runcell_mcp::CancellationToken,
     /// Live sessions.
     pub(crate) sessions: Arc<runcell_core::Sessions>,
+    /// The agent loop's model, when configured.
+    pub(crate) agent: Option<crate::AgentSettings>,
 }
 
 impl AppState {
@@ -133,6 +135,7 @@ impl AppState {
                 runtimes: Mutex::new(None),
                 shutdown: runcell_mcp::CancellationToken::new(),
                 sessions,
+                agent: config.agent.clone(),
             }),
         }
     }

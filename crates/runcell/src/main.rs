@@ -173,6 +173,32 @@ struct ServeArgs {
     /// A session ends this long after its creation, however busy [default: 4h].
     #[arg(long, env = "RUNCELL_SESSION_LIFETIME", value_name = "DURATION")]
     session_lifetime: Option<String>,
+    /// The model API behind POST /v1/agents: anthropic (Messages) or openai (Chat
+    /// Completions, also vLLM, Ollama, LM Studio).
+    #[arg(long, env = "RUNCELL_AGENT_UPSTREAM", value_name = "anthropic|openai")]
+    agent_upstream: Option<String>,
+    /// The model API's base URL [default: the vendor's public URL, as its SDK has it].
+    #[arg(long, env = "RUNCELL_AGENT_BASE_URL", value_name = "URL")]
+    agent_base_url: Option<String>,
+    /// The model API's key (prefer the environment variable: flags show in ps).
+    #[arg(
+        long,
+        env = "RUNCELL_AGENT_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    agent_api_key: Option<String>,
+    /// The model a request gets when it names none.
+    #[arg(long, env = "RUNCELL_AGENT_MODEL", value_name = "MODEL")]
+    agent_model: Option<String>,
+    /// The models a request may name (repeatable or comma-separated) [default: any].
+    #[arg(
+        long,
+        env = "RUNCELL_AGENT_MODELS",
+        value_name = "MODEL",
+        value_delimiter = ','
+    )]
+    agent_models: Vec<String>,
     /// Where the audit log (one JSON line per execution) goes: stderr, off, or a file path
     /// (appended to, created 0640) [default: stderr].
     #[arg(long, env = "RUNCELL_AUDIT_LOG", value_name = "stderr|off|FILE")]
@@ -749,6 +775,11 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         session_ttl: args.session_ttl,
         session_max_ttl: args.session_max_ttl,
         session_lifetime: args.session_lifetime,
+        agent_upstream: args.agent_upstream,
+        agent_base_url: args.agent_base_url,
+        agent_api_key: args.agent_api_key,
+        agent_model: args.agent_model,
+        agent_models: args.agent_models,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

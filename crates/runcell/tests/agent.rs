@@ -133,3 +133,138 @@ async fn a_failed_import_is_fixed_in_the_same_session_and_answered() {
         .unwrap();
     assert_eq!(sessions.stats().live, 0);
 }
+
+/// A scripted OpenAI-compatible upstream on a loopback port: each connection gets the next
+/// canned Chat Completions answer; the requests' bodies are kept.
+fn scripted_openai(
+    answers: Vec<serde_json::Value>,
+) -> (String, std::sync::Arc<Mutex<Vec<serde_json::Value>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    std::thread::spawn(move || {
+        for answer in answers {
+            let (mut sock, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 65536];
+            let body = loop {
+                let n = sock.read(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).to_string();
+                if let Some(i) = text.find("\r\n\r\n") {
+                    let len = text[..i]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if got.len() >= i + 4 + len {
+                        break got[i + 4..i + 4 + len].to_vec();
+                    }
+                }
+            };
+            seen2
+                .lock()
+                .unwrap()
+                .push(serde_json::from_slice(&body).unwrap());
+            let text = answer.to_string();
+            let res = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}", text.len());
+            sock.write_all(res.as_bytes()).unwrap();
+        }
+    });
+    (base, seen)
+}
+
+fn chat(content: Option<&str>, code: Option<&str>) -> serde_json::Value {
+    let mut message = json!({"role": "assistant", "content": content});
+    if let Some(code) = code {
+        message["tool_calls"] = json!([{"id": format!("call_{}", code.len()), "type": "function",
+            "function": {"name": "code_exec_python", "arguments": json!({"code": code}).to_string()}}]);
+    }
+    json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "scripted",
+        "choices": [{"index": 0, "message": message,
+            "finish_reason": if code.is_some() { "tool_calls" } else { "stop" }}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}})
+}
+
+#[test]
+fn the_agents_route_runs_the_loop_against_an_openai_compatible_upstream() {
+    let (base, seen) = scripted_openai(vec![
+        chat(None, Some("import no_such_module_here")),
+        chat(None, Some("print(6 * 7)")),
+        chat(Some("42"), None),
+    ]);
+    let s = common::ServeProcess::start(
+        &[
+            "--pool",
+            "python=0",
+            "--agent-upstream",
+            "openai",
+            "--agent-base-url",
+            &base,
+            "--agent-model",
+            "scripted",
+        ],
+        &[("RUNCELL_AGENT_API_KEY", "sk-upstream-secret")],
+    );
+    let res = reqwest::blocking::Client::new()
+        .post(s.url("/v1/agents"))
+        .json(&json!({"messages": [{"role": "user", "content": "6 times 7?"}],
+            "tools": [{"type": "heroku_tool", "name": "code_exec_python", "runtime_params": {"max_calls": 5}}]}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let v: serde_json::Value = res.json().unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "42");
+    assert_eq!(v["usage"]["total_tokens"], 39);
+    assert_eq!(v["runcell"]["code_attempts"], 2);
+    assert_eq!(
+        v["runcell"]["steps"][0]["verdict"]["error"]["category"],
+        "runtime_error"
+    );
+    assert_eq!(v["runcell"]["steps"][1]["verdict"]["stdout"], "42\n");
+    let seen = seen.lock().unwrap();
+    // The second model call carries the failed run as a tool message naming the error.
+    let msgs = seen[1]["messages"].as_array().unwrap();
+    let tool = msgs.iter().find(|m| m["role"] == "tool").unwrap();
+    assert!(
+        tool["content"]
+            .as_str()
+            .unwrap()
+            .contains("ModuleNotFoundError"),
+        "{tool}"
+    );
+    assert_eq!(seen[0]["tools"][0]["function"]["name"], "code_exec_python");
+    // The upstream key is in no answer and no log line.
+    assert!(!v.to_string().contains("sk-upstream-secret"));
+    assert!(!s.log().contains("sk-upstream-secret"));
+    // The request's sessions ended with it; each run was audited.
+    let log = s.log();
+    assert_eq!(log.matches("\"session_id\":\"ses_").count(), 2, "{log}");
+}
+
+#[test]
+fn without_an_upstream_the_agents_route_says_how_to_configure_one() {
+    let s = common::ServeProcess::start(&["--pool", "python=0"], &[]);
+    let res = reqwest::blocking::Client::new()
+        .post(s.url("/v1/agents"))
+        .json(&json!({"messages": [{"role": "user", "content": "q"}],
+            "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]}))
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 503);
+    let v: serde_json::Value = res.json().unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--agent-upstream"),
+        "{v}"
+    );
+}

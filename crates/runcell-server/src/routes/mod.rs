@@ -1,5 +1,6 @@
 //! The API's routes, one module per resource, each handler with its OpenAPI description.
 
+pub mod agents;
 pub mod execute;
 pub mod ops;
 pub mod sessions;
@@ -15,6 +16,7 @@ pub(crate) fn authenticated() -> OpenApiRouter<AppState> {
         .routes(routes!(execute::execute))
         .routes(routes!(ops::runtimes))
         .routes(routes!(ops::metrics))
+        .routes(routes!(agents::run))
         .routes(routes!(sessions::create, sessions::list))
         .routes(routes!(sessions::get, sessions::delete))
         .routes(routes!(sessions::execute))

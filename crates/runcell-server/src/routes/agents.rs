@@ -1,0 +1,187 @@
+//! `POST /v1/agents`: the agent loop in front of the operator's model. The request is Chat
+//! Completions shaped (messages, the code tools with their `max_calls`, files); the model
+//! writes code, it runs in a session of the caller's (one per language, ended with the
+//! request), the verdict goes back to the model, and the answer is a `chat.completion` with
+//! the `runcell` extension (the steps, the counts). Each run is admitted, counted and audited
+//! like any execution.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::future::BoxFuture;
+use runcell_agent::api::AgentRequest;
+use runcell_agent::Tools;
+use runcell_core::{ExecRequest, InputFile, Language, NoSink, SessionTarget, Verdict};
+use serde_json::Value;
+
+use super::execute::{parse_body, read_body};
+use super::sessions::session_call;
+use crate::audit::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::middleware::caller_of;
+use crate::state::AppState;
+
+/// The code tools of one agent request, run through the server's own admission, metrics and
+/// audit, in sessions of the caller.
+struct ServerTools {
+    state: AppState,
+    caller: Caller,
+    files: Vec<InputFile>,
+    ids: Mutex<BTreeMap<Language, String>>,
+}
+
+impl ServerTools {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Language, String>> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// End the request's sessions.
+    async fn close(&self) {
+        let ids: Vec<String> = std::mem::take(&mut *self.lock()).into_values().collect();
+        let sessions = self.state.sessions().clone();
+        let owner = self.caller.key_id.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for id in ids {
+                let _ = sessions.delete(owner.as_deref(), &id);
+            }
+        })
+        .await;
+    }
+}
+
+impl Tools for ServerTools {
+    fn run<'a>(
+        &'a self,
+        tool: &'a str,
+        arguments: &'a Value,
+    ) -> BoxFuture<'a, Result<Verdict, String>> {
+        Box::pin(async move {
+            let language = tool
+                .strip_prefix("code_exec_")
+                .and_then(Language::parse)
+                .ok_or_else(|| format!("{tool} is not a code tool"))?;
+            let mut args = arguments.clone();
+            if let Some(o) = args.as_object_mut() {
+                o.insert("language".into(), Value::String(language.name().into()));
+            }
+            let mut req: ExecRequest =
+                serde_json::from_value(args).map_err(|e| format!("invalid arguments: {e}"))?;
+            let existing = self.lock().get(&language).cloned();
+            let target = match &existing {
+                Some(id) => SessionTarget::Id(id.clone()),
+                None => {
+                    let mut files = self.files.clone();
+                    files.append(&mut req.files);
+                    req.files = files;
+                    SessionTarget::New
+                }
+            };
+            let reservation = self.state.reserve().map_err(|e| e.message)?;
+            let v = session_call(
+                self.state.clone(),
+                reservation,
+                self.caller.clone(),
+                target,
+                req,
+                Box::new(NoSink),
+            )
+            .await
+            .map_err(|e| format!("{}: {}", e.category, e.message))?;
+            if existing.is_none() {
+                if let Some(id) = &v.session_id {
+                    self.lock().insert(language, id.clone());
+                }
+            }
+            Ok(v)
+        })
+    }
+}
+
+/// Run the agent loop: the model answers, using the code tools, within the bounds.
+#[utoipa::path(post, path = "/v1/agents", tag = "agents", operation_id = "run_agent",
+    request_body(content = Object, description = "Chat Completions shaped: `messages`, \
+        `tools` ([{\"type\": \"runcell_tool\", \"name\": \"code_exec_python\", \
+        \"runtime_params\": {\"max_calls\": 5}}]), optional `model`, `files`, \
+        `max_iterations`, `max_code_retries`."),
+    responses(
+        (status = 200, description = "A chat.completion with the `runcell` extension", body = Object),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 502, description = "The model's API failed (down, refusing, answering garbage)", body = ErrorBody),
+        (status = 503, description = "No model is configured", body = ErrorBody),
+        (status = 504, description = "The model's API or the request's budget ran out of time", body = ErrorBody),
+    ))]
+pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let Some(settings) = state.inner.agent.clone() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "agent_unconfigured",
+            "No model is configured for /v1/agents. Start the server with --agent-upstream \
+             anthropic|openai (RUNCELL_AGENT_UPSTREAM), --agent-model and the key in \
+             RUNCELL_AGENT_API_KEY (or [agent] in the TOML file); for a local \
+             OpenAI-compatible server, --agent-base-url http://host:port/v1.",
+        ));
+    };
+    let caller = caller_of(&parts, "http");
+    let bytes = read_body(body, &parts.headers, state.inner.max_body_bytes, None).await?;
+    let request: AgentRequest = parse_body(&bytes)?;
+    let valid = request
+        .validate(&settings.policy)
+        .map_err(ApiError::invalid)?;
+    if valid.stream {
+        return Err(ApiError::invalid(
+            "stream: true is not available yet on this server; send stream: false.",
+        ));
+    }
+    let catalog = runcell_mcp::Catalog::for_host(state.engine());
+    let (offered, unknown) = runcell_agent::tools::offered(&catalog, &valid.tools);
+    if !unknown.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "tools: this server has no {}.",
+            unknown.join(", ")
+        )));
+    }
+    let mut upstream = settings.upstream.clone();
+    upstream.model = valid.model.clone();
+    let tools = ServerTools {
+        state: state.clone(),
+        caller,
+        files: valid.files.clone(),
+        ids: Mutex::new(BTreeMap::new()),
+    };
+    let outcome = runcell_agent::run_agent(
+        &upstream,
+        &tools,
+        &offered,
+        valid.conversation.clone(),
+        &valid.bounds,
+        &|_| {},
+    )
+    .await;
+    tools.close().await;
+    let o = outcome.map_err(|e| {
+        let status = match e.category {
+            "timeout" | "upstream_timeout" => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        };
+        ApiError::new(status, e.category, e.message)
+    })?;
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let id = format!("agent-{created}");
+    Ok(Json(runcell_agent::api::completion(
+        &id,
+        created,
+        &valid.model,
+        &o,
+    ))
+    .into_response())
+}
