@@ -268,3 +268,64 @@ fn without_an_upstream_the_agents_route_says_how_to_configure_one() {
         "{v}"
     );
 }
+
+#[test]
+fn the_agents_route_streams_chunks_with_the_steps_and_ends_with_done() {
+    let (base, _seen) = scripted_openai(vec![
+        chat(None, Some("print(6 * 7)")),
+        chat(Some("42"), None),
+    ]);
+    let s = common::ServeProcess::start(
+        &[
+            "--pool",
+            "python=0",
+            "--agent-upstream",
+            "openai",
+            "--agent-base-url",
+            &base,
+            "--agent-model",
+            "scripted",
+        ],
+        &[],
+    );
+    let text = reqwest::blocking::Client::new()
+        .post(s.url("/v1/agents"))
+        .json(
+            &json!({"messages": [{"role": "user", "content": "6 times 7?"}], "stream": true,
+            "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]}),
+        )
+        .timeout(Duration::from_secs(60))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let chunks: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk"),
+        "{text}"
+    );
+    let kinds: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["runcell"]["type"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"run_started") && kinds.contains(&"run_finished"),
+        "{kinds:?}"
+    );
+    let answer: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(answer, "42");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop");
+    assert_eq!(last["usage"]["total_tokens"], 26);
+}

@@ -39,18 +39,29 @@ impl ServerTools {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Language, String>> {
         self.ids.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
 
-    /// End the request's sessions.
-    async fn close(&self) {
+/// The request's sessions end with it, also when it is abandoned (a client that went away
+/// drops the loop mid-run): their sandboxes are torn down off the async threads.
+impl Drop for ServerTools {
+    fn drop(&mut self) {
         let ids: Vec<String> = std::mem::take(&mut *self.lock()).into_values().collect();
+        if ids.is_empty() {
+            return;
+        }
         let sessions = self.state.sessions().clone();
         let owner = self.caller.key_id.clone();
-        let _ = tokio::task::spawn_blocking(move || {
+        let close = move || {
             for id in ids {
                 let _ = sessions.delete(owner.as_deref(), &id);
             }
-        })
-        .await;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(close);
+            }
+            Err(_) => close(),
+        }
     }
 }
 
@@ -134,11 +145,6 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
     let valid = request
         .validate(&settings.policy)
         .map_err(ApiError::invalid)?;
-    if valid.stream {
-        return Err(ApiError::invalid(
-            "stream: true is not available yet on this server; send stream: false.",
-        ));
-    }
     let catalog = runcell_mcp::Catalog::for_host(state.engine());
     let (offered, unknown) = runcell_agent::tools::offered(&catalog, &valid.tools);
     if !unknown.is_empty() {
@@ -155,6 +161,17 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
         files: valid.files.clone(),
         ids: Mutex::new(BTreeMap::new()),
     };
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!("agent-{created}-{n}");
+    let model = valid.model.clone();
+    if valid.stream {
+        return Ok(stream(state, upstream, tools, offered, valid, id, created));
+    }
     let outcome = runcell_agent::run_agent(
         &upstream,
         &tools,
@@ -164,24 +181,106 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
         &|_| {},
     )
     .await;
-    tools.close().await;
-    let o = outcome.map_err(|e| {
-        let status = match e.category {
-            "timeout" | "upstream_timeout" => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::BAD_GATEWAY,
+    drop(tools);
+    let o = outcome.map_err(agent_error)?;
+    Ok(Json(runcell_agent::api::completion(&id, created, &model, &o)).into_response())
+}
+
+fn agent_error(e: runcell_agent::AgentError) -> ApiError {
+    let status = match e.category {
+        "timeout" | "upstream_timeout" => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    ApiError::new(status, e.category, e.message)
+}
+
+/// The loop as server-sent `chat.completion.chunk`s: the steps as they happen (in the
+/// `runcell` field of chunks with an empty delta), then the answer, the finish reason with
+/// the usage, and `data: [DONE]`. An error ends the stream with `{"error": ...}` and
+/// `[DONE]`. A client that goes away ends the loop (its runs are interrupted and its sessions
+/// ended).
+fn stream(
+    state: AppState,
+    upstream: runcell_agent::Upstream,
+    tools: ServerTools,
+    offered: Vec<runcell_agent::ToolSpec>,
+    valid: runcell_agent::api::ValidAgentRequest,
+    id: String,
+    created: u64,
+) -> Response {
+    use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let model = valid.model.clone();
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |delta: Value, finish: Option<&str>, extra: Option<(&str, Value)>| {
+            let mut c = serde_json::json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            });
+            if let Some((k, v)) = extra {
+                c[k] = v;
+            }
+            c
+        }
+    };
+    let events_tx = tx.clone();
+    let chunk2 = chunk.clone();
+    let task = tokio::spawn(async move {
+        let _ = tx.send(chunk(
+            serde_json::json!({"role": "assistant", "content": ""}),
+            None,
+            None,
+        ));
+        let on_event = move |e: runcell_agent::Event| {
+            let _ = events_tx.send(chunk2(
+                serde_json::json!({}),
+                None,
+                Some(("runcell", serde_json::to_value(&e).unwrap_or_default())),
+            ));
         };
-        ApiError::new(status, e.category, e.message)
-    })?;
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let id = format!("agent-{created}");
-    Ok(Json(runcell_agent::api::completion(
-        &id,
-        created,
-        &valid.model,
-        &o,
-    ))
-    .into_response())
+        let r = runcell_agent::run_agent(
+            &upstream,
+            &tools,
+            &offered,
+            valid.conversation.clone(),
+            &valid.bounds,
+            &on_event,
+        )
+        .await;
+        drop(tools);
+        match r {
+            Ok(o) => {
+                let _ = tx.send(chunk(serde_json::json!({"content": o.answer}), None, None));
+                let usage = serde_json::json!({"prompt_tokens": o.usage.prompt_tokens,
+                    "completion_tokens": o.usage.completion_tokens, "total_tokens": o.usage.total()});
+                let summary = serde_json::json!({"code_attempts": o.code_attempts, "model_calls": o.model_calls});
+                let mut last = chunk(
+                    serde_json::json!({}),
+                    Some(o.finish_reason),
+                    Some(("usage", usage)),
+                );
+                last["runcell"] = summary;
+                let _ = tx.send(last);
+            }
+            Err(e) => {
+                let e = agent_error(e);
+                let _ = tx.send(e.body());
+            }
+        }
+    });
+    let abort = super::execute::AbortOnDrop(task.abort_handle());
+    let events = futures_util::stream::unfold((rx, Some(abort)), |(mut rx, abort)| async move {
+        let abort = abort?;
+        match rx.recv().await {
+            Some(v) => Some((
+                Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string())),
+                (rx, Some(abort)),
+            )),
+            None => Some((Ok(SseEvent::default().data("[DONE]")), (rx, None))),
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(state.inner.keep_alive))
+        .into_response()
 }

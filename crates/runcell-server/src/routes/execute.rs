@@ -126,7 +126,7 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result
 }
 
 /// Aborts the run's task (which kills its sandbox) when the event stream is dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
