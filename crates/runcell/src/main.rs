@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+mod agent;
 mod repl;
 
 use anyhow::Context;
@@ -45,6 +46,11 @@ enum Command {
     /// An interactive session in the terminal: state is kept between inputs, Ctrl-C
     /// interrupts the running input, Ctrl-D ends the session.
     Repl(ReplArgs),
+    /// Ask a model a question it answers by writing and running code (the agent loop): each
+    /// step is shown as it happens, then the answer. The model API comes from
+    /// RUNCELL_AGENT_UPSTREAM, RUNCELL_AGENT_BASE_URL, RUNCELL_AGENT_API_KEY and
+    /// RUNCELL_AGENT_MODEL (or the flags).
+    Agent(Box<AgentArgs>),
     /// Serve the HTTP API (and MCP at /mcp) until SIGTERM or SIGINT.
     ///
     /// Endpoints: POST /v1/execute (JSON, or server-sent events with
@@ -301,6 +307,7 @@ fn main() -> ExitCode {
         Command::Run(args) => Ok(run(*args, host)),
         Command::Setup => setup(&host),
         Command::Repl(args) => Ok(repl_cmd(args, host)),
+        Command::Agent(args) => Ok(agent_cmd(*args, host)),
         Command::Doctor { json } => doctor(json, host),
         Command::Serve(args) => serve(*args, host),
         Command::Mcp(args) => mcp(args, host),
@@ -488,29 +495,7 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
             Some(String::from_utf8_lossy(&buf).into_owned())
         }
     };
-    let mut files = Vec::new();
-    for spec in &args.files {
-        let (src, dest) = match spec.split_once(':') {
-            Some((src, dest)) if !dest.is_empty() => (src, dest.to_string()),
-            _ => {
-                let src = spec.trim_end_matches(':');
-                let name = std::path::Path::new(src)
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .ok_or_else(|| {
-                        invalid(format!("--file {spec}: no file name to use in /workspace."))
-                    })?;
-                (src, name)
-            }
-        };
-        let file = std::fs::File::open(src)
-            .map_err(|e| invalid(format!("--file: cannot read {src}: {e}.")))?;
-        let bytes = read_bounded(file, src, policy.max_input_file_bytes)?;
-        files.push(match String::from_utf8(bytes) {
-            Ok(text) => InputFile::text(dest, text),
-            Err(e) => InputFile::bytes(dest, e.as_bytes()),
-        });
-    }
+    let files = read_file_args(&args.files, policy)?;
     let mut req = ExecRequest {
         files,
         language,
@@ -552,6 +537,88 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
             .map_err(|e| invalid(format!("--limit {name}: {e}.")))?;
     }
     Ok(req)
+}
+
+/// Host files named by `--file SRC[:DEST]` arguments, read (within the per-file cap) into
+/// input files for /workspace.
+fn read_file_args(specs: &[String], policy: &Policy) -> Result<Vec<InputFile>, String> {
+    let mut files = Vec::new();
+    for spec in specs {
+        let (src, dest) = match spec.split_once(':') {
+            Some((src, dest)) if !dest.is_empty() => (src, dest.to_string()),
+            _ => {
+                let src = spec.trim_end_matches(':');
+                let name = std::path::Path::new(src)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .ok_or_else(|| format!("--file {spec}: no file name to use in /workspace."))?;
+                (src, name)
+            }
+        };
+        let file =
+            std::fs::File::open(src).map_err(|e| format!("--file: cannot read {src}: {e}."))?;
+        let bytes = read_bounded(file, src, policy.max_input_file_bytes)?;
+        files.push(match String::from_utf8(bytes) {
+            Ok(text) => InputFile::text(dest, text),
+            Err(e) => InputFile::bytes(dest, e.as_bytes()),
+        });
+    }
+    Ok(files)
+}
+
+/// `runcell agent`.
+#[derive(Args)]
+struct AgentArgs {
+    /// The question.
+    question: String,
+    /// A host file for /workspace, as SRC[:DEST] (repeatable); present in every run.
+    #[arg(long = "file", value_name = "SRC[:DEST]")]
+    files: Vec<String>,
+    /// The language of the code tool offered.
+    #[arg(long, short = 'l', default_value = "python")]
+    lang: String,
+    /// Runs of the code tool at most.
+    #[arg(long)]
+    max_calls: Option<u32>,
+    /// Print the final chat.completion object (with the steps) instead of the answer.
+    #[arg(long)]
+    json: bool,
+    /// anthropic or openai.
+    #[arg(long, env = "RUNCELL_AGENT_UPSTREAM")]
+    upstream: Option<String>,
+    #[arg(long, env = "RUNCELL_AGENT_BASE_URL")]
+    base_url: Option<String>,
+    #[arg(long, env = "RUNCELL_AGENT_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    #[arg(long, env = "RUNCELL_AGENT_MODEL")]
+    model: Option<String>,
+}
+
+fn agent_cmd(args: AgentArgs, host: runcell_runtimes::Host) -> ExitCode {
+    let mut config = EngineConfig::for_host();
+    config.host = host;
+    let engine = Engine::new(config);
+    let files = match read_file_args(&args.files, engine.policy()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("runcell agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    agent::agent(
+        engine,
+        agent::AgentOptions {
+            question: args.question,
+            language: args.lang,
+            files,
+            max_calls: args.max_calls,
+            json: args.json,
+            upstream: args.upstream,
+            base_url: args.base_url,
+            api_key: args.api_key,
+            model: args.model,
+        },
+    )
 }
 
 /// `runcell repl`.

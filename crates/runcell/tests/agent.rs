@@ -329,3 +329,46 @@ fn the_agents_route_streams_chunks_with_the_steps_and_ends_with_done() {
     assert_eq!(last["choices"][0]["finish_reason"], "stop");
     assert_eq!(last["usage"]["total_tokens"], 26);
 }
+
+#[test]
+fn the_cli_shows_each_step_then_the_answer() {
+    let (base, _seen) = scripted_openai(vec![
+        chat(None, Some("print(open('n.txt').read().strip())")),
+        chat(Some("the file says 7"), None),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("n.txt");
+    std::fs::write(&input, "7\n").unwrap();
+    let out = std::process::Command::new(common::runcell_bin())
+        .args([
+            "agent",
+            "What does n.txt say?",
+            "--file",
+            input.to_str().unwrap(),
+            "--max-calls",
+            "3",
+        ])
+        .env("RUNCELL_AGENT_UPSTREAM", "openai")
+        .env("RUNCELL_AGENT_BASE_URL", &base)
+        .env("RUNCELL_AGENT_MODEL", "scripted")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout, "the file says 7\n");
+    assert!(
+        stderr.contains("--- code_exec_python ---") && stderr.contains("--- stdout ---\n7\n"),
+        "{stderr}"
+    );
+
+    let out = std::process::Command::new(common::runcell_bin())
+        .args(["agent", "q"])
+        .env_remove("RUNCELL_AGENT_UPSTREAM")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RUNCELL_AGENT_UPSTREAM"));
+}

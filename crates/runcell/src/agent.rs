@@ -1,0 +1,135 @@
+//! `runcell agent "QUESTION"`: the agent loop from the terminal, with the same upstream
+//! settings as the server (`RUNCELL_AGENT_UPSTREAM`, `RUNCELL_AGENT_BASE_URL`,
+//! `RUNCELL_AGENT_API_KEY`, `RUNCELL_AGENT_MODEL`). Each step is shown as it happens (the
+//! code, its output, its verdict) on stderr, then the answer on stdout; `--json` prints the
+//! final `chat.completion` object instead.
+
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use runcell_agent::api::AgentPolicy;
+use runcell_agent::conversation::{Conversation, Item};
+use runcell_agent::tools::{offered, SessionTools};
+use runcell_agent::{Bounds, Event, Upstream, Wire};
+use runcell_core::{Engine, InputFile, KillSwitch, Language, SessionPolicy, Sessions};
+
+pub struct AgentOptions {
+    pub question: String,
+    pub language: String,
+    pub files: Vec<InputFile>,
+    pub max_calls: Option<u32>,
+    pub json: bool,
+    pub upstream: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+    pub model: Option<String>,
+}
+
+/// Exit status: 0 with an answer, 1 when the loop failed (the upstream, the budget), 2 for a
+/// usage error.
+pub fn agent(engine: Engine, o: AgentOptions) -> ExitCode {
+    let usage = |m: String| {
+        eprintln!("runcell agent: {m}");
+        ExitCode::from(2)
+    };
+    let Some(wire) = o.upstream.as_deref().and_then(Wire::parse) else {
+        return usage(
+            "no model API configured: set RUNCELL_AGENT_UPSTREAM=anthropic|openai (or \
+             --upstream), RUNCELL_AGENT_MODEL and RUNCELL_AGENT_API_KEY; for a local \
+             OpenAI-compatible server, RUNCELL_AGENT_BASE_URL=http://host:port/v1"
+                .into(),
+        );
+    };
+    let Some(model) = o.model.clone() else {
+        return usage("no model: set RUNCELL_AGENT_MODEL (or --model)".into());
+    };
+    let Some(language) = Language::parse(&o.language) else {
+        return usage(format!("unknown language '{}'", o.language));
+    };
+    let tool = format!("code_exec_{}", language.name());
+    let catalog = runcell_mcp::Catalog::for_host(&engine);
+    let (tools, unknown) = offered(&catalog, std::slice::from_ref(&tool));
+    if !unknown.is_empty() {
+        return usage(format!("{} is not available on this host", language.name()));
+    }
+    let policy = AgentPolicy {
+        defaults: Bounds::default(),
+        max_iterations: 30,
+        max_calls: 30,
+        max_code_retries: 10,
+        allowed_models: Vec::new(),
+        default_model: model.clone(),
+    };
+    let mut bounds = policy.defaults.clone();
+    if let Some(n) = o.max_calls {
+        bounds.max_calls.insert(tool.clone(), n);
+    }
+    let upstream = Upstream::new(
+        wire,
+        o.base_url.as_deref(),
+        o.api_key.clone(),
+        model.clone(),
+    );
+    let sessions = Sessions::new(engine, SessionPolicy::default());
+    let Ok(kill) = KillSwitch::new() else {
+        return usage("cannot create a kill switch".into());
+    };
+    let runner = SessionTools::new(sessions, None, o.files.clone(), kill);
+    let conv = Conversation {
+        system: None,
+        items: vec![Item::User(o.question.clone())],
+    };
+    let quiet = o.json;
+    let show = move |e: Event| {
+        if quiet {
+            return;
+        }
+        match e {
+            Event::ModelCall { n } => eprintln!("[model call {n}]"),
+            Event::Text { text } => eprintln!("{text}"),
+            Event::RunStarted { tool, code } => eprintln!("--- {tool} ---\n{}", code.trim_end()),
+            Event::RunFinished { verdict, .. } => {
+                if !verdict.stdout.is_empty() {
+                    eprint!("--- stdout ---\n{}", verdict.stdout);
+                }
+                if !verdict.stderr.is_empty() {
+                    eprint!("--- stderr ---\n{}", verdict.stderr);
+                }
+                match &verdict.error {
+                    Some(err) => eprintln!("[{}] {}", err.category.as_str(), err.message),
+                    None => eprintln!("[ok, {:.3} s]", verdict.execution_time),
+                }
+            }
+            Event::Refused { tool, message } => eprintln!("[{tool} refused] {message}"),
+        }
+    };
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    else {
+        return usage("cannot start the async runtime".into());
+    };
+    let result = rt.block_on(runcell_agent::run_agent(
+        &upstream, &runner, &tools, conv, &bounds, &show,
+    ));
+    runner.close();
+    match result {
+        Ok(outcome) => {
+            if o.json {
+                let created = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let v = runcell_agent::api::completion("agent-cli", created, &model, &outcome);
+                println!("{v}");
+            } else {
+                println!("{}", outcome.answer);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("runcell agent: {}: {}", e.category, e.message);
+            ExitCode::from(1)
+        }
+    }
+}
