@@ -31,6 +31,18 @@ struct LanguageLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    /// `ok`, or the agent error's category.
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabel {
+    /// `prompt` or `completion`.
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -46,6 +58,10 @@ pub struct Metrics {
     executions: Family<ExecLabels, Counter>,
     latency: Family<LanguageLabel, Histogram>,
     rejections: Family<ReasonLabel, Counter>,
+    agent_requests: Family<OutcomeLabel, Counter>,
+    agent_model_calls: Counter,
+    agent_runs: Counter,
+    agent_tokens: Family<TokenLabel, Counter>,
     running: Gauge,
     queued: Gauge,
     queued_now: AtomicI64,
@@ -87,6 +103,30 @@ impl Metrics {
              unavailable (503)",
             rejections.clone(),
         );
+        let agent_requests = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "agent_requests",
+            "Agent requests (POST /v1/agents) by outcome: ok, or the loop's error category",
+            agent_requests.clone(),
+        );
+        let agent_model_calls = Counter::default();
+        registry.register(
+            "agent_model_calls",
+            "Calls to the agent loop's model",
+            agent_model_calls.clone(),
+        );
+        let agent_runs = Counter::default();
+        registry.register(
+            "agent_runs",
+            "Code runs of agent requests (each is also in executions)",
+            agent_runs.clone(),
+        );
+        let agent_tokens = Family::<TokenLabel, Counter>::default();
+        registry.register(
+            "agent_tokens",
+            "Tokens the agent loop's model calls used, by kind (prompt, completion)",
+            agent_tokens.clone(),
+        );
         let running = Gauge::default();
         registry.register(
             "sandboxes_running",
@@ -118,6 +158,10 @@ impl Metrics {
             executions,
             latency,
             rejections,
+            agent_requests,
+            agent_model_calls,
+            agent_runs,
+            agent_tokens,
             running,
             queued,
             queued_now: AtomicI64::new(0),
@@ -141,6 +185,21 @@ impl Metrics {
         self.latency
             .get_or_create(&LanguageLabel { language })
             .observe(seconds);
+    }
+
+    /// One finished agent request: its outcome, model calls, runs and tokens.
+    pub fn agent(&self, outcome: &'static str, model_calls: u32, runs: u32, tokens: (u64, u64)) {
+        self.agent_requests
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+        self.agent_model_calls.inc_by(u64::from(model_calls));
+        self.agent_runs.inc_by(u64::from(runs));
+        self.agent_tokens
+            .get_or_create(&TokenLabel { kind: "prompt" })
+            .inc_by(tokens.0);
+        self.agent_tokens
+            .get_or_create(&TokenLabel { kind: "completion" })
+            .inc_by(tokens.1);
     }
 
     /// A request refused before it ran; `reason` is the API error category.

@@ -182,8 +182,39 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
     )
     .await;
     drop(tools);
+    record(&state, &outcome);
     let o = outcome.map_err(agent_error)?;
     Ok(Json(runcell_agent::api::completion(&id, created, &model, &o)).into_response())
+}
+
+/// Count and log one finished agent request (the runs are counted and audited as
+/// executions already).
+fn record(state: &AppState, r: &Result<runcell_agent::Outcome, runcell_agent::AgentError>) {
+    match r {
+        Ok(o) => {
+            state.inner.metrics.agent(
+                "ok",
+                o.model_calls,
+                o.code_attempts,
+                (o.usage.prompt_tokens, o.usage.completion_tokens),
+            );
+            tracing::info!(
+                model_calls = o.model_calls,
+                runs = o.code_attempts,
+                tokens = o.usage.total(),
+                finish_reason = o.finish_reason,
+                "agent request answered"
+            );
+        }
+        Err(e) => {
+            state
+                .inner
+                .metrics
+                .agent(e.category, e.model_calls, 0, (0, 0));
+            tracing::warn!(category = e.category, model_calls = e.model_calls, error = %e.message,
+                "agent request failed");
+        }
+    }
 }
 
 fn agent_error(e: runcell_agent::AgentError) -> ApiError {
@@ -225,6 +256,7 @@ fn stream(
         }
     };
     let events_tx = tx.clone();
+    let state2 = state.clone();
     let chunk2 = chunk.clone();
     let task = tokio::spawn(async move {
         let _ = tx.send(chunk(
@@ -249,6 +281,7 @@ fn stream(
         )
         .await;
         drop(tools);
+        record(&state2, &r);
         match r {
             Ok(o) => {
                 let _ = tx.send(chunk(serde_json::json!({"content": o.answer}), None, None));
