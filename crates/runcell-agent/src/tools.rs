@@ -69,16 +69,48 @@ impl SessionTools {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Language, String>> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// End the request's sessions (blocking: their sandboxes are torn down).
     pub fn close(&self) {
-        let ids: Vec<String> =
-            std::mem::take(&mut *self.ids.lock().unwrap_or_else(|e| e.into_inner()))
-                .into_values()
-                .collect();
+        let ids: Vec<String> = std::mem::take(&mut *self.lock()).into_values().collect();
         for id in ids {
             let _ = self.sessions.delete(self.owner.as_deref(), &id);
         }
     }
+}
+
+/// A code tool's call as a request for a session: the language (from the tool's name), the
+/// request (its arguments as the MCP tool's), and where it runs: the session `existing` names
+/// for that language, or a new one, whose first run also gets `files` (the agent request's).
+pub fn prepare_call(
+    tool: &str,
+    arguments: &Value,
+    files: &[InputFile],
+    existing: impl FnOnce(Language) -> Option<String>,
+) -> Result<(Language, ExecRequest, SessionTarget), String> {
+    let language = tool
+        .strip_prefix("code_exec_")
+        .and_then(Language::parse)
+        .ok_or_else(|| format!("{tool} is not a code tool"))?;
+    let mut args = arguments.clone();
+    if let Some(o) = args.as_object_mut() {
+        o.insert("language".into(), Value::String(language.name().into()));
+    }
+    let mut req: ExecRequest =
+        serde_json::from_value(args).map_err(|e| format!("invalid arguments: {e}"))?;
+    let target = match existing(language) {
+        Some(id) => SessionTarget::Id(id),
+        None => {
+            let mut all = files.to_vec();
+            all.append(&mut req.files);
+            req.files = all;
+            SessionTarget::New
+        }
+    };
+    Ok((language, req, target))
 }
 
 impl Tools for SessionTools {
@@ -88,38 +120,10 @@ impl Tools for SessionTools {
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<Verdict, String>> {
         Box::pin(async move {
-            let language = tool
-                .strip_prefix("code_exec_")
-                .and_then(Language::parse)
-                .ok_or_else(|| format!("{tool} is not a code tool"))?;
-            let code = arguments["code"].as_str().unwrap_or_default().to_string();
-            let existing = self
-                .ids
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&language)
-                .cloned();
-            let mut req = ExecRequest::new(language.name(), code);
-            if let Some(t) = arguments.get("timeout").filter(|t| !t.is_null()) {
-                let probe = serde_json::json!({"language": "", "code": "", "timeout": t});
-                let parsed: ExecRequest =
-                    serde_json::from_value(probe).map_err(|e| format!("invalid timeout: {e}"))?;
-                req.limits.timeout = parsed.limits.timeout;
-            }
-            if let Some(f) = arguments.get("files").filter(|f| !f.is_null()) {
-                req.files =
-                    serde_json::from_value(f.clone()).map_err(|e| format!("invalid files: {e}"))?;
-            }
-            let target = match &existing {
-                Some(id) => SessionTarget::Id(id.clone()),
-                None => {
-                    // The request's own files come with the first run of each language.
-                    let mut files = self.files.clone();
-                    files.extend(std::mem::take(&mut req.files));
-                    req.files = files;
-                    SessionTarget::New
-                }
-            };
+            let (language, req, target) = prepare_call(tool, arguments, &self.files, |l| {
+                self.lock().get(&l).cloned()
+            })?;
+            let new = target == SessionTarget::New;
             let sessions = self.sessions.clone();
             let owner = self.owner.clone();
             let kill = self.kill.clone();
@@ -129,12 +133,9 @@ impl Tools for SessionTools {
             .await
             .map_err(|_| "the run failed unexpectedly".to_string())?
             .map_err(|e| e.to_string())?;
-            if existing.is_none() {
+            if new {
                 if let Some(id) = &verdict.session_id {
-                    self.ids
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(language, id.clone());
+                    self.lock().insert(language, id.clone());
                 }
             }
             Ok(verdict)

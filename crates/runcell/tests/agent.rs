@@ -247,7 +247,10 @@ fn the_agents_route_runs_the_loop_against_an_openai_compatible_upstream() {
     // The request's sessions ended with it; each run was audited.
     let log = s.log();
     assert_eq!(log.matches("\"session_id\":\"ses_").count(), 2, "{log}");
-    let metrics = reqwest::blocking::get(s.url("/metrics")).unwrap().text().unwrap();
+    let metrics = reqwest::blocking::get(s.url("/metrics"))
+        .unwrap()
+        .text()
+        .unwrap();
     for line in [
         "runcell_agent_requests_total{outcome=\"ok\"} 1",
         "runcell_agent_model_calls_total 3",

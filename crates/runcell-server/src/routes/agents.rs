@@ -16,7 +16,7 @@ use axum::Json;
 use futures_util::future::BoxFuture;
 use runcell_agent::api::AgentRequest;
 use runcell_agent::Tools;
-use runcell_core::{ExecRequest, InputFile, Language, NoSink, SessionTarget, Verdict};
+use runcell_core::{InputFile, Language, NoSink, SessionTarget, Verdict};
 use serde_json::Value;
 
 use super::execute::{parse_body, read_body};
@@ -72,26 +72,11 @@ impl Tools for ServerTools {
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<Verdict, String>> {
         Box::pin(async move {
-            let language = tool
-                .strip_prefix("code_exec_")
-                .and_then(Language::parse)
-                .ok_or_else(|| format!("{tool} is not a code tool"))?;
-            let mut args = arguments.clone();
-            if let Some(o) = args.as_object_mut() {
-                o.insert("language".into(), Value::String(language.name().into()));
-            }
-            let mut req: ExecRequest =
-                serde_json::from_value(args).map_err(|e| format!("invalid arguments: {e}"))?;
-            let existing = self.lock().get(&language).cloned();
-            let target = match &existing {
-                Some(id) => SessionTarget::Id(id.clone()),
-                None => {
-                    let mut files = self.files.clone();
-                    files.append(&mut req.files);
-                    req.files = files;
-                    SessionTarget::New
-                }
-            };
+            let (language, req, target) =
+                runcell_agent::tools::prepare_call(tool, arguments, &self.files, |l| {
+                    self.lock().get(&l).cloned()
+                })?;
+            let new = target == SessionTarget::New;
             let reservation = self.state.reserve().map_err(|e| e.message)?;
             let v = session_call(
                 self.state.clone(),
@@ -103,7 +88,7 @@ impl Tools for ServerTools {
             )
             .await
             .map_err(|e| format!("{}: {}", e.category, e.message))?;
-            if existing.is_none() {
+            if new {
                 if let Some(id) = &v.session_id {
                     self.lock().insert(language, id.clone());
                 }
