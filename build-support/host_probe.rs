@@ -38,6 +38,7 @@ pub const ALL: &[&str] = &[
     "host_python_stack",
     "host_go_cache",
     "host_mcp_client",
+    "host_agent_clients",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -78,6 +79,7 @@ fn probe(name: &str) -> bool {
         "host_python_stack" => complete_under(&data_dir().join("python"), "runcell/complete"),
         "host_go_cache" => complete_under(&data_dir().join("go"), ".runcell-complete"),
         "host_mcp_client" => mcp_client(),
+        "host_agent_clients" => venv_with("agent-venv", &["openai", "anthropic"]),
         _ => unreachable!(),
     }
 }
@@ -205,30 +207,43 @@ fn mcp_client() -> bool {
         watch(&p);
         return p.exists();
     }
+    venv_with("mcp-venv", &["mcp"])
+}
+
+/// A venv under target/ that scripts/test.sh builds, with each of `packages` installed.
+fn venv_with(name: &str, packages: &[&str]) -> bool {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let venv = manifest.join("../../target/mcp-venv");
+    let venv = manifest.join("../../target").join(name);
     // The venv's place exists even before scripts/test.sh fills it, so that there is always
     // something small to watch (target/ itself changes on every build).
     let _ = fs::create_dir_all(&venv);
-    let dist_info = fs::read_dir(venv.join("lib"))
+    let site: Vec<PathBuf> = fs::read_dir(venv.join("lib"))
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|py| fs::read_dir(py.path().join("site-packages")).ok())
         .flatten()
         .flatten()
-        .find(|e| {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            n.starts_with("mcp-") && n.ends_with(".dist-info")
-        });
-    match (venv.join("bin/python").exists(), dist_info) {
-        (true, Some(d)) => {
+        .map(|e| e.path())
+        .collect();
+    let dist_infos: Option<Vec<&PathBuf>> = packages
+        .iter()
+        .map(|p| {
+            site.iter().find(|d| {
+                let n = d.file_name().unwrap_or_default().to_string_lossy();
+                n.starts_with(&format!("{p}-")) && n.ends_with(".dist-info")
+            })
+        })
+        .collect();
+    match (venv.join("bin/python").exists(), dist_infos) {
+        (true, Some(ds)) => {
             println!(
                 "cargo::rerun-if-changed={}",
                 venv.join("pyvenv.cfg").display()
             );
-            println!("cargo::rerun-if-changed={}", d.path().display());
+            for d in ds {
+                println!("cargo::rerun-if-changed={}", d.display());
+            }
             true
         }
         _ => {

@@ -56,6 +56,15 @@ if ! target/mcp-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exi
   /usr/bin/python3 -m venv target/mcp-venv
   target/mcp-venv/bin/pip install -q --disable-pip-version-check mcp==2.3.0
 fi
+# The agent tests check their scripted model API against the official openai and anthropic
+# Python packages (request and response types), and drive /v1/agents with the openai client:
+# pinned, in target/agent-venv (crates/runcell/tests/agent.rs looks for it).
+if ! target/agent-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit((m.version("openai"), m.version("anthropic")) != ("3.57.0", "2.14.0"))' 2>/dev/null; then
+  echo "installing the Python openai and anthropic clients into target/agent-venv"
+  rm -rf target/agent-venv
+  /usr/bin/python3 -m venv target/agent-venv
+  target/agent-venv/bin/pip install -q --disable-pip-version-check openai==3.57.0 anthropic==2.14.0
+fi
 phase_done setup
 # The tests' build scripts probe this host (build-support/host_probe.rs): with everything above
 # installed, no test is ignored for a missing prerequisite, except those of the cgroup version

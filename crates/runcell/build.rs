@@ -19,5 +19,6 @@ fn main() {
         "host_python_stack",
         "host_go_cache",
         "host_mcp_client",
+        "host_agent_clients",
     ]);
 }

@@ -67,6 +67,32 @@ pub struct AgentRequest {
     pub stream: bool,
     pub max_iterations: Option<u32>,
     pub max_code_retries: Option<u32>,
+    // Chat Completions parameters that existing client code sends: the sampling ones are
+    // passed to every model call, the others are accepted for what they mean here.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// Output tokens per model call (`max_completion_tokens` is its newer name).
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    /// Only 1: the loop produces one answer.
+    pub n: Option<u32>,
+    /// Only `auto` (or absent): the model decides when to run code.
+    pub tool_choice: Option<Value>,
+    /// Accepted: the last chunk of a stream always carries the usage.
+    pub stream_options: Option<Value>,
+    /// Accepted: the loop runs one tool call after the other anyway.
+    pub parallel_tool_calls: Option<bool>,
+    /// Accepted and not passed on: the caller is known by its API key.
+    pub user: Option<String>,
+    pub metadata: Option<Value>,
+}
+
+/// What a request asks of every model call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub max_tokens: Option<u32>,
 }
 
 /// A request that passed validation: the conversation, the tool names, the bounds, the model.
@@ -78,6 +104,7 @@ pub struct ValidAgentRequest {
     pub model: String,
     pub files: Vec<InputFile>,
     pub stream: bool,
+    pub sampling: Sampling,
 }
 
 /// The text of a message's content: a string, or the text parts of a list of parts.
@@ -174,6 +201,33 @@ impl AgentRequest {
             }
             bounds.max_code_retries = n;
         }
+        if let Some(t) = self.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+            return Err(format!("temperature is {t}; it must be between 0 and 2"));
+        }
+        if let Some(p) = self.top_p.filter(|p| !(0.0..=1.0).contains(p)) {
+            return Err(format!("top_p is {p}; it must be between 0 and 1"));
+        }
+        let max_tokens = match (self.max_tokens, self.max_completion_tokens) {
+            (Some(a), Some(b)) if a != b => {
+                return Err("max_tokens and max_completion_tokens differ; send one".into())
+            }
+            (Some(0), _) | (_, Some(0)) => {
+                return Err("max_tokens must be at least 1".into());
+            }
+            (a, b) => a.or(b),
+        };
+        if self.n.is_some_and(|n| n != 1) {
+            return Err("n: the agent loop gives one answer; n must be 1".into());
+        }
+        match &self.tool_choice {
+            None => {}
+            Some(Value::String(s)) if s == "auto" => {}
+            Some(other) => {
+                return Err(format!(
+                    "tool_choice {other}: only \"auto\" is accepted (the model decides when to run code)"
+                ))
+            }
+        }
         let model = match &self.model {
             Some(m) if !policy.allowed_models.is_empty() && !policy.allowed_models.contains(m) => {
                 return Err(format!(
@@ -191,6 +245,11 @@ impl AgentRequest {
             model,
             files: self.files.clone(),
             stream: self.stream,
+            sampling: Sampling {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                max_tokens,
+            },
         })
     }
 }
@@ -257,6 +316,32 @@ mod tests {
             vec![Item::User("std of [1, 2]?".into())]
         );
         assert!(!v.stream);
+        assert_eq!(v.sampling, Sampling::default());
+    }
+
+    #[test]
+    fn what_chat_completions_clients_send_is_accepted() {
+        let v = parse(json!({
+            "model": "m", "messages": [{"role": "user", "content": "q"}],
+            "tools": [{"type": "runcell_tool", "name": "code_exec_python"}],
+            "temperature": 0.2, "top_p": 0.9, "max_completion_tokens": 300, "n": 1,
+            "tool_choice": "auto", "stream": true, "stream_options": {"include_usage": true},
+            "parallel_tool_calls": false, "user": "u-1", "metadata": {"k": "v"},
+        }))
+        .unwrap();
+        assert_eq!(
+            v.sampling,
+            Sampling {
+                temperature: Some(0.2),
+                top_p: Some(0.9),
+                max_tokens: Some(300)
+            }
+        );
+        assert!(v.stream);
+        assert!(parse(json!({"messages": [{"role": "user", "content": "q"}],
+            "tools": [{"type": "runcell_tool", "name": "code_exec_python"}], "logit_bias": {}}))
+        .unwrap_err()
+        .contains("logit_bias"));
     }
 
     #[test]
@@ -285,6 +370,22 @@ mod tests {
             (
                 json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}], "max_iterations": 0}),
                 "max_iterations",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}], "n": 2}),
+                "n must be 1",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}], "temperature": 3.0}),
+                "temperature",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}], "tool_choice": "none"}),
+                "tool_choice",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "runcell_tool", "name": "code_exec_python"}], "max_tokens": 5, "max_completion_tokens": 6}),
+                "differ",
             ),
         ] {
             let e = parse(req.clone()).unwrap_err();

@@ -31,6 +31,19 @@ pub enum ModelError {
     Refused(String),
 }
 
+impl ModelError {
+    /// The category an agent request that fails with this error has.
+    pub fn category(&self) -> &'static str {
+        match self {
+            ModelError::Unavailable(_) => "upstream_unavailable",
+            ModelError::RateLimited(_) => "upstream_rate_limited",
+            ModelError::Timeout(_) => "upstream_timeout",
+            ModelError::Malformed(_) => "upstream_malformed",
+            ModelError::Refused(_) => "upstream_refused",
+        }
+    }
+}
+
 /// A model behind one upstream.
 pub trait Model: Send + Sync {
     /// One call: the conversation so far and the tools offered; bounded by `within`.
@@ -174,15 +187,8 @@ pub async fn run_agent(
         let turn = match tokio::time::timeout(left, model.complete(&conv, offered, left)).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {
-                let category = match e {
-                    ModelError::Unavailable(_) => "upstream_unavailable",
-                    ModelError::RateLimited(_) => "upstream_rate_limited",
-                    ModelError::Timeout(_) => "upstream_timeout",
-                    ModelError::Malformed(_) => "upstream_malformed",
-                    ModelError::Refused(_) => "upstream_refused",
-                };
                 return Err(AgentError {
-                    category,
+                    category: e.category(),
                     message: e.to_string(),
                     model_calls,
                 });

@@ -28,6 +28,13 @@ impl Wire {
         }
     }
 
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Anthropic => "anthropic",
+            Wire::OpenAi => "openai",
+        }
+    }
+
     /// The vendor's public base URL, in the convention of its official SDK.
     pub fn default_base_url(self) -> &'static str {
         match self {
@@ -49,6 +56,9 @@ pub struct Upstream {
     pub max_tokens: u32,
     /// Attempts per model call (1 + retries of 429, 5xx and connection failures).
     pub attempts: u32,
+    /// A request's temperature and top_p (its max_tokens replaces `max_tokens`).
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
     client: reqwest::Client,
 }
 
@@ -63,6 +73,8 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// Output tokens per answer when a request names none.
+const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// The first pause between attempts, doubled each time, and the longest `Retry-After` waited.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(20);
@@ -84,8 +96,10 @@ impl Upstream {
                 .to_string(),
             api_key,
             model,
-            max_tokens: 4096,
+            max_tokens: DEFAULT_MAX_TOKENS,
             attempts: 3,
+            temperature: None,
+            top_p: None,
             client: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .build()
@@ -100,13 +114,39 @@ impl Upstream {
         }
     }
 
+    /// This upstream for one agent request: its model and sampling parameters.
+    pub fn for_request(&self, model: &str, sampling: &crate::api::Sampling) -> Upstream {
+        let mut up = self.clone();
+        up.model = model.to_string();
+        up.temperature = sampling.temperature;
+        up.top_p = sampling.top_p;
+        if let Some(n) = sampling.max_tokens {
+            up.max_tokens = n;
+        }
+        up
+    }
+
     fn body(&self, conv: &Conversation, tools: &[ToolSpec]) -> Value {
-        match self.wire {
+        let mut body = match self.wire {
             Wire::Anthropic => {
                 crate::anthropic::request_body(&self.model, self.max_tokens, conv, tools)
             }
-            Wire::OpenAi => crate::openai::request_body(&self.model, conv, tools),
+            Wire::OpenAi => {
+                let mut b = crate::openai::request_body(&self.model, conv, tools);
+                if self.max_tokens != DEFAULT_MAX_TOKENS {
+                    // Only when asked: compatible servers differ on the name's support.
+                    b["max_completion_tokens"] = self.max_tokens.into();
+                }
+                b
+            }
+        };
+        if let Some(t) = self.temperature {
+            body["temperature"] = t.into();
         }
+        if let Some(p) = self.top_p {
+            body["top_p"] = p.into();
+        }
+        body
     }
 
     fn parse(&self, v: &Value) -> Result<Turn, ModelError> {

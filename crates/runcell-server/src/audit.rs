@@ -117,6 +117,21 @@ struct Line<'a> {
     duration_seconds: f64,
 }
 
+/// What the audit log says about one call to the agent loop's model.
+#[derive(Debug, Serialize)]
+pub struct ModelCall<'a> {
+    /// `anthropic` or `openai`.
+    pub upstream: &'static str,
+    pub model: &'a str,
+    /// `ok`, or the model error's category.
+    pub outcome: &'static str,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// The tool calls the answer asked for.
+    pub tool_calls: usize,
+    pub duration_seconds: f64,
+}
+
 impl AuditLog {
     /// Opens (creates, appends to) a file log with mode 0640.
     pub fn open(target: &AuditTarget) -> std::io::Result<AuditLog> {
@@ -171,7 +186,37 @@ impl AuditLog {
             exit_code,
             duration_seconds: (duration_seconds * 1000.0).round() / 1000.0,
         };
-        let Ok(mut text) = serde_json::to_string(&line) else {
+        self.write(&line);
+    }
+
+    /// Log one call to the agent loop's model: which upstream and model, how it ended, its
+    /// tokens and time. Never the conversation (it holds the user's data and code).
+    pub fn model_call(&self, caller: &Caller, call: &ModelCall<'_>) {
+        #[derive(Serialize)]
+        struct ModelLine<'a> {
+            time: String,
+            event: &'static str,
+            request_id: &'a str,
+            key_id: Option<&'a str>,
+            interface: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            peer: Option<String>,
+            #[serde(flatten)]
+            call: &'a ModelCall<'a>,
+        }
+        self.write(&ModelLine {
+            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            event: "model_call",
+            request_id: &caller.request_id,
+            key_id: caller.key_id.as_deref(),
+            interface: caller.interface,
+            peer: caller.peer.map(|p| p.to_string()),
+            call,
+        });
+    }
+
+    fn write(&self, line: &impl Serialize) {
+        let Ok(mut text) = serde_json::to_string(line) else {
             return;
         };
         text.push('\n');
@@ -269,6 +314,41 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o640);
+    }
+
+    #[test]
+    fn a_model_call_is_a_line_without_the_conversation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&AuditTarget::File(path.clone())).unwrap();
+        let caller = Caller {
+            request_id: "r2".into(),
+            key_id: Some("team-b".into()),
+            interface: "http",
+            peer: None,
+        };
+        log.model_call(
+            &caller,
+            &ModelCall {
+                upstream: "anthropic",
+                model: "claude-x",
+                outcome: "upstream_rate_limited",
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                tool_calls: 0,
+                duration_seconds: 1.5,
+            },
+        );
+        let l: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&path).unwrap().trim()).unwrap();
+        assert_eq!(l["event"], "model_call");
+        assert_eq!(l["request_id"], "r2");
+        assert_eq!(l["key_id"], "team-b");
+        assert_eq!(l["upstream"], "anthropic");
+        assert_eq!(l["model"], "claude-x");
+        assert_eq!(l["outcome"], "upstream_rate_limited");
+        assert_eq!(l["duration_seconds"], 1.5);
+        assert!(l.get("peer").is_none());
     }
 
     #[test]

@@ -204,6 +204,8 @@ pub struct Overrides {
     pub agent_model: Option<String>,
     /// Models a request may name (comma-separated entries allowed).
     pub agent_models: Vec<String>,
+    /// The wall-clock budget of one agent request.
+    pub agent_timeout: Option<String>,
 }
 
 fn toml_to_json(v: &toml::Value) -> Value {
@@ -564,8 +566,13 @@ pub fn build(
             allowed_models: models,
             default_model: model.clone(),
         };
-        if let Some(t) = &fa.timeout {
-            policy.defaults.deadline = duration_setting("agent.timeout", &toml_to_json(t))?;
+        if let Some(t) = o
+            .agent_timeout
+            .clone()
+            .map(Value::String)
+            .or(fa.timeout.as_ref().map(toml_to_json))
+        {
+            policy.defaults.deadline = duration_setting("agent.timeout", &t)?;
         }
         c.agent = Some(crate::AgentSettings {
             upstream: runcell_agent::Upstream::new(wire, base.as_deref(), key, model),

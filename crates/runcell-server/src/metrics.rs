@@ -59,8 +59,9 @@ pub struct Metrics {
     latency: Family<LanguageLabel, Histogram>,
     rejections: Family<ReasonLabel, Counter>,
     agent_requests: Family<OutcomeLabel, Counter>,
-    agent_model_calls: Counter,
-    agent_runs: Counter,
+    agent_model_calls: Family<OutcomeLabel, Counter>,
+    agent_model_seconds: Histogram,
+    agent_runs: Histogram,
     agent_tokens: Family<TokenLabel, Counter>,
     running: Gauge,
     queued: Gauge,
@@ -109,16 +110,24 @@ impl Metrics {
             "Agent requests (POST /v1/agents) by outcome: ok, or the loop's error category",
             agent_requests.clone(),
         );
-        let agent_model_calls = Counter::default();
+        let agent_model_calls = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "agent_model_calls",
-            "Calls to the agent loop's model",
+            "Calls to the agent loop's model by outcome: ok, or upstream_unavailable, \
+             upstream_rate_limited, upstream_timeout, upstream_malformed, upstream_refused \
+             (after the call's own retries)",
             agent_model_calls.clone(),
         );
-        let agent_runs = Counter::default();
+        let agent_model_seconds = Histogram::new(LATENCY_BUCKETS);
         registry.register(
-            "agent_runs",
-            "Code runs of agent requests (each is also in executions)",
+            "agent_model_call_duration_seconds",
+            "Time of one call to the agent loop's model, retries included",
+            agent_model_seconds.clone(),
+        );
+        let agent_runs = Histogram::new([0.0, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0]);
+        registry.register(
+            "agent_runs_per_request",
+            "Code runs of one agent request (each run is also in executions)",
             agent_runs.clone(),
         );
         let agent_tokens = Family::<TokenLabel, Counter>::default();
@@ -160,6 +169,7 @@ impl Metrics {
             rejections,
             agent_requests,
             agent_model_calls,
+            agent_model_seconds,
             agent_runs,
             agent_tokens,
             running,
@@ -187,13 +197,21 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// One finished agent request: its outcome, model calls, runs and tokens.
-    pub fn agent(&self, outcome: &'static str, model_calls: u32, runs: u32, tokens: (u64, u64)) {
+    /// One finished agent request: its outcome (`ok` or the loop's error category) and the
+    /// code it ran.
+    pub fn agent(&self, outcome: &'static str, runs: u32) {
         self.agent_requests
             .get_or_create(&OutcomeLabel { outcome })
             .inc();
-        self.agent_model_calls.inc_by(u64::from(model_calls));
-        self.agent_runs.inc_by(u64::from(runs));
+        self.agent_runs.observe(f64::from(runs));
+    }
+
+    /// One call to the agent loop's model: its outcome, time and tokens.
+    pub fn agent_model_call(&self, outcome: &'static str, seconds: f64, tokens: (u64, u64)) {
+        self.agent_model_calls
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+        self.agent_model_seconds.observe(seconds);
         self.agent_tokens
             .get_or_create(&TokenLabel { kind: "prompt" })
             .inc_by(tokens.0);

@@ -205,6 +205,10 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     agent_models: Vec<String>,
+    /// The wall-clock budget of one agent request, model calls and runs together [default:
+    /// 5m].
+    #[arg(long, env = "RUNCELL_AGENT_TIMEOUT", value_name = "DURATION")]
+    agent_timeout: Option<String>,
     /// Where the audit log (one JSON line per execution) goes: stderr, off, or a file path
     /// (appended to, created 0640) [default: stderr].
     #[arg(long, env = "RUNCELL_AUDIT_LOG", value_name = "stderr|off|FILE")]
@@ -847,6 +851,7 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         agent_api_key: args.agent_api_key,
         agent_model: args.agent_model,
         agent_models: args.agent_models,
+        agent_timeout: args.agent_timeout,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

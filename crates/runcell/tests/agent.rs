@@ -2,9 +2,18 @@
 //! with ModuleNotFoundError, the error reaches the model as a tool error with its category,
 //! the corrected run builds on the first one's state (one session per language), the answer
 //! comes back, and the request's sessions are gone afterwards.
+//!
+//! The route and CLI tests put `runcell serve` and `runcell agent` in front of
+//! tests/upstream/scripted.py, a scripted model API that speaks both wire formats and checks
+//! its answers and runcell's requests against the official `anthropic` and `openai` Python
+//! packages; /v1/agents is also driven by the official `openai` client
+//! (tests/upstream/openai_client.py). Both need target/agent-venv (scripts/test.sh builds it).
 
 mod common;
 
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,7 +24,7 @@ use runcell_agent::{
     Usage,
 };
 use runcell_core::{Engine, EngineConfig, KillSwitch, SessionPolicy, Sessions};
-use serde_json::json;
+use serde_json::{json, Value};
 
 struct Scripted {
     turns: Mutex<Vec<Turn>>,
@@ -134,237 +143,534 @@ async fn a_failed_import_is_fixed_in_the_same_session_and_answered() {
     assert_eq!(sessions.stats().live, 0);
 }
 
-/// A scripted OpenAI-compatible upstream on a loopback port: each connection gets the next
-/// canned Chat Completions answer; the requests' bodies are kept.
-fn scripted_openai(
-    answers: Vec<serde_json::Value>,
-) -> (String, std::sync::Arc<Mutex<Vec<serde_json::Value>>>) {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
-    let seen2 = seen.clone();
-    std::thread::spawn(move || {
-        for answer in answers {
-            let (mut sock, _) = listener.accept().unwrap();
-            let mut got = Vec::new();
-            let mut buf = [0u8; 65536];
-            let body = loop {
-                let n = sock.read(&mut buf).unwrap();
-                got.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&got).to_string();
-                if let Some(i) = text.find("\r\n\r\n") {
-                    let len = text[..i]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse::<usize>().unwrap())
-                        })
-                        .unwrap_or(0);
-                    if got.len() >= i + 4 + len {
-                        break got[i + 4..i + 4 + len].to_vec();
-                    }
-                }
-            };
-            seen2
-                .lock()
-                .unwrap()
-                .push(serde_json::from_slice(&body).unwrap());
-            let text = answer.to_string();
-            let res = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}", text.len());
-            sock.write_all(res.as_bytes()).unwrap();
+/// The venv with the official `openai` and `anthropic` packages.
+fn venv_python() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/agent-venv/bin/python");
+    assert!(
+        p.exists(),
+        "the openai and anthropic Python packages are not installed at {}: run scripts/test.sh",
+        p.display()
+    );
+    p
+}
+
+fn upstream_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream")
+}
+
+/// tests/upstream/scripted.py on a loopback port, replaying `steps` in one wire format.
+struct ScriptedUpstream {
+    child: Child,
+    base: String,
+    dir: tempfile::TempDir,
+}
+
+impl ScriptedUpstream {
+    fn start(wire: &str, steps: Value) -> ScriptedUpstream {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("script.json"), steps.to_string()).unwrap();
+        let mut child = Command::new(venv_python())
+            .arg(upstream_dir().join("scripted.py"))
+            .args(["--wire", wire, "--script"])
+            .arg(dir.path().join("script.json"))
+            .arg("--record")
+            .arg(dir.path().join("requests.jsonl"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let root = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("scripted upstream did not start: {line:?}"))
+            .to_string();
+        // Each vendor's base URL as its SDK has it: Anthropic's without /v1, OpenAI's with.
+        let base = if wire == "openai" {
+            format!("{root}/v1")
+        } else {
+            root
+        };
+        ScriptedUpstream { child, base, dir }
+    }
+
+    /// The requests runcell sent, each checked by the upstream (`invalid` says what was wrong).
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The requests, asserting that every one of them was valid in its wire format.
+    fn valid_requests(&self) -> Vec<Value> {
+        let r = self.requests();
+        for q in &r {
+            assert!(
+                q.get("invalid").is_none(),
+                "runcell sent an invalid request: {q}"
+            );
         }
-    });
-    (base, seen)
-}
-
-fn chat(content: Option<&str>, code: Option<&str>) -> serde_json::Value {
-    let mut message = json!({"role": "assistant", "content": content});
-    if let Some(code) = code {
-        message["tool_calls"] = json!([{"id": format!("call_{}", code.len()), "type": "function",
-            "function": {"name": "code_exec_python", "arguments": json!({"code": code}).to_string()}}]);
+        r
     }
-    json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "scripted",
-        "choices": [{"index": 0, "message": message,
-            "finish_reason": if code.is_some() { "tool_calls" } else { "stop" }}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}})
-}
 
-#[test]
-fn the_agents_route_runs_the_loop_against_an_openai_compatible_upstream() {
-    let (base, seen) = scripted_openai(vec![
-        chat(None, Some("import no_such_module_here")),
-        chat(None, Some("print(6 * 7)")),
-        chat(Some("42"), None),
-    ]);
-    let s = common::ServeProcess::start(
-        &[
+    /// `runcell serve` with this upstream behind /v1/agents.
+    fn serve(&self, wire: &str, extra: &[&str]) -> common::ServeProcess {
+        let mut args = vec![
             "--pool",
             "python=0",
             "--agent-upstream",
-            "openai",
+            wire,
             "--agent-base-url",
-            &base,
+            &self.base,
             "--agent-model",
-            "scripted",
-        ],
-        &[("RUNCELL_AGENT_API_KEY", "sk-upstream-secret")],
-    );
-    let res = reqwest::blocking::Client::new()
-        .post(s.url("/v1/agents"))
-        .json(&json!({"messages": [{"role": "user", "content": "6 times 7?"}],
-            "tools": [{"type": "heroku_tool", "name": "code_exec_python", "runtime_params": {"max_calls": 5}}]}))
-        .timeout(Duration::from_secs(60))
-        .send()
-        .unwrap();
-    assert_eq!(res.status().as_u16(), 200);
-    let v: serde_json::Value = res.json().unwrap();
-    assert_eq!(v["object"], "chat.completion");
-    assert_eq!(v["choices"][0]["message"]["content"], "42");
-    assert_eq!(v["usage"]["total_tokens"], 39);
-    assert_eq!(v["runcell"]["code_attempts"], 2);
-    assert_eq!(
-        v["runcell"]["steps"][0]["verdict"]["error"]["category"],
-        "runtime_error"
-    );
-    assert_eq!(v["runcell"]["steps"][1]["verdict"]["stdout"], "42\n");
-    let seen = seen.lock().unwrap();
-    // The second model call carries the failed run as a tool message naming the error.
-    let msgs = seen[1]["messages"].as_array().unwrap();
-    let tool = msgs.iter().find(|m| m["role"] == "tool").unwrap();
-    assert!(
-        tool["content"]
-            .as_str()
-            .unwrap()
-            .contains("ModuleNotFoundError"),
-        "{tool}"
-    );
-    assert_eq!(seen[0]["tools"][0]["function"]["name"], "code_exec_python");
-    // The upstream key is in no answer and no log line.
-    assert!(!v.to_string().contains("sk-upstream-secret"));
-    assert!(!s.log().contains("sk-upstream-secret"));
-    // The request's sessions ended with it; each run was audited.
-    let log = s.log();
-    assert_eq!(log.matches("\"session_id\":\"ses_").count(), 2, "{log}");
-    let metrics = reqwest::blocking::get(s.url("/metrics"))
-        .unwrap()
-        .text()
-        .unwrap();
-    for line in [
-        "runcell_agent_requests_total{outcome=\"ok\"} 1",
-        "runcell_agent_model_calls_total 3",
-        "runcell_agent_runs_total 2",
-        "runcell_agent_tokens_total{kind=\"prompt\"} 30",
-    ] {
-        assert!(metrics.contains(line), "{line} in\n{metrics}");
+            "scripted-model",
+        ];
+        args.extend_from_slice(extra);
+        common::ServeProcess::start(&args, &[("RUNCELL_AGENT_API_KEY", UPSTREAM_KEY)])
     }
 }
 
-#[test]
-fn without_an_upstream_the_agents_route_says_how_to_configure_one() {
-    let s = common::ServeProcess::start(&["--pool", "python=0"], &[]);
-    let res = reqwest::blocking::Client::new()
-        .post(s.url("/v1/agents"))
-        .json(&json!({"messages": [{"role": "user", "content": "q"}],
-            "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]}))
-        .send()
-        .unwrap();
-    assert_eq!(res.status().as_u16(), 503);
-    let v: serde_json::Value = res.json().unwrap();
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--agent-upstream"),
-        "{v}"
-    );
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
-#[test]
-fn the_agents_route_streams_chunks_with_the_steps_and_ends_with_done() {
-    let (base, _seen) = scripted_openai(vec![
-        chat(None, Some("print(6 * 7)")),
-        chat(Some("42"), None),
-    ]);
-    let s = common::ServeProcess::start(
-        &[
-            "--pool",
-            "python=0",
-            "--agent-upstream",
-            "openai",
-            "--agent-base-url",
-            &base,
-            "--agent-model",
-            "scripted",
-        ],
-        &[],
-    );
-    let text = reqwest::blocking::Client::new()
+const UPSTREAM_KEY: &str = "sk-upstream-secret-4711";
+
+fn agents(s: &common::ServeProcess, body: Value) -> (u16, Value) {
+    let res = reqwest::blocking::Client::new()
         .post(s.url("/v1/agents"))
-        .json(
-            &json!({"messages": [{"role": "user", "content": "6 times 7?"}], "stream": true,
-            "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]}),
-        )
-        .timeout(Duration::from_secs(60))
+        .json(&body)
+        .timeout(Duration::from_secs(90))
         .send()
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().unwrap())
+}
+
+fn ask(question: &str, extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": question}],
+        "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn metrics(s: &common::ServeProcess) -> String {
+    reqwest::blocking::get(s.url("/metrics"))
         .unwrap()
         .text()
-        .unwrap();
-    let chunks: Vec<serde_json::Value> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
-    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    assert!(
-        chunks
+        .unwrap()
+}
+
+/// The tool results runcell sent in one request, in the wire's own shape: (text, is_error).
+fn tool_results(wire: &str, request: &Value) -> Vec<(String, bool)> {
+    let msgs = request["body"]["messages"].as_array().unwrap();
+    if wire == "openai" {
+        msgs.iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| {
+                let text = m["content"].as_str().unwrap().to_string();
+                let err = text.starts_with("ERROR");
+                (text, err)
+            })
+            .collect()
+    } else {
+        msgs.iter()
+            .filter_map(|m| m["content"].as_array())
+            .flatten()
+            .filter(|b| b["type"] == "tool_result")
+            .map(|b| {
+                (
+                    b["content"].as_str().unwrap().to_string(),
+                    b["is_error"].as_bool().unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The hosted example, in both wire formats: a failed import goes back to the model as a tool
+/// error naming its category, the corrected run (in the same session: `data` is still
+/// defined) answers, and the answer comes back with usage summed, each step, audit lines
+/// for each model call and run, and metrics. The upstream key reaches the upstream only.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn a_failed_import_goes_back_as_a_tool_error_and_the_fix_answers_in_both_wire_formats() {
+    for wire in ["anthropic", "openai"] {
+        let up = ScriptedUpstream::start(
+            wire,
+            json!([
+                {"text": "Let me compute it.",
+                 "code": "data = [23, 45, 67, 12, 89, 34, 56, 78, 90, 11]\nimport scipy_not_here"},
+                {"code": "import statistics\nprint(round(statistics.pstdev(data), 2))"},
+                {"text": "The standard deviation is 28.64.", "usage": [30, 8]},
+            ]),
+        );
+        let s = up.serve(wire, &[]);
+        let (status, v) = agents(
+            &s,
+            json!({"messages": [{"role": "user", "content": "Standard deviation of [23, 45, 67, 12, 89, 34, 56, 78, 90, 11]?"}],
+                "tools": [{"type": "heroku_tool", "name": "code_exec_python", "runtime_params": {"max_calls": 5}}]}),
+        );
+        assert_eq!(status, 200, "{wire}: {v}");
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "The standard deviation is 28.64."
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["model"], "scripted-model");
+        assert_eq!(v["usage"]["prompt_tokens"], 50);
+        assert_eq!(v["usage"]["total_tokens"], 64);
+        assert_eq!(v["runcell"]["code_attempts"], 2);
+        assert_eq!(v["runcell"]["model_calls"], 3);
+        let steps = v["runcell"]["steps"].as_array().unwrap();
+        assert_eq!(steps[0]["tool"], "code_exec_python");
+        assert_eq!(steps[0]["verdict"]["error"]["category"], "runtime_error");
+        assert_eq!(steps[1]["verdict"]["stdout"], "28.64\n");
+
+        let reqs = up.valid_requests();
+        assert_eq!(reqs.len(), 3, "{wire}");
+        let results = tool_results(wire, &reqs[1]);
+        assert_eq!(results.len(), 1, "{wire}: {results:?}");
+        let (text, is_error) = &results[0];
+        assert!(*is_error, "{wire}: {text}");
+        assert!(
+            text.contains("runtime_error") && text.contains("ModuleNotFoundError"),
+            "{wire}: {text}"
+        );
+        assert!(
+            !tool_results(wire, &reqs[2])[1].1,
+            "{wire}: the fix is no error"
+        );
+        let tools = &reqs[0]["body"]["tools"];
+        if wire == "anthropic" {
+            assert_eq!(tools[0]["name"], "code_exec_python");
+            assert!(tools[0]["input_schema"]["properties"]["code"].is_object());
+            assert_eq!(reqs[0]["x_api_key"], UPSTREAM_KEY);
+            assert_eq!(reqs[0]["anthropic_version"], "2023-06-01");
+            assert_eq!(reqs[0]["path"], "/v1/messages");
+        } else {
+            assert_eq!(tools[0]["function"]["name"], "code_exec_python");
+            assert_eq!(reqs[0]["authorization"], format!("Bearer {UPSTREAM_KEY}"));
+            assert_eq!(reqs[0]["path"], "/v1/chat/completions");
+        }
+        let schema = if wire == "anthropic" {
+            &tools[0]["input_schema"]
+        } else {
+            &tools[0]["function"]["parameters"]
+        };
+        assert!(
+            schema["properties"].get("session_id").is_none(),
+            "the loop keeps the session: {schema}"
+        );
+        assert_eq!(reqs[0]["body"]["model"], "scripted-model");
+
+        let log = s.log();
+        assert!(!v.to_string().contains(UPSTREAM_KEY));
+        assert!(!log.contains(UPSTREAM_KEY), "{wire}: the key is in the log");
+        let lines: Vec<Value> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        let calls: Vec<&Value> = lines
             .iter()
-            .all(|c| c["object"] == "chat.completion.chunk"),
+            .filter(|l| l["event"] == "model_call")
+            .collect();
+        assert_eq!(calls.len(), 3, "{wire}: {log}");
+        assert!(calls
+            .iter()
+            .all(|c| c["upstream"] == wire && c["outcome"] == "ok"));
+        assert_eq!(calls[0]["tool_calls"], 1);
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l["session_id"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("ses_")))
+                .count(),
+            2,
+            "{wire}: an audit line per run: {log}"
+        );
+        let m = metrics(&s);
+        for line in [
+            "runcell_agent_requests_total{outcome=\"ok\"} 1",
+            "runcell_agent_model_calls_total{outcome=\"ok\"} 3",
+            "runcell_agent_runs_per_request_sum 2",
+            "runcell_agent_tokens_total{kind=\"prompt\"} 50",
+            "runcell_agent_tokens_total{kind=\"completion\"} 14",
+            "runcell_sessions_created_total 1",
+        ] {
+            assert!(m.contains(line), "{wire}: {line} in\n{m}");
+        }
+        // The request's session ends with it (torn down off the request's path).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !metrics(&s).contains("runcell_sessions 0\n") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{wire}: the session outlived its request"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `max_calls` reached: the refused call goes back to the model telling it to answer; then
+/// `max_code_retries` reached: after the second failure in a row, the result says to stop
+/// running code and give the best answer.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn max_calls_and_max_code_retries_tell_the_model_to_answer() {
+    let up = ScriptedUpstream::start(
+        "anthropic",
+        json!([
+            {"code": "print(1)"},
+            {"code": "print(2)"},
+            {"text": "one call was all I had: 1"},
+            {"code": "1/0"},
+            {"code": "undefined_name"},
+            {"text": "the code kept failing"},
+        ]),
+    );
+    let s = up.serve("anthropic", &[]);
+    let (status, v) = agents(
+        &s,
+        json!({"messages": [{"role": "user", "content": "q"}],
+            "tools": [{"type": "runcell_tool", "name": "code_exec_python", "runtime_params": {"max_calls": 1}}]}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["runcell"]["code_attempts"], 1);
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "one call was all I had: 1"
+    );
+    let reqs = up.valid_requests();
+    let (text, is_error) = tool_results("anthropic", &reqs[2]).pop().unwrap();
+    assert!(is_error);
+    assert!(
+        text.contains("at most 1 times") && text.contains("best answer"),
         "{text}"
     );
-    let kinds: Vec<&str> = chunks
-        .iter()
-        .filter_map(|c| c["runcell"]["type"].as_str())
-        .collect();
-    assert!(
-        kinds.contains(&"run_started") && kinds.contains(&"run_finished"),
-        "{kinds:?}"
+
+    let (status, v) = agents(&s, ask("q", json!({"max_code_retries": 2})));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["runcell"]["code_attempts"], 2);
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "the code kept failing"
     );
-    let answer: String = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(answer, "42");
-    let last = chunks.last().unwrap();
-    assert_eq!(last["choices"][0]["finish_reason"], "stop");
-    assert_eq!(last["usage"]["total_tokens"], 26);
+    let reqs = up.valid_requests();
+    let results = tool_results("anthropic", &reqs[5]);
+    let (first, last) = (&results[0].0, &results[1].0);
+    assert!(
+        first.contains("ZeroDivisionError") && !first.contains("best answer"),
+        "{first}"
+    );
+    assert!(
+        last.contains("NameError")
+            && last.contains("failed 2 times in a row")
+            && last.contains("best answer"),
+        "{last}"
+    );
 }
 
+/// A tool that was not offered: the model is told which tools there are, and answers.
 #[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn a_tool_that_was_not_offered_is_refused_to_the_model() {
+    let up = ScriptedUpstream::start(
+        "openai",
+        json!([
+            {"code": "puts 1", "tool": "code_exec_ruby"},
+            {"code": "print(1)"},
+            {"text": "1"},
+        ]),
+    );
+    let s = up.serve("openai", &[]);
+    let (status, v) = agents(&s, ask("q", json!({})));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["runcell"]["code_attempts"], 1);
+    let reqs = up.valid_requests();
+    let (text, is_error) = tool_results("openai", &reqs[1]).pop().unwrap();
+    assert!(is_error);
+    assert!(
+        text.contains("no tool named \"code_exec_ruby\"") && text.contains("code_exec_python"),
+        "{text}"
+    );
+}
+
+/// The upstream failing: a 429 then success is retried (Retry-After honoured); a 500 every
+/// time, a malformed answer and a hang are errors with a category, 502 or 504, never a 500 or
+/// a hang of runcell's own; each failed model call is audited and counted.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn upstream_failures_are_retried_or_answered_with_a_category() {
+    for wire in ["anthropic", "openai"] {
+        let up = ScriptedUpstream::start(
+            wire,
+            json!([
+                {"status": 429, "retry_after": 0},
+                {"text": "after the 429"},
+                {"status": 500, "times": 3},
+                {"raw": "<html>not json</html>"},
+                {"json": {"id": "x", "unexpected": true}},
+                {"hang": true},
+            ]),
+        );
+        let s = up.serve(wire, &["--agent-timeout", "3s"]);
+        let (status, v) = agents(&s, ask("q", json!({})));
+        assert_eq!(status, 200, "{wire}: {v}");
+        assert_eq!(v["choices"][0]["message"]["content"], "after the 429");
+        assert_eq!(
+            v["runcell"]["model_calls"], 1,
+            "the retry is within one call"
+        );
+
+        let (status, v) = agents(&s, ask("q", json!({})));
+        assert_eq!(
+            (status, v["error"]["category"].as_str()),
+            (502, Some("upstream_unavailable")),
+            "{wire}: {v}"
+        );
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("HTTP 500"),
+            "{v}"
+        );
+
+        for _ in 0..2 {
+            let (status, v) = agents(&s, ask("q", json!({})));
+            assert_eq!(
+                (status, v["error"]["category"].as_str()),
+                (502, Some("upstream_malformed")),
+                "{wire}: {v}"
+            );
+        }
+
+        let started = std::time::Instant::now();
+        let (status, v) = agents(&s, ask("q", json!({})));
+        assert_eq!(status, 504, "{wire}: {v}");
+        assert!(
+            ["upstream_timeout", "timeout"].contains(&v["error"]["category"].as_str().unwrap()),
+            "{v}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30));
+
+        let reqs = up.valid_requests();
+        assert_eq!(reqs.len(), 8, "{wire}: 2 + 3 + 1 + 1 + 1 requests");
+        let m = metrics(&s);
+        for line in [
+            "runcell_agent_requests_total{outcome=\"ok\"} 1",
+            "runcell_agent_requests_total{outcome=\"upstream_unavailable\"} 1",
+            "runcell_agent_requests_total{outcome=\"upstream_malformed\"} 2",
+            "runcell_agent_model_calls_total{outcome=\"upstream_malformed\"} 2",
+        ] {
+            assert!(m.contains(line), "{wire}: {line} in\n{m}");
+        }
+        let log = s.log();
+        assert_eq!(
+            log.matches("\"event\":\"model_call\"").count(),
+            5,
+            "{wire}: a line per model call, the abandoned one too: {log}"
+        );
+        assert!(!log.contains(UPSTREAM_KEY));
+    }
+}
+
+/// The official openai Python client, its base URL at runcell's /v1/agents: a chat completion
+/// and a stream of chunks, parsed by the client's own types, with runcell's API key.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn the_official_openai_client_drives_the_agents_route() {
+    let up = ScriptedUpstream::start(
+        "anthropic",
+        json!([
+            {"code": "print(6 * 7)"},
+            {"text": "42"},
+            {"text": "Running it.", "code": "import time\nprint('step one', flush=True)\ntime.sleep(0.3)\nprint(6 * 7)"},
+            {"text": "It is 42."},
+        ]),
+    );
+    let s = up.serve("anthropic", &["--api-key", "runcell-client-key-1234567"]);
+    let out = Command::new(venv_python())
+        .arg(upstream_dir().join("openai_client.py"))
+        .arg(s.url("/v1/agents"))
+        .arg("runcell-client-key-1234567")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("completion ok") && stdout.contains("stream ok"),
+        "{stdout}\n{stderr}"
+    );
+    up.valid_requests();
+}
+
+/// `runcell agent`: each step on stderr as it happens, the answer on stdout; `--json` prints
+/// the chat.completion object; an upstream that is not configured is a usage error.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
 fn the_cli_shows_each_step_then_the_answer() {
-    let (base, _seen) = scripted_openai(vec![
-        chat(None, Some("print(open('n.txt').read().strip())")),
-        chat(Some("the file says 7"), None),
-    ]);
+    let up = ScriptedUpstream::start(
+        "anthropic",
+        json!([
+            {"code": "print(open('n.txt').read().strip())"},
+            {"text": "the file says 7"},
+            {"code": "print(2 + 2)"},
+            {"text": "4"},
+        ]),
+    );
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("n.txt");
     std::fs::write(&input, "7\n").unwrap();
-    let out = std::process::Command::new(common::runcell_bin())
-        .args([
-            "agent",
-            "What does n.txt say?",
-            "--file",
-            input.to_str().unwrap(),
-            "--max-calls",
-            "3",
-        ])
-        .env("RUNCELL_AGENT_UPSTREAM", "openai")
-        .env("RUNCELL_AGENT_BASE_URL", &base)
-        .env("RUNCELL_AGENT_MODEL", "scripted")
-        .output()
-        .unwrap();
+    let agent = |extra: &[&str]| {
+        Command::new(common::runcell_bin())
+            .args([
+                "agent",
+                "What does n.txt say?",
+                "--file",
+                input.to_str().unwrap(),
+                "--max-calls",
+                "3",
+            ])
+            .args(extra)
+            .env("RUNCELL_AGENT_UPSTREAM", "anthropic")
+            .env("RUNCELL_AGENT_BASE_URL", &up.base)
+            .env("RUNCELL_AGENT_MODEL", "scripted-model")
+            .env("RUNCELL_AGENT_API_KEY", UPSTREAM_KEY)
+            .output()
+            .unwrap()
+    };
+    let out = agent(&[]);
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -375,12 +681,41 @@ fn the_cli_shows_each_step_then_the_answer() {
         stderr.contains("--- code_exec_python ---") && stderr.contains("--- stdout ---\n7\n"),
         "{stderr}"
     );
+    assert!(!stderr.contains(UPSTREAM_KEY));
 
-    let out = std::process::Command::new(common::runcell_bin())
+    let out = agent(&["--json"]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "4");
+    assert_eq!(v["runcell"]["steps"][0]["verdict"]["stdout"], "4\n");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    up.valid_requests();
+
+    let out = Command::new(common::runcell_bin())
         .args(["agent", "q"])
         .env_remove("RUNCELL_AGENT_UPSTREAM")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("RUNCELL_AGENT_UPSTREAM"));
+}
+
+#[test]
+fn without_an_upstream_the_agents_route_says_how_to_configure_one() {
+    let s = common::ServeProcess::start(&["--pool", "python=0"], &[]);
+    let (status, v) = agents(&s, ask("q", json!({})));
+    assert_eq!(status, 503);
+    assert_eq!(v["error"]["category"], "agent_unconfigured");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--agent-upstream"),
+        "{v}"
+    );
 }

@@ -6,8 +6,9 @@
 //! like any execution.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -15,13 +16,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::BoxFuture;
 use runcell_agent::api::AgentRequest;
-use runcell_agent::Tools;
+use runcell_agent::{Conversation, Model, ModelError, ToolSpec, Tools, Turn};
 use runcell_core::{InputFile, Language, NoSink, SessionTarget, Verdict};
 use serde_json::Value;
 
 use super::execute::{parse_body, read_body};
 use super::sessions::session_call;
-use crate::audit::Caller;
+use crate::audit::{Caller, ModelCall};
 use crate::error::{ApiError, ErrorBody};
 use crate::middleware::caller_of;
 use crate::state::AppState;
@@ -33,6 +34,82 @@ struct ServerTools {
     caller: Caller,
     files: Vec<InputFile>,
     ids: Mutex<BTreeMap<Language, String>>,
+    /// Runs started (admitted or not), for the runs-per-request histogram.
+    runs: AtomicU32,
+}
+
+/// The upstream, each of whose calls is counted and audited (also a call the loop abandons
+/// when the request's budget runs out).
+struct AuditedModel {
+    upstream: runcell_agent::Upstream,
+    state: AppState,
+    caller: Caller,
+}
+
+/// How a model call ended: its outcome, tokens (prompt, completion), tool calls, and the
+/// model that answered.
+type CallEnd = (&'static str, (u64, u64), usize, Option<String>);
+
+/// Records one model call when it ends, or when its future is dropped unfinished.
+struct CallRecord<'a> {
+    model: &'a AuditedModel,
+    started: Instant,
+    done: Option<CallEnd>,
+}
+
+impl Drop for CallRecord<'_> {
+    fn drop(&mut self) {
+        let (outcome, tokens, tool_calls, answered_by) =
+            self.done
+                .take()
+                .unwrap_or(("upstream_timeout", (0, 0), 0, None));
+        let seconds = self.started.elapsed().as_secs_f64();
+        let m = self.model;
+        m.state
+            .inner
+            .metrics
+            .agent_model_call(outcome, seconds, tokens);
+        m.state.inner.audit.model_call(
+            &m.caller,
+            &ModelCall {
+                upstream: m.upstream.wire.name(),
+                model: answered_by.as_deref().unwrap_or(&m.upstream.model),
+                outcome,
+                prompt_tokens: tokens.0,
+                completion_tokens: tokens.1,
+                tool_calls,
+                duration_seconds: (seconds * 1000.0).round() / 1000.0,
+            },
+        );
+    }
+}
+
+impl Model for AuditedModel {
+    fn complete<'a>(
+        &'a self,
+        conv: &'a Conversation,
+        tools: &'a [ToolSpec],
+        within: Duration,
+    ) -> BoxFuture<'a, Result<Turn, ModelError>> {
+        Box::pin(async move {
+            let mut record = CallRecord {
+                model: self,
+                started: Instant::now(),
+                done: None,
+            };
+            let r = self.upstream.complete(conv, tools, within).await;
+            record.done = Some(match &r {
+                Ok(t) => (
+                    "ok",
+                    (t.usage.prompt_tokens, t.usage.completion_tokens),
+                    t.calls.len(),
+                    t.model.clone(),
+                ),
+                Err(e) => (e.category(), (0, 0), 0, None),
+            });
+            r
+        })
+    }
 }
 
 impl ServerTools {
@@ -72,6 +149,7 @@ impl Tools for ServerTools {
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<Verdict, String>> {
         Box::pin(async move {
+            self.runs.fetch_add(1, Ordering::Relaxed);
             let (language, req, target) =
                 runcell_agent::tools::prepare_call(tool, arguments, &self.files, |l| {
                     self.lock().get(&l).cloned()
@@ -138,13 +216,17 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
             unknown.join(", ")
         )));
     }
-    let mut upstream = settings.upstream.clone();
-    upstream.model = valid.model.clone();
+    let upstream = AuditedModel {
+        upstream: settings.upstream.for_request(&valid.model, &valid.sampling),
+        state: state.clone(),
+        caller: caller.clone(),
+    };
     let tools = ServerTools {
         state: state.clone(),
         caller,
         files: valid.files.clone(),
         ids: Mutex::new(BTreeMap::new()),
+        runs: AtomicU32::new(0),
     };
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -166,23 +248,44 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
         &|_| {},
     )
     .await;
+    let runs = tools.runs.load(Ordering::Relaxed);
     drop(tools);
-    record(&state, &outcome);
+    record(&state, &outcome, runs);
     let o = outcome.map_err(agent_error)?;
     Ok(Json(runcell_agent::api::completion(&id, created, &model, &o)).into_response())
 }
 
+/// `POST /v1/agents/chat/completions`: the same, where the official OpenAI SDKs send a chat
+/// completion when their base URL is `http://runcell/v1/agents`, so that existing client code
+/// runs the loop unchanged.
+#[utoipa::path(post, path = "/v1/agents/chat/completions", tag = "agents",
+    operation_id = "run_agent_chat_completions",
+    request_body(content = Object, description = "As POST /v1/agents."),
+    responses(
+        (status = 200, description = "As POST /v1/agents", body = Object),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 502, description = "The model's API failed", body = ErrorBody),
+        (status = 503, description = "No model is configured", body = ErrorBody),
+        (status = 504, description = "The model's API or the request's budget ran out of time", body = ErrorBody),
+    ))]
+pub(crate) async fn run_chat_completions(
+    state: State<AppState>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    run(state, req).await
+}
+
 /// Count and log one finished agent request (the runs are counted and audited as
 /// executions already).
-fn record(state: &AppState, r: &Result<runcell_agent::Outcome, runcell_agent::AgentError>) {
+fn record(
+    state: &AppState,
+    r: &Result<runcell_agent::Outcome, runcell_agent::AgentError>,
+    runs: u32,
+) {
     match r {
         Ok(o) => {
-            state.inner.metrics.agent(
-                "ok",
-                o.model_calls,
-                o.code_attempts,
-                (o.usage.prompt_tokens, o.usage.completion_tokens),
-            );
+            state.inner.metrics.agent("ok", runs);
             tracing::info!(
                 model_calls = o.model_calls,
                 runs = o.code_attempts,
@@ -192,12 +295,9 @@ fn record(state: &AppState, r: &Result<runcell_agent::Outcome, runcell_agent::Ag
             );
         }
         Err(e) => {
-            state
-                .inner
-                .metrics
-                .agent(e.category, e.model_calls, 0, (0, 0));
-            tracing::warn!(category = e.category, model_calls = e.model_calls, error = %e.message,
-                "agent request failed");
+            state.inner.metrics.agent(e.category, runs);
+            tracing::warn!(category = e.category, model_calls = e.model_calls, runs,
+                error = %e.message, "agent request failed");
         }
     }
 }
@@ -217,7 +317,7 @@ fn agent_error(e: runcell_agent::AgentError) -> ApiError {
 /// ended).
 fn stream(
     state: AppState,
-    upstream: runcell_agent::Upstream,
+    upstream: AuditedModel,
     tools: ServerTools,
     offered: Vec<runcell_agent::ToolSpec>,
     valid: runcell_agent::api::ValidAgentRequest,
@@ -265,8 +365,9 @@ fn stream(
             &on_event,
         )
         .await;
+        let runs = tools.runs.load(Ordering::Relaxed);
         drop(tools);
-        record(&state2, &r);
+        record(&state2, &r, runs);
         match r {
             Ok(o) => {
                 let _ = tx.send(chunk(serde_json::json!({"content": o.answer}), None, None));

@@ -17,6 +17,7 @@ pub(crate) fn authenticated() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::runtimes))
         .routes(routes!(ops::metrics))
         .routes(routes!(agents::run))
+        .routes(routes!(agents::run_chat_completions))
         .routes(routes!(sessions::create, sessions::list))
         .routes(routes!(sessions::get, sessions::delete))
         .routes(routes!(sessions::execute))
