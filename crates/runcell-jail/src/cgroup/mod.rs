@@ -66,6 +66,9 @@ mod fs;
 pub(crate) mod mountinfo;
 mod v1;
 mod v2;
+mod warm;
+
+pub use warm::warm_migrations;
 
 #[cfg(test)]
 mod fake;

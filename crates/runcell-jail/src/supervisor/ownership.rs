@@ -12,7 +12,9 @@ use crate::cgroup::{Cgroup, CgroupManager, CgroupVersion};
 
 /// Where the kernel describes this process's mounts and cgroups.
 const SELF_MOUNTINFO: &str = "/proc/self/mountinfo";
-const SELF_CGROUP: &str = "/proc/self/cgroup";
+pub(super) const SELF_CGROUP: &str = "/proc/self/cgroup";
+/// Where the cgroup hierarchies are mounted (v1: one directory per controller below it).
+pub(super) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// The group under which every sandbox's group is created.
 const BASE_GROUP: &str = "runcell";
 

@@ -15,7 +15,8 @@ use rustix::pipe::{pipe_with, PipeFlags};
 
 use super::error::io_err;
 use super::ownership::{
-    cgroup_manager, defer_removal, new_group_name, random_u64, retry_pending_removals,
+    cgroup_manager, defer_removal, new_group_name, random_u64, retry_pending_removals, CGROUP_ROOT,
+    SELF_CGROUP,
 };
 use super::{timespec, SandboxError};
 use crate::cgroup::{Cgroup, CgroupLimits, CgroupStats, CgroupVersion, Enforced};
@@ -207,6 +208,14 @@ impl Sandbox {
                     ..spec.cgroup
                 };
                 let group = m.create(&new_group_name(), &limits)?;
+                // S2a. Cgroup v1: pid 1 enters this group with a `cgroup.procs` write (H7),
+                //      whose first of a moment waits for an RCU grace period holding the
+                //      cgroup mutex. Pay it now, on a thread, with a write that moves nothing,
+                //      so that it runs beside the helper's exec and pid 1's start instead of
+                //      after them (cgroup::warm). After the mkdirs: they need that mutex too.
+                if group.version() == CgroupVersion::V1 {
+                    crate::cgroup::warm_migrations(SELF_CGROUP.as_ref(), CGROUP_ROOT.as_ref());
+                }
                 // Every time: another runcell process may have set another value, and the
                 // parent group exists (with its controllers) once a group is made in it.
                 if let Some(total) = spec.all_runs_memory_bytes {
