@@ -1,9 +1,10 @@
 //! The engine: validate a request against the policy, find the runtime, build a sandbox, run
 //! the program (compiling first where needed) and turn what happened into a verdict.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use runcell_jail::{
     CgroupLimits, CollectLimits, Enforcement, InputFile, IoLimits, KillSwitch, Outcome, OutputSink,
@@ -79,7 +80,14 @@ pub struct Engine {
     /// Warm sandboxes, when a pool was started ([`Engine::start_pool`]). Shared by the
     /// engine's clones; the last one dropped destroys the warm sandboxes.
     pool: Option<Arc<Pool>>,
+    /// Runtimes located in the last [`RUNTIME_TTL`], shared by the engine's clones.
+    runtimes: Arc<Mutex<HashMap<Language, (Instant, Runtime)>>>,
 }
+
+/// How long a located runtime is reused. Locating one reads a dozen files (the Python
+/// stack's marker and its font cache among them): off a warm run's path, which takes about a
+/// millisecond in all, while a runtime installed or upgraded is seen within seconds.
+const RUNTIME_TTL: Duration = Duration::from_secs(2);
 
 /// A request that passed [`Engine::validate`]: everything it asks is within the policy, its
 /// input files are decoded, and it can run.
@@ -184,7 +192,27 @@ pub struct RuntimeStatus {
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Self {
-        Engine { config, pool: None }
+        Engine {
+            config,
+            pool: None,
+            runtimes: Arc::default(),
+        }
+    }
+
+    /// The runtime of `language` on this host (see [`RUNTIME_TTL`]).
+    pub(crate) fn locate(
+        &self,
+        language: Language,
+    ) -> Result<Runtime, runcell_runtimes::Unavailable> {
+        let mut cache = self.runtimes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, rt)) = cache.get(&language) {
+            if at.elapsed() < RUNTIME_TTL {
+                return Ok(rt.clone());
+            }
+        }
+        let rt = runcell_runtimes::locate(language, &self.config.host)?;
+        cache.insert(language, (Instant::now(), rt.clone()));
+        Ok(rt)
     }
 
     /// Keep warm sandboxes ready: `sizes` per language, built with the policy's default
@@ -433,7 +461,7 @@ impl Engine {
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
     ) -> Verdict {
-        let runtime = match runcell_runtimes::locate(v.language, &self.config.host) {
+        let runtime = match self.locate(v.language) {
             Ok(r) => r,
             Err(e) => {
                 let mut verdict = Verdict::failed(ErrorCategory::RuntimeUnavailable, e.to_string());

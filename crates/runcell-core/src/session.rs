@@ -347,7 +347,7 @@ impl Engine {
         overrides: LimitOverrides,
         lifetime: Duration,
     ) -> Result<Session, Box<Verdict>> {
-        let runtime = runcell_runtimes::locate(v.language(), &self.config().host).map_err(|e| {
+        let runtime = self.locate(v.language()).map_err(|e| {
             Box::new(Verdict::failed(
                 ErrorCategory::RuntimeUnavailable,
                 e.to_string(),

@@ -244,12 +244,15 @@ def _shutdown():
     """What the interpreter does at exit: join non-daemon threads, run atexit handlers (whose
     exceptions it reports and ignores), flush."""
     import atexit
-    import threading
 
-    try:
-        threading._shutdown()
-    except BaseException:
-        pass
+    # As CPython's own shutdown: threads are joined only where `threading` was imported (by
+    # the cell or a module it imported); importing it here would cost the cell a millisecond.
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
     try:
         atexit._run_exitfuncs()
     except BaseException:
