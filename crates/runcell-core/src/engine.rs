@@ -818,6 +818,7 @@ pub(crate) fn sandbox_spec(
         helper_exe: config.helper_exe.clone(),
         overlays: runtime.overlays.clone(),
         all_runs_memory_bytes: config.all_runs_memory_bytes,
+        proxy_port: None,
     }
 }
 

@@ -47,6 +47,11 @@ pub struct JailConfig {
     /// the scratch filesystem (prepared caches, e.g. Go's build cache).
     #[serde(default)]
     pub overlays: Vec<Overlay>,
+    /// A TCP port on the sandbox's loopback where pid 1 listens for the run's egress proxy
+    /// (P13a): the listening socket is handed to the supervisor with `Ready`, which serves it
+    /// from outside the sandbox's network namespace. `None`: no network at all.
+    #[serde(default)]
+    pub proxy_port: Option<u16>,
 }
 
 /// A read-only host directory made writable in the sandbox by an overlay: reads come from the

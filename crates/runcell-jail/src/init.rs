@@ -344,8 +344,29 @@ fn sandbox_pid1(
             sys::exit_now(125);
         }
     };
+    // P13a. A run with network by permission: listen on the sandbox's loopback for its
+    //      egress proxy, and hand the socket over with `Ready` (below). The supervisor serves
+    //      it from outside this network namespace; this process keeps no copy, so nothing in
+    //      the sandbox can accept on it, and the port stays taken.
+    let proxy = match cfg.proxy_port.map(|port| {
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+            .step("listen for the proxy")
+    }) {
+        None => None,
+        Some(Ok(l)) => Some(l),
+        Some(Err(e)) => {
+            report_failure(ctrl, &e);
+            sys::exit_now(125);
+        }
+    };
     // P17. Ready: the point a warm pool keeps sandboxes at.
-    if protocol::send(ctrl, &Report::Ready, &[]).is_err() {
+    let ready = match &proxy {
+        None => protocol::send(ctrl, &Report::Ready, &[]),
+        Some(l) => protocol::encode(&Report::Ready, &[])
+            .and_then(|frame| sys::send_with_fd(ctrl, &frame, l.as_fd())),
+    };
+    drop(proxy);
+    if ready.is_err() {
         sys::exit_now(125);
     }
     serve(ctrl, &seccomp, &sigchld)

@@ -219,6 +219,12 @@ pub struct Frame<T> {
 /// Write one frame. The whole frame is assembled first so that it goes out in as few writes as
 /// possible (the peer reads it with blocking reads once the first byte is there).
 pub fn send<T: Serialize>(mut w: impl Write, message: &T, blobs: &[&[u8]]) -> io::Result<()> {
+    w.write_all(&encode(message, blobs)?)?;
+    w.flush()
+}
+
+/// One frame's bytes (to send with a descriptor attached, see `sys::send_with_fd`).
+pub fn encode<T: Serialize>(message: &T, blobs: &[&[u8]]) -> io::Result<Vec<u8>> {
     let json = serde_json::to_vec(message).map_err(io::Error::other)?;
     let blob_total: usize = blobs.iter().map(|b| b.len() + 8).sum();
     let mut buf = Vec::with_capacity(8 + json.len() + blob_total);
@@ -229,8 +235,7 @@ pub fn send<T: Serialize>(mut w: impl Write, message: &T, blobs: &[&[u8]]) -> io
         buf.extend_from_slice(&(blob.len() as u64).to_le_bytes());
         buf.extend_from_slice(blob);
     }
-    w.write_all(&buf)?;
-    w.flush()
+    Ok(buf)
 }
 
 /// How much one frame may carry.

@@ -607,6 +607,35 @@ pub fn reap_one() -> io::Result<Option<Reaped>> {
     }
 }
 
+/// Receive into `buf` from a unix socket, with the first descriptor attached to those bytes
+/// (`SCM_RIGHTS`, received close-on-exec); any other attached descriptor is closed.
+pub fn recv_with_fd(
+    sock: &std::os::unix::net::UnixStream,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<OwnedFd>)> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = loop {
+        match recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r?,
+        }
+    };
+    let mut first = None;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            for fd in fds {
+                if first.is_none() {
+                    first = Some(fd);
+                }
+            }
+        }
+    }
+    Ok((msg.bytes, first))
+}
+
 /// Send `bytes` on a unix socket with one descriptor attached (`SCM_RIGHTS`).
 pub fn send_with_fd(
     sock: &std::os::unix::net::UnixStream,

@@ -32,6 +32,7 @@ fn spec() -> SandboxSpec {
         helper_exe: common::runcell_bin(),
         overlays: Vec::new(),
         all_runs_memory_bytes: None,
+        proxy_port: None,
     }
 }
 
@@ -326,4 +327,47 @@ fn killing_the_helper_kills_the_whole_sandbox() {
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(sb);
+}
+
+/// Network by permission, the jail's part: pid 1 listens on the sandbox's loopback and hands
+/// the listening socket to the supervisor, which accepts the program's connections from
+/// outside the sandbox's network namespace. The host's loopback never sees that port.
+#[test]
+fn the_proxy_listener_is_in_the_sandbox_and_served_from_outside() {
+    let mut s = spec();
+    s.proxy_port = Some(3128);
+    let mut sb = Sandbox::create(&s).unwrap();
+    let listener = sb.take_proxy_listener().expect("the listener came with Ready");
+    assert_eq!(
+        listener.local_addr().unwrap(),
+        "127.0.0.1:3128".parse().unwrap()
+    );
+    assert!(sb.take_proxy_listener().is_none(), "handed over once");
+    let server = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut c, _) = listener.accept().unwrap();
+        let mut got = [0u8; 4];
+        c.read_exact(&mut got).unwrap();
+        c.write_all(b"pong").unwrap();
+        got
+    });
+    let o = sb
+        .run(
+            &bash(
+                "exec 3<>/dev/tcp/127.0.0.1/3128; printf ping >&3; head -c 4 <&3",
+                Duration::from_secs(10),
+            ),
+            &mut NoSink,
+            None,
+        )
+        .unwrap();
+    assert_eq!(o.end, End::Exited(ExitStatus::Code(0)), "{o:?}");
+    assert_eq!(o.stdout, b"pong");
+    assert_eq!(&server.join().unwrap(), b"ping");
+    // Nothing listens on the host's loopback at that port because of the sandbox.
+    let host = std::net::TcpStream::connect_timeout(
+        &"127.0.0.1:3128".parse().unwrap(),
+        Duration::from_millis(300),
+    );
+    assert!(host.is_err(), "the host's 127.0.0.1:3128 answered");
 }

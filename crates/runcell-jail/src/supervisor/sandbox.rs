@@ -70,6 +70,9 @@ pub struct SandboxSpec {
     /// The memory of all runs together: the limit of the parent group every sandbox's group
     /// is made in, so that the host keeps a reserve whatever the runs do. `None`: not set.
     pub all_runs_memory_bytes: Option<u64>,
+    /// Network by permission: a port on the sandbox's loopback where its pid 1 listens for the
+    /// run's egress proxy ([`Sandbox::take_proxy_listener`]). `None`: loopback only.
+    pub proxy_port: Option<u16>,
 }
 
 /// Which isolation layers a sandbox really has, for the verdict and `runcell doctor`.
@@ -170,6 +173,8 @@ pub struct Sandbox {
     pub(super) alive: bool,
     /// A session's sandbox: it outlives its programs (see [`Sandbox::set_persistent`]).
     pub(super) persistent: bool,
+    /// The listening socket in the sandbox's network namespace, for the egress proxy.
+    proxy_listener: Option<OwnedFd>,
 }
 
 /// The next sandbox host uid: sequential within this process from a random start, so two
@@ -306,6 +311,7 @@ impl Sandbox {
             enforcement,
             alive: true,
             persistent: false,
+            proxy_listener: None,
         };
         // S4. The sandbox description goes over the socket, never through argv or the
         //     environment (which /proc would show); then wait, bounded, for `Ready`.
@@ -324,6 +330,7 @@ impl Sandbox {
                 .unwrap_or_default(),
             cgroup_dir: sandbox.cgroup.as_ref().and_then(Cgroup::clone_into_dir),
             overlays: spec.overlays.clone(),
+            proxy_port: spec.proxy_port,
         };
         protocol::send(&sandbox.ctrl, &Request::Setup(config), &[])
             .map_err(io_err("send setup"))?;
@@ -331,6 +338,11 @@ impl Sandbox {
         loop {
             match sandbox.wait_report(deadline)? {
                 Some(Report::Spawned { .. }) => continue,
+                Some(Report::Ready) if spec.proxy_port.is_some() && sandbox.proxy_listener.is_none() => {
+                    return Err(SandboxError::Protocol(
+                        "Ready came without the proxy's listening socket".into(),
+                    ))
+                }
                 Some(Report::Ready) => break,
                 Some(Report::Failed { step, path, error }) => {
                     return Err(SandboxError::Setup {
@@ -344,6 +356,12 @@ impl Sandbox {
             }
         }
         Ok(sandbox)
+    }
+
+    /// The listening socket of the run's egress proxy, in the sandbox's network namespace
+    /// (once; `None` without `proxy_port`).
+    pub fn take_proxy_listener(&mut self) -> Option<std::net::TcpListener> {
+        self.proxy_listener.take().map(std::net::TcpListener::from)
     }
 
     /// The helper's host pid (for diagnostics and tests).
@@ -376,8 +394,22 @@ impl Sandbox {
     }
 
     pub(super) fn read_report(&mut self) -> Result<Report, SandboxError> {
-        match protocol::recv_with::<Report>(&self.ctrl, protocol::FrameLimits::REPORT) {
-            Ok(Some(f)) => Ok(f.message),
+        let mut reader = FdCatcher {
+            sock: &self.ctrl,
+            fd: None,
+            first: true,
+        };
+        let frame = protocol::recv_with::<Report>(&mut reader, protocol::FrameLimits::REPORT);
+        let fd = reader.fd.take();
+        match frame {
+            Ok(Some(f)) => {
+                // Only `Ready` may carry a descriptor (the proxy's listener); any other is
+                // closed right here.
+                if matches!(f.message, Report::Ready) && fd.is_some() {
+                    self.proxy_listener = fd;
+                }
+                Ok(f.message)
+            }
             Ok(None) | Err(_) => {
                 self.alive = false;
                 let status = self.reap_helper(HELPER_EXIT_GRACE);
@@ -552,5 +584,24 @@ mod tests {
         assert!(ids
             .iter()
             .all(|&id| (HOST_ID_BASE..HOST_ID_BASE + HOST_ID_RANGE).contains(&id)));
+    }
+}
+
+/// Reads frames from the control socket, catching a descriptor sent with a frame's first
+/// bytes (`SCM_RIGHTS` arrives with the first byte read of the message it was sent with).
+struct FdCatcher<'a> {
+    sock: &'a UnixStream,
+    fd: Option<OwnedFd>,
+    first: bool,
+}
+
+impl io::Read for FdCatcher<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if std::mem::take(&mut self.first) {
+            let (n, fd) = crate::sys::recv_with_fd(self.sock, buf)?;
+            self.fd = fd;
+            return Ok(n);
+        }
+        (&mut &*self.sock).read(buf)
     }
 }
