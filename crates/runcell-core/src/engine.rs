@@ -37,6 +37,8 @@ pub struct EngineConfig {
     /// The disk the host's files a run sees are on (`major:minor`), whose reads and writes
     /// the `io_read` and `io_write` limits throttle. `None`: not on a block device.
     pub io_device: Option<(u32, u32)>,
+    /// Which destinations runs may ask for, and how much network each may use.
+    pub network: crate::network::NetworkPolicy,
 }
 
 impl EngineConfig {
@@ -69,6 +71,7 @@ impl EngineConfig {
             host: Host::default(),
             all_runs_memory_bytes: usable,
             io_device: disk.map(|d| (d.major, d.minor)),
+            network: Default::default(),
         }
     }
 }
@@ -99,6 +102,8 @@ pub struct ValidRequest {
     stdin: Option<Vec<u8>>,
     /// The input files, decoded, at their sandbox paths.
     files: Vec<InputFile>,
+    /// The destinations the run may reach; empty: no network.
+    network: Vec<runcell_proxy::NetRule>,
 }
 
 impl ValidRequest {
@@ -143,6 +148,8 @@ pub enum ValidationError {
     FileIsSource(String),
     #[error("Invalid file: {0} is given twice.")]
     FileTwice(String),
+    #[error("{0}")]
+    Network(crate::network::NetworkError),
     #[error("Invalid file: {0} needs exactly one of content and content_base64.")]
     FileContent(String),
     #[error("Invalid file: {path}: content_base64 is not valid base64 ({reason}).")]
@@ -353,12 +360,21 @@ impl Engine {
         p.check_file_table(&limits)
             .map_err(ValidationError::FileTable)?;
         let files = self.validate_files(req, language, &limits)?;
+        let network = match &req.network {
+            None => Vec::new(),
+            Some(n) => self
+                .config
+                .network
+                .check(&n.allow)
+                .map_err(ValidationError::Network)?,
+        };
         Ok(ValidRequest {
             language,
             limits,
             code: req.code.clone(),
             stdin: req.stdin.clone().map(String::into_bytes),
             files,
+            network,
         })
     }
 
@@ -539,25 +555,73 @@ impl Engine {
         cancel: Option<&KillSwitch>,
     ) -> Verdict {
         let limits = &v.limits;
+        // Network by permission: a fresh sandbox with the proxy's listener on its loopback,
+        // and the runtime told where the proxy is (no warm sandbox has either).
+        let networked = !v.network.is_empty();
+        let with_proxy;
+        let runtime = if networked {
+            with_proxy = runtime.with_proxy(runcell_proxy::SANDBOX_PROXY_PORT);
+            &with_proxy
+        } else {
+            runtime
+        };
         // A warm sandbox built with the same sandbox-level limits, or a new one.
         let key = SandboxKey::new(v.language, limits);
-        let warm = self.pool.as_ref().and_then(|p| p.take(&key));
+        let warm = match networked {
+            false => self.pool.as_ref().and_then(|p| p.take(&key)),
+            true => None,
+        };
         let (mut sandbox, interpreter) = match warm {
             Some(w) => (w.sandbox, w.interpreter),
-            None => match Sandbox::create(&sandbox_spec(&self.config, limits, runtime)) {
-                Ok(s) => (s, false),
-                Err(e) => return sandbox_failure("could not be set up", &e),
-            },
+            None => {
+                let mut spec = sandbox_spec(&self.config, limits, runtime);
+                if networked {
+                    spec.proxy_port = Some(runcell_proxy::SANDBOX_PROXY_PORT);
+                }
+                match Sandbox::create(&spec) {
+                    Ok(s) => (s, false),
+                    Err(e) => return sandbox_failure("could not be set up", &e),
+                }
+            }
         };
         if let Some(refused) = self.strict_refusal(&sandbox) {
             return refused;
         }
+        let proxy = match networked {
+            false => None,
+            true => {
+                let permit = self.config.network.permit(&v.network);
+                match sandbox
+                    .take_proxy_listener()
+                    .map(|l| runcell_proxy::start(l, permit))
+                {
+                    Some(Ok(p)) => Some(p),
+                    Some(Err(e)) => {
+                        let e = runcell_jail::SandboxError::Protocol(format!(
+                            "the egress proxy did not start: {e}"
+                        ));
+                        return sandbox_failure("could not be set up", &e);
+                    }
+                    None => {
+                        let e = runcell_jail::SandboxError::Protocol(
+                            "no listening socket for the egress proxy".into(),
+                        );
+                        return sandbox_failure("could not be set up", &e);
+                    }
+                }
+            }
+        };
         let how = if interpreter {
             RunIn::OneShotCell
         } else {
             RunIn::FreshSandbox
         };
         let (mut verdict, _) = self.run_in(&mut sandbox, how, v, runtime, sink, cancel);
+        if let Some(p) = proxy {
+            verdict.network = Some(crate::verdict::NetworkReport {
+                connections: p.finish().into_iter().map(Into::into).collect(),
+            });
+        }
         // A server (which has a pool) tears sandboxes down off the request's path: every
         // process of the run is dead already; what is left is pid 1, the helper and the
         // cgroup. A teardown failure is then in the log only.
@@ -884,6 +948,7 @@ fn verdict_from(
         session_id: None,
         execution_count: None,
         state_lost: None,
+        network: None,
     }
 }
 

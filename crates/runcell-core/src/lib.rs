@@ -13,6 +13,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod limits;
+pub mod network;
 pub mod pool;
 pub mod request;
 pub mod schema;
@@ -24,13 +25,15 @@ pub mod verdict;
 pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationError};
 pub use exec::ExecutionFailed;
 pub use limits::{Limit, LimitOverrides, Limits, Policy};
+pub use network::{NetworkError, NetworkPolicy};
 pub use pool::{PoolSizes, PoolStats, Preload};
+pub use request::NetworkRequest;
 pub use request::{ExecRequest, InputFile};
 pub use session::{
     CellRequest, Session, SessionError, SessionInfo, SessionPolicy, SessionRequest, SessionStats,
     SessionTarget, Sessions, WorkspaceListing,
 };
-pub use verdict::{ErrorCategory, Verdict, VerdictError};
+pub use verdict::{ErrorCategory, NetworkConnection, NetworkReport, Verdict, VerdictError};
 
 /// What the engine needs from a front end while a program runs, and what it offers to stop
 /// one: re-exported from the jail so that front ends depend on this crate only.

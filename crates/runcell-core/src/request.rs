@@ -30,6 +30,50 @@ pub struct ExecRequest {
     /// Limits to change from the operator's defaults.
     #[serde(flatten)]
     pub limits: LimitOverrides,
+    /// Network by permission: the destinations this run may reach, within the operator's
+    /// policy. Without it the run has no network at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRequest>,
+}
+
+impl NetworkRequest {
+    /// Its JSON Schema, inline (the request's schema is written by hand).
+    pub fn schema_value() -> Value {
+        json!({
+            "type": ["object", "null"],
+            "description": "Network by permission: the destinations this run may reach through \
+                runcell's egress proxy, within the operator's policy. Without it the run has no \
+                network at all.",
+            "properties": {"allow": {
+                "type": "array",
+                "items": {"type": "string", "examples": ["api.github.com:443", "*.pypi.org:443", "127.0.0.2:8080"]},
+                "description": "HOST[:PORT] entries: a name, *.domain (its subdomains) or a \
+                    literal address; without a port, every port."
+            }},
+            "required": ["allow"],
+            "additionalProperties": false,
+        })
+    }
+}
+
+/// What a run asks of the network.
+#[derive(
+    Debug,
+    Clone,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// Destinations as `HOST[:PORT]`: a name (`api.github.com`), a wildcard over a domain's
+    /// subdomains (`*.pypi.org:443`) or a literal address (`127.0.0.2:8080`). Without a port,
+    /// every port. Each must be within the operator's policy.
+    pub allow: Vec<String>,
 }
 
 /// A file for /workspace: `path` is relative to it; the content is given either as UTF-8 text
@@ -50,7 +94,7 @@ pub struct InputFile {
 }
 
 /// The request's own fields; every other key must be a limit.
-const FIELDS: &[&str] = &["language", "code", "stdin", "files"];
+const FIELDS: &[&str] = &["language", "code", "stdin", "files", "network"];
 
 impl<'de> Deserialize<'de> for ExecRequest {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -70,6 +114,7 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ExecRequest, A::Error> {
         use serde::de::Error;
         let (mut language, mut code, mut stdin, mut files) = (None, None, None, None);
+        let mut network = None;
         let mut limits = crate::limits::LimitsBuilder::default();
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
@@ -77,6 +122,11 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor {
                 "code" => set(&mut code, "code", map.next_value()?)?,
                 "stdin" => set(&mut stdin, "stdin", map.next_value::<Option<String>>()?)?,
                 "files" => set(&mut files, "files", map.next_value::<Vec<InputFile>>()?)?,
+                "network" => set(
+                    &mut network,
+                    "network",
+                    map.next_value::<Option<NetworkRequest>>()?,
+                )?,
                 other => match crate::limits::Limit::from_name(other) {
                     Some(limit) => limits.next_value(limit, &mut map)?,
                     None => return Err(A::Error::unknown_field(other, expected_keys())),
@@ -89,6 +139,7 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor {
             stdin: stdin.flatten(),
             files: files.unwrap_or_default(),
             limits: limits.finish(),
+            network: network.flatten(),
         })
     }
 }
@@ -195,6 +246,7 @@ impl ExecRequest {
             stdin: None,
             limits: LimitOverrides::default(),
             files: Vec::new(),
+            network: None,
         }
     }
 
@@ -224,6 +276,7 @@ impl ExecRequest {
             );
         }
         props.insert("files".into(), files);
+        props.insert("network".into(), NetworkRequest::schema_value());
         props.extend(LimitOverrides::schema_properties());
         json!({
             "type": "object",

@@ -480,6 +480,7 @@ impl Session {
             stdin: cell.stdin.clone(),
             files: cell.files.clone(),
             limits,
+            network: None,
         };
         engine.validate(&req).map_err(|e| e.to_string())
     }

@@ -245,6 +245,56 @@ pub struct Verdict {
     /// interruption it did not survive) and was restarted. `warnings` says what was lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_lost: Option<bool>,
+    /// Runs that asked for network: every connection the run made or tried through runcell's
+    /// egress proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkReport>,
+}
+
+/// What a run did on the network.
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
+pub struct NetworkReport {
+    pub connections: Vec<NetworkConnection>,
+}
+
+/// One connection a run made, or tried, through the egress proxy.
+#[derive(
+    Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
+pub struct NetworkConnection {
+    /// The destination as the run asked for it.
+    pub host: String,
+    pub port: u16,
+    /// Whether the policy let it through (it may still have failed to connect).
+    pub allowed: bool,
+    /// The address the proxy connected to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Why it was refused, failed or cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Bytes from the run to the destination.
+    pub bytes_out: u64,
+    /// Bytes from the destination to the run.
+    pub bytes_in: u64,
+    pub duration_seconds: f64,
+}
+
+impl From<runcell_proxy::Connection> for NetworkConnection {
+    fn from(c: runcell_proxy::Connection) -> Self {
+        NetworkConnection {
+            host: c.host,
+            port: c.port,
+            allowed: c.allowed,
+            address: c.address,
+            reason: c.reason,
+            bytes_out: c.bytes_out,
+            bytes_in: c.bytes_in,
+            duration_seconds: c.duration_seconds,
+        }
+    }
 }
 
 impl Verdict {
@@ -269,6 +319,7 @@ impl Verdict {
             session_id: None,
             execution_count: None,
             state_lost: None,
+            network: None,
         }
     }
 

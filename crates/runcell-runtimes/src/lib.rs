@@ -149,6 +149,11 @@ pub struct Runtime {
     pub python_stack: Option<Vec<(String, String)>>,
 }
 
+/// Node's http, https and fetch through the egress proxy (see [`Runtime::with_proxy`]).
+pub const NODE_PROXY_PRELOAD: &str = include_str!("../runners/node_proxy.js");
+/// Where that module is placed in the sandbox.
+pub const NODE_PROXY_PATH: &str = "/tmp/.runcell/node-proxy.js";
+
 /// The warm Python interpreter's program (see [`Runtime::interpreter`]): one-shot cells for
 /// the warm pool, and a session's cells.
 pub const PYTHON_RUNNER: &str = include_str!("../runners/python.py");
@@ -359,6 +364,41 @@ impl Runtime {
     }
 
     /// The plan for running `source` (the file content is written by the caller).
+    /// This runtime for a run with network by permission, whose egress proxy listens on the
+    /// sandbox's loopback at `port`: the proxy variables that Python (urllib, requests, pip),
+    /// curl, Ruby and Go honour, with only the sandbox's own loopback exempt; and for Node,
+    /// whose http, https and fetch ignore them, a module preloaded with `--require` that
+    /// sends their connections through the proxy.
+    pub fn with_proxy(&self, port: u16) -> Runtime {
+        let mut rt = self.clone();
+        let url = format!("http://127.0.0.1:{port}");
+        for k in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        ] {
+            rt.extra_env.push((k.into(), url.clone()));
+        }
+        for k in ["NO_PROXY", "no_proxy"] {
+            rt.extra_env
+                .push((k.into(), "localhost,127.0.0.1,::1".into()));
+        }
+        if self.language == Language::Node {
+            rt.sandbox_files.push((
+                PathBuf::from(NODE_PROXY_PATH),
+                NODE_PROXY_PRELOAD.as_bytes().to_vec(),
+            ));
+            rt.extra_env.push((
+                "NODE_OPTIONS".into(),
+                format!("--require={NODE_PROXY_PATH}"),
+            ));
+        }
+        rt
+    }
+
     pub fn plan(&self) -> Plan {
         let source_path = Path::new(WORKSPACE).join(self.language.source_file());
         let src = source_path.to_string_lossy().into_owned();

@@ -265,6 +265,7 @@ mod tests {
             stdin: None,
             limits: Default::default(),
             files: vec![],
+            network: None,
         };
         let mut v = Verdict::failed(ErrorCategory::Timeout, "slow");
         v.exit_code = Some(124);

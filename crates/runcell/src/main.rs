@@ -276,6 +276,12 @@ struct RunArgs {
     /// if the program itself exited 0.
     #[arg(long, value_name = "DIR")]
     output_dir: Option<PathBuf>,
+    /// Let the program reach HOST[:PORT] through runcell's egress proxy (repeatable): a name,
+    /// *.domain (its subdomains) or a literal address; without a port, every port. Loopback,
+    /// private and metadata addresses only when named literally with their port. Without it
+    /// the program has no network.
+    #[arg(long = "allow-net", value_name = "HOST[:PORT]")]
+    allow_net: Vec<String>,
     /// Print exactly one JSON verdict on stdout and nothing else.
     #[arg(long)]
     json: bool,
@@ -506,6 +512,9 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
         code,
         stdin,
         limits: Default::default(),
+        network: (!args.allow_net.is_empty()).then(|| runcell_core::NetworkRequest {
+            allow: args.allow_net.clone(),
+        }),
     };
     for (limit, value) in args.limits() {
         if let Some(text) = value {
@@ -678,6 +687,9 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
     let mut config = EngineConfig::for_host();
     config.strict = args.strict;
     config.host = host;
+    // On the command line the caller is the operator: what it allows is the policy, and the
+    // run asks for all of it. An entry that does not parse is refused by the request's check.
+    config.network.allow = runcell_proxy::parse_rules(&args.allow_net).unwrap_or_default();
     let engine = Engine::new(config);
     // The output directory is checked before anything runs: a directory that is not empty is
     // refused as an invalid request rather than discovered after the program has run.

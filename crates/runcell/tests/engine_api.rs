@@ -337,7 +337,9 @@ fn the_proxy_listener_is_in_the_sandbox_and_served_from_outside() {
     let mut s = spec();
     s.proxy_port = Some(3128);
     let mut sb = Sandbox::create(&s).unwrap();
-    let listener = sb.take_proxy_listener().expect("the listener came with Ready");
+    let listener = sb
+        .take_proxy_listener()
+        .expect("the listener came with Ready");
     assert_eq!(
         listener.local_addr().unwrap(),
         "127.0.0.1:3128".parse().unwrap()

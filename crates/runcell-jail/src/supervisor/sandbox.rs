@@ -338,7 +338,9 @@ impl Sandbox {
         loop {
             match sandbox.wait_report(deadline)? {
                 Some(Report::Spawned { .. }) => continue,
-                Some(Report::Ready) if spec.proxy_port.is_some() && sandbox.proxy_listener.is_none() => {
+                Some(Report::Ready)
+                    if spec.proxy_port.is_some() && sandbox.proxy_listener.is_none() =>
+                {
                     return Err(SandboxError::Protocol(
                         "Ready came without the proxy's listening socket".into(),
                     ))
@@ -573,20 +575,6 @@ impl Drop for Sandbox {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_ids_are_unique_within_a_supervisor_and_never_privileged() {
-        let ids: std::collections::HashSet<u32> = (0..1000).map(|_| next_host_id()).collect();
-        assert_eq!(ids.len(), 1000);
-        assert!(ids
-            .iter()
-            .all(|&id| (HOST_ID_BASE..HOST_ID_BASE + HOST_ID_RANGE).contains(&id)));
-    }
-}
-
 /// Reads frames from the control socket, catching a descriptor sent with a frame's first
 /// bytes (`SCM_RIGHTS` arrives with the first byte read of the message it was sent with).
 struct FdCatcher<'a> {
@@ -603,5 +591,19 @@ impl io::Read for FdCatcher<'_> {
             return Ok(n);
         }
         (&mut &*self.sock).read(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ids_are_unique_within_a_supervisor_and_never_privileged() {
+        let ids: std::collections::HashSet<u32> = (0..1000).map(|_| next_host_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids
+            .iter()
+            .all(|&id| (HOST_ID_BASE..HOST_ID_BASE + HOST_ID_RANGE).contains(&id)));
     }
 }
