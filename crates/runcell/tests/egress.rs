@@ -1,0 +1,252 @@
+//! Network by permission (issue 13): a run that asks for destinations reaches them, and only
+//! them, through runcell's egress proxy. The destination here is a small HTTP server on the
+//! host's 127.0.0.2 (which the sandbox's own NO_PROXY does not cover), allowed by naming the
+//! address and port literally, as a loopback address must be. Nothing reaches the internet.
+
+mod common;
+use common::*;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// A host HTTP server on 127.0.0.2: every request is answered `hello from the host` (or, for
+/// `/big`, 1 MiB of zeros). Counts the connections it accepted.
+struct HostServer {
+    port: u16,
+    accepted: Arc<AtomicU32>,
+}
+
+impl HostServer {
+    fn start() -> HostServer {
+        let l = TcpListener::bind("127.0.0.2:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicU32::new(0));
+        let a = accepted.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                a.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body: Vec<u8> = if got.starts_with(b"GET /big") {
+                        vec![0u8; 1 << 20]
+                    } else {
+                        b"hello from the host\n".to_vec()
+                    };
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(&body);
+                });
+            }
+        });
+        HostServer { port, accepted }
+    }
+
+    fn entry(&self) -> String {
+        format!("127.0.0.2:{}", self.port)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.2:{}{path}", self.port)
+    }
+}
+
+fn connections(r: &Run) -> Vec<serde_json::Value> {
+    r.verdict["network"]["connections"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no network report: {:#}", r.verdict))
+        .clone()
+}
+
+#[test]
+fn an_allowed_host_is_reached_by_python_and_curl_and_recorded() {
+    let srv = HostServer::start();
+    let allow = srv.entry();
+    let r = run(
+        "python",
+        &format!(
+            "import urllib.request\nprint(urllib.request.urlopen({:?}, timeout=10).read().decode().strip())",
+            srv.url("/")
+        ),
+        &["--allow-net", &allow],
+    );
+    r.assert_ok();
+    assert_eq!(r.stdout(), "hello from the host\n");
+    let c = connections(&r);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0]["host"], "127.0.0.2");
+    assert_eq!(c[0]["port"], srv.port);
+    assert_eq!(c[0]["allowed"], true);
+    assert_eq!(c[0]["address"], "127.0.0.2");
+    assert!(c[0]["bytes_out"].as_u64().unwrap() > 0 && c[0]["bytes_in"].as_u64().unwrap() > 0);
+
+    // curl: a plain request (absolute URI) and a CONNECT tunnel (-p).
+    let r = run(
+        "bash",
+        &format!("curl -sS {u}; curl -sS -p {u}", u = srv.url("/")),
+        &["--allow-net", &allow],
+    );
+    r.assert_ok();
+    assert_eq!(r.stdout(), "hello from the host\nhello from the host\n");
+    assert_eq!(connections(&r).len(), 2);
+
+    assert!(srv.accepted.load(Ordering::SeqCst) >= 3);
+}
+
+/// Node's http and fetch ignore HTTP_PROXY themselves: runcell's preloaded module sends them
+/// through the proxy.
+#[test]
+#[cfg_attr(not(host_node), ignore = "needs node")]
+fn node_http_and_fetch_go_through_the_proxy() {
+    let srv = HostServer::start();
+    let allow = srv.entry();
+    let r = run(
+        "node",
+        &format!(
+            r#"const http = require("http");
+http.get({u:?}, (res) => {{ let d = ""; res.on("data", (c) => d += c); res.on("end", async () => {{
+  console.log("http " + d.trim());
+  const f = await fetch({u:?});
+  console.log("fetch " + (await f.text()).trim());
+  try {{ await fetch("https://example.com/"); }} catch (e) {{ console.log("refused " + e.cause.code); }}
+}}); }});"#,
+            u = srv.url("/")
+        ),
+        &["--allow-net", &allow],
+    );
+    r.assert_ok();
+    assert_eq!(
+        r.stdout(),
+        "http hello from the host\nfetch hello from the host\nrefused ERUNCELL_REFUSED\n"
+    );
+    assert_eq!(connections(&r).len(), 3);
+}
+
+#[test]
+fn what_is_not_allowed_is_refused_with_a_message_the_code_sees() {
+    let srv = HostServer::start();
+    let before = srv.accepted.load(Ordering::SeqCst);
+    let r = run(
+        "python",
+        &format!(
+            r#"
+import socket, urllib.request, urllib.error
+def get(url):
+    try:
+        urllib.request.urlopen(url, timeout=10)
+        return "OK"
+    except urllib.error.HTTPError as e:
+        return "%d %s" % (e.code, e.reason)
+    except Exception as e:
+        return "ERR %s" % e
+print("other=" + get("http://example.com/"))
+print("tls=" + get("https://example.com/"))
+# (With the final dot the name is not the sandbox's own "localhost" of NO_PROXY: it goes to
+# the proxy, which resolves it to the host's loopback.)
+print("name_to_loopback=" + get("http://localhost.:{port}/"))
+print("metadata=" + get("http://169.254.169.254/latest/meta-data/"))
+print("other_port=" + get("http://127.0.0.2:{other}/"))
+def direct(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3)
+        return "CONNECTED"
+    except OSError as e:
+        return type(e).__name__
+print("direct_host=" + direct("127.0.0.2", {port}))
+print("direct_world=" + direct("1.1.1.1", 443))
+try:
+    socket.getaddrinfo("example.com", 80)
+    print("dns=RESOLVED")
+except socket.gaierror:
+    print("dns=GAIERROR")
+"#,
+            port = srv.port,
+            other = srv.port.wrapping_add(1).max(1)
+        ),
+        &[
+            "--allow-net",
+            &srv.entry(),
+            "--allow-net",
+            &format!("localhost:{}", srv.port),
+            "--allow-net",
+            "169.254.169.254",
+        ],
+    );
+    r.assert_ok();
+    let out = r.stdout();
+    let line = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {out}"))
+            .to_string()
+    };
+    assert!(
+        line("other").starts_with(
+            "403 runcell refused: example.com:80 is not on this run's network allowlist"
+        ),
+        "{out}"
+    );
+    assert!(line("tls").contains("403"), "{out}");
+    assert!(
+        line("name_to_loopback").contains("a name never grants such an address"),
+        "{out}"
+    );
+    assert!(
+        line("metadata").contains("the cloud metadata service"),
+        "{out}"
+    );
+    assert!(
+        line("other_port").contains("not on this run's network allowlist"),
+        "{out}"
+    );
+    assert_eq!(line("direct_host"), "ConnectionRefusedError", "{out}");
+    assert_eq!(line("direct_world"), "OSError", "{out}");
+    assert_eq!(line("dns"), "GAIERROR", "{out}");
+    let c = connections(&r);
+    assert_eq!(c.len(), 5, "{c:?}");
+    assert!(
+        c.iter()
+            .all(|c| c["allowed"] == false && c["reason"].is_string()),
+        "{c:?}"
+    );
+    assert_eq!(
+        srv.accepted.load(Ordering::SeqCst),
+        before,
+        "the host server was reached"
+    );
+}
+
+#[test]
+fn a_network_entry_that_is_not_an_entry_is_an_invalid_request() {
+    let r = run(
+        "python",
+        "print(1)",
+        &["--allow-net", "http://example.com/x"],
+    );
+    r.assert_category("invalid_request");
+    assert!(r.message().contains("not a URL"), "{}", r.message());
+}
+
+#[test]
+fn without_allow_net_a_run_has_no_proxy_and_no_report() {
+    let r = run(
+        "python",
+        "import os; print(os.environ.get('HTTPS_PROXY'))",
+        &[],
+    );
+    r.assert_ok();
+    assert_eq!(r.stdout(), "None\n");
+    assert!(r.verdict.get("network").is_none(), "{:#}", r.verdict);
+}
