@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 /// The arguments a `code_exec_*` tool takes: these fields of the engine's request (the
 /// language is the tool's). Other limits stay the operator's defaults: a model is not the
 /// party that should size its own sandbox.
-pub const ARGUMENTS: [&str; 4] = ["code", "timeout", "files", "session_id"];
+pub const ARGUMENTS: [&str; 5] = ["code", "timeout", "files", "network", "session_id"];
 
 /// An installed runtime, as the catalog describes it.
 pub type RuntimeInfo = RuntimeStatus;
@@ -101,7 +101,8 @@ pub fn session_target(
 fn input_schema(language: Language, policy: &Policy) -> JsonObject {
     let mut schema = object(ExecRequest::schema());
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
-        props.retain(|k, _| ARGUMENTS.contains(&k.as_str()));
+        // `network` is offered only where the operator allows some (Catalog::for_host).
+        props.retain(|k, _| ARGUMENTS.contains(&k.as_str()) && k != "network");
         props.insert(
             "session_id".into(),
             json!({
@@ -341,7 +342,31 @@ impl Catalog {
     /// The catalog of this host: the runtimes it has and the engine's policy. Runs the
     /// runtimes' binaries: call it from a blocking context.
     pub fn for_host(engine: &Engine) -> Catalog {
-        Catalog::new(engine.policy(), &engine.runtimes())
+        let mut c = Catalog::new(engine.policy(), &engine.runtimes());
+        c.offer_network(&engine.config().network);
+        c
+    }
+
+    /// Where the operator allows some network, each tool takes `network` too, with what may
+    /// be asked for in its description.
+    pub fn offer_network(&mut self, policy: &runcell_core::NetworkPolicy) {
+        if policy.allow.is_empty() {
+            return;
+        }
+        let mut prop = runcell_core::NetworkRequest::schema_value();
+        prop["description"] = json!(format!(
+            "Only when the code needs the network: the destinations it may reach (through an \
+             HTTP(S) proxy the sandbox is set up to use), as HOST[:PORT] entries within what \
+             this server allows: {}. Without it the code has no network.",
+            policy.describe()
+        ));
+        for t in &mut self.tools {
+            let mut schema = (*t.input_schema).clone();
+            if let Some(Value::Object(props)) = schema.get_mut("properties") {
+                props.insert("network".into(), prop.clone());
+            }
+            t.input_schema = Arc::new(schema);
+        }
     }
 
     pub fn tools(&self) -> &[ToolDef] {
@@ -393,7 +418,7 @@ impl Catalog {
         if let Some(unknown) = args.keys().find(|k| !ARGUMENTS.contains(&k.as_str())) {
             return Err(format!(
                 "Invalid arguments for {}: unknown field `{unknown}`, expected one of `code`, \
-                 `timeout`, `files`. {}",
+                 `timeout`, `files`, `network`. {}",
                 def.name, USAGE
             ));
         }

@@ -27,6 +27,11 @@ impl Reservation {
     pub async fn admit(self, req: ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
         let s = &self.state.inner;
         let audit = AuditRequest::from(&req);
+        if let Err(e) = key_network_check(&self.state, &req, &caller) {
+            s.metrics.rejected(e.category);
+            s.audit.record(&caller, &audit, Err(e.category), 0.0);
+            return Err(e);
+        }
         let validated = if req.files.is_empty() {
             s.engine.validate(&req)
         } else {
@@ -108,10 +113,37 @@ impl Admitted {
                 .metrics
                 .executed(caller.interface, verdict, seconds);
             st.inner.audit.record(&caller, &audit, Ok(verdict), seconds);
+            if let Some(net) = &verdict.network {
+                st.inner.metrics.network(net);
+                st.inner.audit.network(&caller, net);
+            }
         };
         s.engine
             .execute_blocking(req, sink, ks, (permit, running, entry), finish)
             .await
             .map_err(|_| ApiError::internal("The execution failed unexpectedly."))
+    }
+}
+
+/// A key with its own network entries: what its runs ask for must be within them too (the
+/// server's policy is checked by the engine's validation).
+fn key_network_check(state: &AppState, req: &ExecRequest, caller: &Caller) -> Result<(), ApiError> {
+    let (Some(asked), Some(key)) = (&req.network, &caller.key_id) else {
+        return Ok(());
+    };
+    let Some(allowed) = state.inner.key_networks.get(key) else {
+        return Ok(());
+    };
+    let asked = runcell_proxy::parse_rules(&asked.allow)
+        .map_err(|e| ApiError::invalid(format!("Invalid network request: {e}.")))?;
+    match runcell_proxy::first_not_covered(allowed, &asked) {
+        None => Ok(()),
+        Some(r) => {
+            let list: Vec<String> = allowed.iter().map(|r| r.to_string()).collect();
+            Err(ApiError::invalid(format!(
+                "Invalid network request: {r} is not allowed for this API key, which may ask for: {}.",
+                if list.is_empty() { "nothing".to_string() } else { list.join(", ") }
+            )))
+        }
     }
 }

@@ -215,6 +215,31 @@ impl AuditLog {
         });
     }
 
+    /// Log each connection a run made or tried through its egress proxy: destination,
+    /// address, decision, reason, bytes each way, time.
+    pub fn network(&self, caller: &Caller, report: &runcell_core::NetworkReport) {
+        #[derive(Serialize)]
+        struct NetLine<'a> {
+            time: String,
+            event: &'static str,
+            request_id: &'a str,
+            key_id: Option<&'a str>,
+            interface: &'a str,
+            #[serde(flatten)]
+            connection: &'a runcell_core::NetworkConnection,
+        }
+        for c in &report.connections {
+            self.write(&NetLine {
+                time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                event: "network",
+                request_id: &caller.request_id,
+                key_id: caller.key_id.as_deref(),
+                interface: caller.interface,
+                connection: c,
+            });
+        }
+    }
+
     fn write(&self, line: &impl Serialize) {
         let Ok(mut text) = serde_json::to_string(line) else {
             return;

@@ -18,6 +18,9 @@ use crate::AppState;
 pub struct ApiKey {
     pub id: String,
     key: String,
+    /// This key's runs may ask only for destinations these entries cover (within the
+    /// server's network policy too). `None`: the server's policy alone.
+    pub allow_net: Option<Vec<runcell_proxy::NetRule>>,
 }
 
 impl ApiKey {
@@ -25,6 +28,7 @@ impl ApiKey {
         ApiKey {
             id: id.into(),
             key: key.into(),
+            allow_net: None,
         }
     }
 

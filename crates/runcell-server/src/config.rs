@@ -15,6 +15,13 @@
 //! [[api_keys]]
 //! id = "team-a"               # what the audit log shows
 //! key = "..."
+//! allow_net = ["api.github.com:443"]   # optional: this key's runs may ask only for these
+//!                                      # (within [network] allow as well)
+//!
+//! [network]                   # network by permission: what runs may ask for (none by default)
+//! allow = ["api.github.com:443", "*.pypi.org:443", "127.0.0.2:8080"]
+//! max_connections = 64        # per run
+//! max_bytes = "64M"           # per run, both ways
 //!
 //! [limits.default]            # what a request gets when it does not ask
 //! timeout = "10s"
@@ -83,6 +90,8 @@ pub struct FileConfig {
     #[serde(default)]
     pub sessions: FileSessions,
     #[serde(default)]
+    pub network: FileNetwork,
+    #[serde(default)]
     pub agent: FileAgent,
 }
 
@@ -138,6 +147,19 @@ pub struct FileLimits {
 pub struct FileKey {
     pub id: String,
     pub key: String,
+    /// This key's runs may ask only for destinations these entries cover.
+    #[serde(default)]
+    pub allow_net: Option<Vec<String>>,
+}
+
+/// `[network]`: network by permission.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileNetwork {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    pub max_connections: Option<u32>,
+    pub max_bytes: Option<toml::Value>,
 }
 
 impl std::fmt::Debug for FileKey {
@@ -204,6 +226,10 @@ pub struct Overrides {
     pub agent_model: Option<String>,
     /// Models a request may name (comma-separated entries allowed).
     pub agent_models: Vec<String>,
+    /// What runs may ask of the network (comma-separated entries allowed).
+    pub allow_net: Vec<String>,
+    pub net_max_connections: Option<u32>,
+    pub net_max_bytes: Option<String>,
     /// The wall-clock budget of one agent request.
     pub agent_timeout: Option<String>,
 }
@@ -354,10 +380,17 @@ pub fn build(
             .map(|(i, k)| ApiKey::new(format!("key-{}", i + 1), k))
             .collect()
     } else {
-        file.api_keys
-            .iter()
-            .map(|k| ApiKey::new(k.id.clone(), k.key.trim()))
-            .collect()
+        let mut keys = Vec::new();
+        for k in &file.api_keys {
+            let mut key = ApiKey::new(k.id.clone(), k.key.trim());
+            if let Some(list) = &k.allow_net {
+                key.allow_net = Some(runcell_proxy::parse_rules(list).map_err(|e| {
+                    ServerError::Config(format!("api key '{}': allow_net: {e}", k.id))
+                })?);
+            }
+            keys.push(key);
+        }
+        keys
     };
     let mut ids = std::collections::HashSet::new();
     for k in &c.api_keys {
@@ -531,6 +564,36 @@ pub fn build(
     }
     if sp.default_ttl > sp.max_ttl {
         sp.max_ttl = sp.default_ttl;
+    }
+    // Network by permission: flags (or the environment), then the file.
+    let fnet = &file.network;
+    let allow: Vec<String> = if o.allow_net.is_empty() {
+        fnet.allow.clone()
+    } else {
+        o.allow_net
+            .iter()
+            .flat_map(|e| e.split(','))
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect()
+    };
+    c.engine.network.allow = runcell_proxy::parse_rules(&allow)
+        .map_err(|e| ServerError::Config(format!("network: {e}")))?;
+    if let Some(n) = o.net_max_connections.or(fnet.max_connections) {
+        if n == 0 {
+            return Err(ServerError::Config(
+                "network: max_connections must be at least 1".into(),
+            ));
+        }
+        c.engine.network.max_connections = n;
+    }
+    if let Some(v) = o
+        .net_max_bytes
+        .clone()
+        .map(Value::String)
+        .or(fnet.max_bytes.as_ref().map(toml_to_json))
+    {
+        c.engine.network.max_bytes = size_setting("network.max_bytes", &v)? as u64;
     }
     // The agent loop's model: flags, then the file.
     let fa = &file.agent;

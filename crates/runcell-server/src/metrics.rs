@@ -43,6 +43,18 @@ struct TokenLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabel {
+    /// `allowed` or `refused`.
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    /// `out` (from runs) or `in` (to runs).
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -63,6 +75,8 @@ pub struct Metrics {
     agent_model_seconds: Histogram,
     agent_runs: Histogram,
     agent_tokens: Family<TokenLabel, Counter>,
+    network_connections: Family<DecisionLabel, Counter>,
+    network_bytes: Family<DirectionLabel, Counter>,
     running: Gauge,
     queued: Gauge,
     queued_now: AtomicI64,
@@ -136,6 +150,18 @@ impl Metrics {
             "Tokens the agent loop's model calls used, by kind (prompt, completion)",
             agent_tokens.clone(),
         );
+        let network_connections = Family::<DecisionLabel, Counter>::default();
+        registry.register(
+            "network_connections",
+            "Connections runs made (allowed) or tried (refused) through their egress proxy",
+            network_connections.clone(),
+        );
+        let network_bytes = Family::<DirectionLabel, Counter>::default();
+        registry.register(
+            "network_bytes",
+            "Bytes through the egress proxies, by direction: out (from runs), in (to runs)",
+            network_bytes.clone(),
+        );
         let running = Gauge::default();
         registry.register(
             "sandboxes_running",
@@ -172,6 +198,8 @@ impl Metrics {
             agent_model_seconds,
             agent_runs,
             agent_tokens,
+            network_connections,
+            network_bytes,
             running,
             queued,
             queued_now: AtomicI64::new(0),
@@ -218,6 +246,22 @@ impl Metrics {
         self.agent_tokens
             .get_or_create(&TokenLabel { kind: "completion" })
             .inc_by(tokens.1);
+    }
+
+    /// The connections of one run with network by permission.
+    pub fn network(&self, report: &runcell_core::NetworkReport) {
+        for c in &report.connections {
+            let decision = if c.allowed { "allowed" } else { "refused" };
+            self.network_connections
+                .get_or_create(&DecisionLabel { decision })
+                .inc();
+            self.network_bytes
+                .get_or_create(&DirectionLabel { direction: "out" })
+                .inc_by(c.bytes_out);
+            self.network_bytes
+                .get_or_create(&DirectionLabel { direction: "in" })
+                .inc_by(c.bytes_in);
+        }
     }
 
     /// A request refused before it ran; `reason` is the API error category.

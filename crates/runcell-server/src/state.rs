@@ -105,6 +105,8 @@ pub(crate) struct Inner {
     pub(crate) sessions: Arc<runcell_core::Sessions>,
     /// The agent loop's model, when configured.
     pub(crate) agent: Option<crate::AgentSettings>,
+    /// Keys whose runs may ask only for these destinations (within the server's policy).
+    pub(crate) key_networks: std::collections::HashMap<String, Vec<runcell_proxy::NetRule>>,
 }
 
 impl AppState {
@@ -122,6 +124,11 @@ impl AppState {
             inner: Arc::new(Inner {
                 engine,
                 keys: Keys::new(&config.api_keys),
+                key_networks: config
+                    .api_keys
+                    .iter()
+                    .filter_map(|k| Some((k.id.clone(), k.allow_net.clone()?)))
+                    .collect(),
                 admission: Arc::new(Semaphore::new(max_concurrent + max_queue)),
                 running: Arc::new(Semaphore::new(max_concurrent)),
                 max_concurrent,

@@ -205,6 +205,23 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     agent_models: Vec<String>,
+    /// What runs may ask of the network (network by permission): HOST[:PORT] entries,
+    /// repeatable or comma-separated; a name, *.domain or a literal address (loopback,
+    /// private and metadata addresses only literally, with their port) [default: none, no
+    /// run has network].
+    #[arg(
+        long = "allow-net",
+        env = "RUNCELL_ALLOW_NET",
+        value_name = "HOST[:PORT]",
+        value_delimiter = ','
+    )]
+    allow_net: Vec<String>,
+    /// Connections per run through the egress proxy [default: 64].
+    #[arg(long, env = "RUNCELL_NET_MAX_CONNECTIONS", value_name = "N")]
+    net_max_connections: Option<u32>,
+    /// Bytes per run through the egress proxy, both ways together [default: 64M].
+    #[arg(long, env = "RUNCELL_NET_MAX_BYTES", value_name = "SIZE")]
+    net_max_bytes: Option<String>,
     /// The wall-clock budget of one agent request, model calls and runs together [default:
     /// 5m].
     #[arg(long, env = "RUNCELL_AGENT_TIMEOUT", value_name = "DURATION")]
@@ -864,6 +881,9 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         agent_model: args.agent_model,
         agent_models: args.agent_models,
         agent_timeout: args.agent_timeout,
+        allow_net: args.allow_net,
+        net_max_connections: args.net_max_connections,
+        net_max_bytes: args.net_max_bytes,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

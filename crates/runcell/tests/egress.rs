@@ -250,3 +250,136 @@ fn without_allow_net_a_run_has_no_proxy_and_no_report() {
     assert_eq!(r.stdout(), "None\n");
     assert!(r.verdict.get("network").is_none(), "{:#}", r.verdict);
 }
+
+fn post(s: &common::ServeProcess, key: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let res = reqwest::blocking::Client::new()
+        .post(s.url("/v1/execute"))
+        .header("x-api-key", key)
+        .json(&body)
+        .timeout(std::time::Duration::from_secs(60))
+        .send()
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().unwrap())
+}
+
+const KEY_A: &str = "egress-key-a-0123456789";
+const KEY_B: &str = "egress-key-b-0123456789";
+
+/// Over HTTP: the operator's policy (TOML [network] and per-key allow_net), the request's
+/// `network`, caps on connections and bytes per run, an audit line per connection, metrics.
+#[test]
+fn the_server_bounds_requests_by_its_policy_and_audits_every_connection() {
+    let srv = HostServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runcell.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [[api_keys]]\nid = \"team-b\"\nkey = \"{KEY_B}\"\nallow_net = []\n\
+             [network]\nallow = [\"{}\", \"*.example.org:443\"]\nmax_connections = 2\nmax_bytes = \"300K\"\n",
+            srv.entry()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let s = common::ServeProcess::start(
+        &["--pool", "python=0", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    let fetch = |path: &str| {
+        format!(
+            "import urllib.request\ntry:\n    print(len(urllib.request.urlopen({:?}, timeout=10).read()))\nexcept Exception as e:\n    print('ERR', e)",
+            srv.url(path)
+        )
+    };
+    let net = serde_json::json!({"allow": [srv.entry()]});
+
+    let (status, v) = post(
+        &s,
+        KEY_A,
+        serde_json::json!({"language": "python", "code": fetch("/"), "network": net}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stdout"], "20\n", "{v}");
+    assert_eq!(v["network"]["connections"][0]["allowed"], true, "{v}");
+
+    // Beyond the policy: 400 naming the entry and what the policy allows.
+    let (status, v) = post(
+        &s,
+        KEY_A,
+        serde_json::json!({"language": "python", "code": "print(1)", "network": {"allow": ["example.com"]}}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["category"], "invalid_request");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("example.com is not allowed by this server's policy")
+            && m.contains("*.example.org:443"),
+        "{m}"
+    );
+
+    // A key with its own (empty) allowlist may ask for nothing.
+    let (status, v) = post(
+        &s,
+        KEY_B,
+        serde_json::json!({"language": "python", "code": "print(1)", "network": net}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not allowed for this API key"),
+        "{v}"
+    );
+
+    // Two connections per run: the third is refused.
+    let three = format!("{c}\n{c}\n{c}", c = fetch("/"));
+    let (_, v) = post(
+        &s,
+        KEY_A,
+        serde_json::json!({"language": "python", "code": three, "network": net}),
+    );
+    let out = v["stdout"].as_str().unwrap();
+    assert_eq!(out.lines().filter(|l| *l == "20").count(), 2, "{v}");
+    assert!(out.contains("used its 2 connections"), "{out}");
+
+    // 300 KiB per run: a 1 MiB download is cut.
+    let (_, v) = post(
+        &s,
+        KEY_A,
+        serde_json::json!({"language": "python", "code": fetch("/big"), "network": net}),
+    );
+    assert!(v["stdout"].as_str().unwrap().starts_with("ERR"), "{v}");
+    let cut = &v["network"]["connections"][0];
+    assert!(cut["reason"].as_str().unwrap().contains("cut"), "{v}");
+    assert!(cut["bytes_in"].as_u64().unwrap() <= 300 << 10, "{v}");
+
+    let log = s.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["event"] == "network")
+        .collect();
+    assert_eq!(lines.len(), 5, "an audit line per connection: {log}");
+    assert!(lines
+        .iter()
+        .all(|l| l["key_id"] == "team-a" && l["request_id"].is_string()));
+    assert_eq!(lines.iter().filter(|l| l["allowed"] == false).count(), 1);
+    let metrics = reqwest::blocking::Client::new()
+        .get(s.url("/metrics"))
+        .header("x-api-key", KEY_A)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for line in [
+        "runcell_network_connections_total{decision=\"allowed\"} 4",
+        "runcell_network_connections_total{decision=\"refused\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}
