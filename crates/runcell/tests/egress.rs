@@ -383,3 +383,95 @@ fn the_server_bounds_requests_by_its_policy_and_audits_every_connection() {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
 }
+
+/// The isolation attacks again, with one destination allowed: host loopback services (TCP,
+/// UDP, abstract unix sockets), the outside world and DNS stay unreachable directly, and the
+/// proxy lets none of them through either, however the request is dressed up.
+#[test]
+fn with_one_destination_allowed_the_attacks_still_find_no_way_out() {
+    use std::net::UdpSocket;
+    use std::os::linux::net::SocketAddrExt;
+    let srv = HostServer::start();
+    let secret = TcpListener::bind("127.0.0.1:0").unwrap();
+    let sport = secret.local_addr().unwrap().port();
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let uport = udp.local_addr().unwrap().port();
+    let name = format!("runcell-egress-test-{}", std::process::id());
+    let abs = std::os::unix::net::UnixListener::bind_addr(
+        &std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    abs.set_nonblocking(true).unwrap();
+    let own: Vec<String> = runcell_proxy::addr::own_addresses(
+        "/proc/net/fib_trie".as_ref(),
+        "/proc/net/if_inet6".as_ref(),
+    )
+    .into_iter()
+    .filter(|a| !a.is_loopback())
+    .map(|a| a.to_string())
+    .collect();
+    let own_v4 = own.iter().find(|a| !a.contains(':')).cloned().unwrap_or("10.0.0.1".into());
+    let r = run(
+        "python",
+        &py(&format!(
+            r#"
+def raw(req):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(req.encode())
+    data = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        data += c
+    return data.decode("latin1")
+def status(req):
+    return raw(req).split("\r\n")[0][:12].replace(" ", "_")
+attempt("tcp_host_loopback", lambda: socket.create_connection(("127.0.0.1", {sport}), timeout=3))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.sendto(b"x", ("127.0.0.1", {uport}))
+abs_sock = socket.socket(socket.AF_UNIX)
+attempt("abstract", lambda: abs_sock.connect("\0{name}"))
+attempt("world", lambda: socket.create_connection(("1.1.1.1", 443), timeout=3))
+try:
+    socket.getaddrinfo("example.com", 80)
+    print("dns=RESOLVED")
+except socket.gaierror:
+    print("dns=GAIERROR")
+print("connect_host_loopback=" + status("CONNECT 127.0.0.1:{sport} HTTP/1.1\r\n\r\n"))
+print("connect_host_own=" + status("CONNECT {own_v4}:{port} HTTP/1.1\r\n\r\n"))
+print("connect_proxy_itself=" + status("CONNECT 127.0.0.1:3128 HTTP/1.1\r\n\r\n"))
+print("userinfo_trick=" + status("GET http://127.0.0.2:{port}@127.0.0.1:{sport}/ HTTP/1.1\r\n\r\n"))
+print("mapped_v6=" + status("CONNECT [::ffff:127.0.0.2]:{port} HTTP/1.1\r\n\r\n"))
+print("integer_ip=" + status("GET http://2130706433:{sport}/ HTTP/1.1\r\n\r\n"))
+print("short_ip=" + status("GET http://127.1:{sport}/ HTTP/1.1\r\n\r\n"))
+# A second request on an allowed connection goes to the allowed host, whatever it names.
+both = raw("GET http://127.0.0.2:{port}/ HTTP/1.1\r\nHost: x\r\n\r\nGET http://127.0.0.1:{sport}/ HTTP/1.1\r\n\r\n")
+print("smuggled=" + str(both.count("hello from the host")))
+"#,
+            port = srv.port,
+        )),
+        &["--allow-net", &srv.entry(), "--timeout", "30"],
+    );
+    r.assert_ok();
+    r.expect(&[
+        ("tcp_host_loopback", "ECONNREFUSED"),
+        ("abstract", "ECONNREFUSED"),
+        ("world", "ENETUNREACH"),
+        ("dns", "GAIERROR"),
+        ("connect_host_loopback", "HTTP/1.1_403"),
+        ("connect_host_own", "HTTP/1.1_403"),
+        ("connect_proxy_itself", "HTTP/1.1_403"),
+        ("userinfo_trick", "HTTP/1.1_403"),
+        ("mapped_v6", "HTTP/1.1_403"),
+        ("integer_ip", "HTTP/1.1_403"),
+        ("short_ip", "HTTP/1.1_403"),
+        ("smuggled", "1"),
+    ]);
+    secret.set_nonblocking(true).unwrap();
+    assert!(secret.accept().is_err(), "the host's loopback service was reached");
+    let mut b = [0u8; 8];
+    assert!(udp.recv(&mut b).is_err(), "the host's UDP service received a datagram");
+    assert!(abs.accept().is_err(), "the host's abstract socket was reached");
+}
