@@ -48,7 +48,7 @@ pub struct JailConfig {
     #[serde(default)]
     pub overlays: Vec<Overlay>,
     /// A TCP port on the sandbox's loopback where pid 1 listens for the run's egress proxy
-    /// (P13a): the listening socket is handed to the supervisor with `Ready`, which serves it
+    /// (P16a): the listening socket is handed to the supervisor with `Ready`, which serves it
     /// from outside the sandbox's network namespace. `None`: no network at all.
     #[serde(default)]
     pub proxy_port: Option<u16>,

@@ -344,7 +344,7 @@ fn sandbox_pid1(
             sys::exit_now(125);
         }
     };
-    // P13a. A run with network by permission: listen on the sandbox's loopback for its
+    // P16a. A run with network by permission: listen on the sandbox's loopback for its
     //      egress proxy, and hand the socket over with `Ready` (below). The supervisor serves
     //      it from outside this network namespace; this process keeps no copy, so nothing in
     //      the sandbox can accept on it, and the port stays taken.
