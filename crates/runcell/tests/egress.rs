@@ -411,7 +411,11 @@ fn with_one_destination_allowed_the_attacks_still_find_no_way_out() {
     .filter(|a| !a.is_loopback())
     .map(|a| a.to_string())
     .collect();
-    let own_v4 = own.iter().find(|a| !a.contains(':')).cloned().unwrap_or("10.0.0.1".into());
+    let own_v4 = own
+        .iter()
+        .find(|a| !a.contains(':'))
+        .cloned()
+        .unwrap_or("10.0.0.1".into());
     let r = run(
         "python",
         &py(&format!(
@@ -470,8 +474,17 @@ print("smuggled=" + str(both.count("hello from the host")))
         ("smuggled", "1"),
     ]);
     secret.set_nonblocking(true).unwrap();
-    assert!(secret.accept().is_err(), "the host's loopback service was reached");
+    assert!(
+        secret.accept().is_err(),
+        "the host's loopback service was reached"
+    );
     let mut b = [0u8; 8];
-    assert!(udp.recv(&mut b).is_err(), "the host's UDP service received a datagram");
-    assert!(abs.accept().is_err(), "the host's abstract socket was reached");
+    assert!(
+        udp.recv(&mut b).is_err(),
+        "the host's UDP service received a datagram"
+    );
+    assert!(
+        abs.accept().is_err(),
+        "the host's abstract socket was reached"
+    );
 }
