@@ -27,6 +27,8 @@ pub fn offered(catalog: &Catalog, names: &[String]) -> (Vec<ToolSpec>, Vec<Strin
                 let mut schema = Value::Object((*def.input_schema).clone());
                 if let Some(props) = schema["properties"].as_object_mut() {
                     props.remove("session_id");
+                    // The loop's runs share a session, and sessions run offline.
+                    props.remove("network");
                 }
                 specs.push(ToolSpec {
                     name: def.name.clone(),

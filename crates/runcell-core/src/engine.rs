@@ -111,6 +111,11 @@ impl ValidRequest {
         self.language
     }
 
+    /// The destinations the run may reach (empty: no network).
+    pub fn network(&self) -> &[runcell_proxy::NetRule] {
+        &self.network
+    }
+
     /// The limits the run gets.
     pub fn limits(&self) -> &Limits {
         &self.limits

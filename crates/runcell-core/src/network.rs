@@ -17,6 +17,11 @@ pub struct NetworkPolicy {
     pub max_bytes: u64,
     /// How long connecting to one destination may take.
     pub connect_timeout: Duration,
+    /// A run that asks for network waits for a person's approval (the server's
+    /// `/v1/approvals`, or the MCP client's user through elicitation).
+    pub approval: bool,
+    /// How long such a run waits before it is refused.
+    pub approval_timeout: Duration,
 }
 
 impl Default for NetworkPolicy {
@@ -26,6 +31,8 @@ impl Default for NetworkPolicy {
             max_connections: 64,
             max_bytes: 64 << 20,
             connect_timeout: Duration::from_secs(10),
+            approval: false,
+            approval_timeout: Duration::from_secs(300),
         }
     }
 }

@@ -51,6 +51,48 @@ impl Reservation {
                 return Err(e);
             }
         };
+        // Network approval over HTTP (an MCP client's user approves through elicitation,
+        // before the call gets here).
+        let net = &s.engine.config().network;
+        if net.approval && !valid.network().is_empty() && caller.interface == "http" {
+            let run = crate::approvals::PendingRun {
+                id: String::new(),
+                key_id: caller.key_id.clone(),
+                request_id: caller.request_id.clone(),
+                language: audit.language().to_string(),
+                destinations: valid.network().iter().map(|r| r.to_string()).collect(),
+                code_sha256: audit.code_sha256().to_string(),
+                code_bytes: audit.code_bytes(),
+                requested_at: String::new(),
+                expires_at: String::new(),
+            };
+            let dests = run.destinations.join(", ");
+            let refused = match s.approvals.wait(run, net.approval_timeout).await {
+                crate::approvals::Decision::Approved => None,
+                crate::approvals::Decision::Denied => Some(ApiError::new(
+                    axum::http::StatusCode::FORBIDDEN,
+                    "approval_denied",
+                    format!(
+                        "An operator denied this run's network access ({dests}); it did not \
+                         run. Run it without \"network\", or ask the operator."
+                    ),
+                )),
+                crate::approvals::Decision::TimedOut => Some(ApiError::new(
+                    axum::http::StatusCode::GATEWAY_TIMEOUT,
+                    "approval_timeout",
+                    format!(
+                        "No operator approved this run's network access ({dests}) within {} s; \
+                         it did not run.",
+                        net.approval_timeout.as_secs()
+                    ),
+                )),
+            };
+            if let Some(e) = refused {
+                s.metrics.rejected(e.category);
+                s.audit.record(&caller, &audit, Err(e.category), 0.0);
+                return Err(e);
+            }
+        }
         Ok(Admitted {
             state: self.state,
             permit: Arc::new(self.permit),

@@ -80,6 +80,20 @@ pub struct AuditRequest {
     pub(crate) session_id: Option<String>,
 }
 
+impl AuditRequest {
+    pub fn code_sha256(&self) -> &str {
+        &self.code_sha256
+    }
+
+    pub fn code_bytes(&self) -> usize {
+        self.code_bytes
+    }
+
+    pub fn language(&self) -> &'static str {
+        self.language
+    }
+}
+
 impl From<&ExecRequest> for AuditRequest {
     fn from(req: &ExecRequest) -> Self {
         AuditRequest {

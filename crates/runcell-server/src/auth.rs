@@ -21,6 +21,8 @@ pub struct ApiKey {
     /// This key's runs may ask only for destinations these entries cover (within the
     /// server's network policy too). `None`: the server's policy alone.
     pub allow_net: Option<Vec<runcell_proxy::NetRule>>,
+    /// May approve or deny runs waiting for network approval (`/v1/approvals`).
+    pub admin: bool,
 }
 
 impl ApiKey {
@@ -29,6 +31,7 @@ impl ApiKey {
             id: id.into(),
             key: key.into(),
             allow_net: None,
+            admin: false,
         }
     }
 

@@ -17,11 +17,14 @@
 //! key = "..."
 //! allow_net = ["api.github.com:443"]   # optional: this key's runs may ask only for these
 //!                                      # (within [network] allow as well)
+//! admin = false               # true: this key may approve runs (/v1/approvals)
 //!
 //! [network]                   # network by permission: what runs may ask for (none by default)
 //! allow = ["api.github.com:443", "*.pypi.org:443", "127.0.0.2:8080"]
 //! max_connections = 64        # per run
 //! max_bytes = "64M"           # per run, both ways
+//! approval = true             # runs that ask for network wait for a person's approval
+//! approval_timeout = "5m"     # (GET/POST /v1/approvals with an admin key; MCP: elicitation)
 //!
 //! [limits.default]            # what a request gets when it does not ask
 //! timeout = "10s"
@@ -150,6 +153,9 @@ pub struct FileKey {
     /// This key's runs may ask only for destinations these entries cover.
     #[serde(default)]
     pub allow_net: Option<Vec<String>>,
+    /// This key may approve or deny runs waiting for network approval.
+    #[serde(default)]
+    pub admin: bool,
 }
 
 /// `[network]`: network by permission.
@@ -160,6 +166,9 @@ pub struct FileNetwork {
     pub allow: Vec<String>,
     pub max_connections: Option<u32>,
     pub max_bytes: Option<toml::Value>,
+    /// Runs that ask for network wait for an approval.
+    pub approval: Option<bool>,
+    pub approval_timeout: Option<toml::Value>,
 }
 
 impl std::fmt::Debug for FileKey {
@@ -230,6 +239,10 @@ pub struct Overrides {
     pub allow_net: Vec<String>,
     pub net_max_connections: Option<u32>,
     pub net_max_bytes: Option<String>,
+    pub net_approval: bool,
+    pub net_approval_timeout: Option<String>,
+    /// Keys that may approve runs (comma-separated entries allowed).
+    pub admin_keys: Vec<String>,
     /// The wall-clock budget of one agent request.
     pub agent_timeout: Option<String>,
 }
@@ -383,6 +396,7 @@ pub fn build(
         let mut keys = Vec::new();
         for k in &file.api_keys {
             let mut key = ApiKey::new(k.id.clone(), k.key.trim());
+            key.admin = k.admin;
             if let Some(list) = &k.allow_net {
                 key.allow_net = Some(runcell_proxy::parse_rules(list).map_err(|e| {
                     ServerError::Config(format!("api key '{}': allow_net: {e}", k.id))
@@ -392,6 +406,18 @@ pub fn build(
         }
         keys
     };
+    for (i, k) in o
+        .admin_keys
+        .iter()
+        .flat_map(|k| k.split(','))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .enumerate()
+    {
+        let mut key = ApiKey::new(format!("admin-{}", i + 1), k);
+        key.admin = true;
+        c.api_keys.push(key);
+    }
     let mut ids = std::collections::HashSet::new();
     for k in &c.api_keys {
         if k.key().is_empty() {
@@ -594,6 +620,17 @@ pub fn build(
         .or(fnet.max_bytes.as_ref().map(toml_to_json))
     {
         c.engine.network.max_bytes = size_setting("network.max_bytes", &v)? as u64;
+    }
+    if o.net_approval || fnet.approval == Some(true) {
+        c.engine.network.approval = true;
+    }
+    if let Some(v) = o
+        .net_approval_timeout
+        .clone()
+        .map(Value::String)
+        .or(fnet.approval_timeout.as_ref().map(toml_to_json))
+    {
+        c.engine.network.approval_timeout = duration_setting("network.approval_timeout", &v)?;
     }
     // The agent loop's model: flags, then the file.
     let fa = &file.agent;

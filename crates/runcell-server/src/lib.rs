@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod config;

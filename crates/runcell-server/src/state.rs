@@ -107,6 +107,10 @@ pub(crate) struct Inner {
     pub(crate) agent: Option<crate::AgentSettings>,
     /// Keys whose runs may ask only for these destinations (within the server's policy).
     pub(crate) key_networks: std::collections::HashMap<String, Vec<runcell_proxy::NetRule>>,
+    /// Keys that may approve runs waiting for network.
+    pub(crate) admin_keys: std::collections::HashSet<String>,
+    /// Runs waiting for network approval.
+    pub(crate) approvals: Arc<crate::approvals::Approvals>,
 }
 
 impl AppState {
@@ -129,6 +133,13 @@ impl AppState {
                     .iter()
                     .filter_map(|k| Some((k.id.clone(), k.allow_net.clone()?)))
                     .collect(),
+                admin_keys: config
+                    .api_keys
+                    .iter()
+                    .filter(|k| k.admin)
+                    .map(|k| k.id.clone())
+                    .collect(),
+                approvals: Arc::default(),
                 admission: Arc::new(Semaphore::new(max_concurrent + max_queue)),
                 running: Arc::new(Semaphore::new(max_concurrent)),
                 max_concurrent,

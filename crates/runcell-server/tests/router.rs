@@ -376,6 +376,8 @@ async fn the_openapi_document_covers_every_route() {
         ("/v1/sessions", "post"),
         ("/v1/agents", "post"),
         ("/v1/agents/chat/completions", "post"),
+        ("/v1/approvals", "get"),
+        ("/v1/approvals/{id}", "post"),
         ("/v1/sessions/{id}", "get"),
         ("/v1/sessions/{id}/execute", "post"),
         ("/v1/sessions/{id}/files", "get"),

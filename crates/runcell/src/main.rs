@@ -222,6 +222,23 @@ struct ServeArgs {
     /// Bytes per run through the egress proxy, both ways together [default: 64M].
     #[arg(long, env = "RUNCELL_NET_MAX_BYTES", value_name = "SIZE")]
     net_max_bytes: Option<String>,
+    /// A run that asks for network waits until a person approves it: over HTTP an admin key
+    /// (GET /v1/approvals, POST /v1/approvals/ID), over MCP the client's user (elicitation).
+    #[arg(long, env = "RUNCELL_NET_APPROVAL")]
+    net_approval: bool,
+    /// How long such a run waits before it is refused [default: 5m].
+    #[arg(long, env = "RUNCELL_NET_APPROVAL_TIMEOUT", value_name = "DURATION")]
+    net_approval_timeout: Option<String>,
+    /// API keys that may also approve runs waiting for network (ids admin-1, ...);
+    /// repeatable or comma-separated.
+    #[arg(
+        long = "admin-key",
+        env = "RUNCELL_ADMIN_KEY",
+        value_name = "KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    admin_keys: Vec<String>,
     /// The wall-clock budget of one agent request, model calls and runs together [default:
     /// 5m].
     #[arg(long, env = "RUNCELL_AGENT_TIMEOUT", value_name = "DURATION")]
@@ -884,6 +901,9 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         allow_net: args.allow_net,
         net_max_connections: args.net_max_connections,
         net_max_bytes: args.net_max_bytes,
+        net_approval: args.net_approval,
+        net_approval_timeout: args.net_approval_timeout,
+        admin_keys: args.admin_keys,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

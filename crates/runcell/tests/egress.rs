@@ -488,3 +488,108 @@ print("smuggled=" + str(both.count("hello from the host")))
         "the host's abstract socket was reached"
     );
 }
+
+const BOSS: &str = "egress-admin-key-0123456789";
+
+/// With `approval = true`, a run that asks for network waits until an admin key approves it
+/// (it runs), denies it (403 `approval_denied`) or lets its deadline pass (504
+/// `approval_timeout`); ordinary keys can neither list nor decide.
+#[test]
+fn over_http_a_networked_run_waits_for_an_admin_to_approve_or_deny_it() {
+    let srv = HostServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runcell.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [[api_keys]]\nid = \"boss\"\nkey = \"{BOSS}\"\nadmin = true\n\
+             [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"3s\"\n",
+            srv.entry()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let s = std::sync::Arc::new(common::ServeProcess::start(
+        &["--pool", "python=0", "--config", config.to_str().unwrap()],
+        &[],
+    ));
+    let code = format!(
+        "import urllib.request\nprint(urllib.request.urlopen({:?}, timeout=10).read().decode().strip())",
+        srv.url("/")
+    );
+    let body = serde_json::json!({"language": "python", "code": code, "network": {"allow": [srv.entry()]}});
+    let client = reqwest::blocking::Client::new();
+    let list = |key: &str| {
+        let r = client
+            .get(s.url("/v1/approvals"))
+            .header("x-api-key", key)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json::<serde_json::Value>().unwrap())
+    };
+    let waiting = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (status, v) = list(BOSS);
+            assert_eq!(status, 200, "{v}");
+            if let Some(first) = v["approvals"].as_array().and_then(|a| a.first()) {
+                return first.clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "no run waits");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let decide = |id: &str, key: &str, decision: &str| {
+        client
+            .post(s.url(&format!("/v1/approvals/{id}")))
+            .header("x-api-key", key)
+            .json(&serde_json::json!({"decision": decision}))
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    for (decision, want_status) in [("approve", 200), ("deny", 403)] {
+        let (s2, b2) = (s.clone(), body.clone());
+        let run = std::thread::spawn(move || post(&s2, KEY_A, b2));
+        let pending = waiting();
+        assert_eq!(pending["key_id"], "team-a");
+        assert_eq!(pending["language"], "python");
+        assert_eq!(pending["destinations"][0], srv.entry());
+        assert!(pending["code_sha256"].as_str().unwrap().len() == 64);
+        let id = pending["id"].as_str().unwrap();
+        assert_eq!(list(KEY_A).0, 403, "an ordinary key lists nothing");
+        assert_eq!(
+            decide(id, KEY_A, decision),
+            403,
+            "an ordinary key decides nothing"
+        );
+        assert_eq!(decide(id, BOSS, decision), 200);
+        assert_eq!(decide(id, BOSS, decision), 404, "decided once");
+        let (status, v) = run.join().unwrap();
+        assert_eq!(status, want_status, "{v}");
+        if decision == "approve" {
+            assert_eq!(v["stdout"], "hello from the host\n", "{v}");
+        } else {
+            assert_eq!(v["error"]["category"], "approval_denied", "{v}");
+            assert!(v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&srv.entry()));
+        }
+    }
+    // Nobody decides: refused at the deadline, and no longer listed.
+    let (status, v) = post(&s, KEY_A, body.clone());
+    assert_eq!(status, 504, "{v}");
+    assert_eq!(v["error"]["category"], "approval_timeout");
+    assert_eq!(list(BOSS).1["approvals"], serde_json::json!([]));
+    // A run without network never waits.
+    let (status, v) = post(
+        &s,
+        KEY_A,
+        serde_json::json!({"language": "python", "code": "print(1)"}),
+    );
+    assert_eq!((status, v["stdout"].as_str()), (200, Some("1\n")), "{v}");
+}

@@ -1,6 +1,7 @@
 //! The API's routes, one module per resource, each handler with its OpenAPI description.
 
 pub mod agents;
+pub mod approvals;
 pub mod execute;
 pub mod ops;
 pub mod sessions;
@@ -18,6 +19,8 @@ pub(crate) fn authenticated() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::metrics))
         .routes(routes!(agents::run))
         .routes(routes!(agents::run_chat_completions))
+        .routes(routes!(approvals::list))
+        .routes(routes!(approvals::decide))
         .routes(routes!(sessions::create, sessions::list))
         .routes(routes!(sessions::get, sessions::delete))
         .routes(routes!(sessions::execute))

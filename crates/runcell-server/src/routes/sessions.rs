@@ -211,6 +211,18 @@ pub(crate) async fn session_call(
     sink: Box<dyn OutputSink + Send>,
 ) -> Result<Verdict, ApiError> {
     let s = &state.inner;
+    if req.network.is_some() {
+        // Refused, never dropped: code that expects a destination must learn it has none.
+        let e = ApiError::invalid(
+            "Invalid request: network by permission is for one-shot runs; a session's code \
+             runs offline. Leave out \"network\", or run this code without a session.",
+        );
+        s.metrics.rejected(e.category);
+        s.audit
+            .record(&caller, &AuditRequest::from(&req), Err(e.category), 0.0);
+        drop(reservation);
+        return Err(e);
+    }
     let started = Instant::now();
     let running = {
         let _queued = s.metrics.queued();

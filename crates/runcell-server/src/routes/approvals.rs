@@ -1,0 +1,111 @@
+//! `GET /v1/approvals` and `POST /v1/approvals/{id}`: the runs waiting for network approval
+//! (`--net-approval`), and an operator's decision. Both need an admin key (`admin = true` in
+//! the TOML key entry, or `--admin-key`); a server without keys (loopback only) has no one to
+//! tell apart, and lets any caller decide.
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::approvals::PendingRun;
+use crate::error::{ApiError, ErrorBody};
+use crate::middleware::caller_of;
+use crate::state::AppState;
+
+/// `GET /v1/approvals`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PendingRuns {
+    pub approvals: Vec<PendingRun>,
+}
+
+/// `POST /v1/approvals/{id}`.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// `approve` or `deny`.
+    pub decision: DecisionKind,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DecisionKind {
+    Approve,
+    Deny,
+}
+
+fn require_admin(state: &AppState, req: &Request) -> Result<(), ApiError> {
+    if !state.inner.keys.is_empty() {
+        let key = req
+            .extensions()
+            .get::<crate::auth::KeyId>()
+            .and_then(|k| k.0.clone());
+        if !key.is_some_and(|k| state.inner.admin_keys.contains(&k)) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "Approving runs needs an admin key (admin = true in its [[api_keys]] entry, or \
+                 --admin-key).",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The runs waiting for network approval, oldest first.
+#[utoipa::path(get, path = "/v1/approvals", tag = "approvals", operation_id = "list_approvals",
+    responses(
+        (status = 200, description = "The runs waiting for approval", body = PendingRuns),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 403, description = "Not an admin key", body = ErrorBody),
+    ))]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    req: Request,
+) -> Result<Json<PendingRuns>, ApiError> {
+    require_admin(&state, &req)?;
+    Ok(Json(PendingRuns {
+        approvals: state.inner.approvals.list(),
+    }))
+}
+
+/// Approve or deny one waiting run.
+#[utoipa::path(post, path = "/v1/approvals/{id}", tag = "approvals", operation_id = "decide_approval",
+    params(("id" = String, Path, description = "The run's id in GET /v1/approvals")),
+    request_body = DecisionBody,
+    responses(
+        (status = 200, description = "Decided: the run goes on or is refused", body = DecisionBody),
+        (status = 400, description = "Invalid body", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 403, description = "Not an admin key", body = ErrorBody),
+        (status = 404, description = "No run waits under this id (decided, expired or gone)", body = ErrorBody),
+    ))]
+pub(crate) async fn decide(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Json<DecisionBody>, ApiError> {
+    require_admin(&state, &req)?;
+    let (parts, body) = req.into_parts();
+    let caller = caller_of(&parts, "http");
+    let bytes = super::execute::read_body(body, &parts.headers, 4096, None).await?;
+    let d: DecisionBody = super::execute::parse_body(&bytes)?;
+    if state
+        .inner
+        .approvals
+        .decide(&id, d.decision == DecisionKind::Approve)
+    {
+        tracing::info!(approval = %id, decision = ?d.decision, by = ?caller.key_id,
+            "network approval decided");
+        Ok(Json(d))
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "No run waits for approval under {id:?}: it was decided, expired or went away."
+            ),
+        ))
+    }
+}
