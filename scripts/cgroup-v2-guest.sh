@@ -107,6 +107,9 @@ selection=(
     a_memory_kill_restarts_the_interpreter_and_says_the_state_was_lost
     a_timeout_interrupts_the_call_and_keeps_the_state
     idle_sessions_expire_and_leave_nothing_behind"
+  "runcell test egress --exact
+    an_allowed_host_is_reached_by_python_and_curl_and_recorded
+    with_one_destination_allowed_the_attacks_still_find_no_way_out"
 )
 
 # ---------------------------------------------------------------------------------------------
