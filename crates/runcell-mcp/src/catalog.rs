@@ -40,6 +40,9 @@ pub struct ToolDef {
 pub struct Catalog {
     tools: Vec<ToolDef>,
     output_schema: Arc<JsonObject>,
+    /// Network approval: a call that asks for network runs only once the client's user
+    /// accepted (elicitation), asked within this time. `None`: no approval needed.
+    approval: Option<std::time::Duration>,
 }
 
 /// The tool name of a language.
@@ -336,6 +339,7 @@ impl Catalog {
         Catalog {
             tools,
             output_schema: Arc::new(output_schema()),
+            approval: None,
         }
     }
 
@@ -353,6 +357,7 @@ impl Catalog {
         if policy.allow.is_empty() {
             return;
         }
+        self.approval = policy.approval.then_some(policy.approval_timeout);
         let mut prop = runcell_core::NetworkRequest::schema_value();
         prop["description"] = json!(format!(
             "Only when the code needs the network: the destinations it may reach (through an \
@@ -371,6 +376,12 @@ impl Catalog {
 
     pub fn tools(&self) -> &[ToolDef] {
         &self.tools
+    }
+
+    /// How long the client's user has to approve a call that asks for network, when the
+    /// operator requires approval.
+    pub fn approval(&self) -> Option<std::time::Duration> {
+        self.approval
     }
 
     pub fn get(&self, name: &str) -> Option<&ToolDef> {

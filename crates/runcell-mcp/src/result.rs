@@ -316,6 +316,17 @@ pub fn rejection_result(language: &str, r: &Rejection) -> CallToolResult {
 
 /// The result of a call cancelled by the client (it is not sent: a cancelled request gets no
 /// response).
+/// The tool result of a call whose network access the user did not approve.
+pub fn approval_refused(language: &str, message: String) -> CallToolResult {
+    let mut v = Verdict::failed(ErrorCategory::InvalidRequest, message);
+    v.language = Some(language.to_string());
+    if let Some(e) = v.error.as_mut() {
+        // Changing the code does not help; asking again with the same access does not either.
+        e.retryable = false;
+    }
+    verdict_result(&v)
+}
+
 pub fn cancelled_result() -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(
         "The call was cancelled and its sandbox killed.",

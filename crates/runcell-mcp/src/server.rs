@@ -5,8 +5,10 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationSchema, Implementation, InputRequest, InputRequiredResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -57,12 +59,13 @@ impl<E: Executor> McpServer<E> {
     }
 
     /// Run one call to completion or until `ctx.ct` says it was cancelled. Everything but an
-    /// unknown tool is a tool result.
+    /// unknown tool is a tool result (or, for a call that needs its user's approval on a
+    /// 2026-07-28 client, the input request that asks for it).
     async fn call(
         &self,
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
         let catalog = &self.inner.catalog;
         let Some(def) = catalog.get(&request.name) else {
             let known: Vec<&str> = catalog.tools().iter().map(|t| t.name.as_str()).collect();
@@ -76,15 +79,27 @@ impl<E: Executor> McpServer<E> {
             ));
         };
         let language = def.language.name();
+        let input_responses = request.input_responses;
         let mut arguments = request.arguments;
         let target = match crate::catalog::session_target(&mut arguments) {
             Ok(t) => t,
-            Err(message) => return Ok(result::invalid_request(language, message)),
+            Err(message) => return Ok(result::invalid_request(language, message).into()),
         };
         let req = match catalog.request(def, arguments) {
             Ok(req) => req,
-            Err(message) => return Ok(result::invalid_request(language, message)),
+            Err(message) => return Ok(result::invalid_request(language, message).into()),
         };
+        // Network approval: the client's user decides (elicitation) before anything runs.
+        let asked: Vec<String> = req.network.iter().flat_map(|n| n.allow.clone()).collect();
+        if let (Some(within), false) = (catalog.approval(), asked.is_empty()) {
+            match approve(&ctx, language, &asked, within, input_responses.as_ref()).await {
+                Approval::Granted => {}
+                Approval::Ask(input) => return Ok(CallToolResponse::InputRequired(input)),
+                Approval::Refused(message) => {
+                    return Ok(result::approval_refused(language, message).into())
+                }
+            }
+        }
         let caller = Caller {
             interface: self.inner.interface,
             http: ctx.extensions.get::<http::request::Parts>().cloned(),
@@ -116,12 +131,108 @@ impl<E: Executor> McpServer<E> {
         };
         tokio::select! {
             // Dropping `work` drops the executor's future, which kills the sandbox at once.
-            _ = ctx.ct.cancelled() => Ok(result::cancelled_result()),
+            _ = ctx.ct.cancelled() => Ok(result::cancelled_result().into()),
             verdict = work => Ok(match verdict {
                 Ok(v) => result::verdict_result(&v),
                 Err(rejection) => result::rejection_result(language, &rejection),
-            }),
+            }.into()),
         }
+    }
+}
+
+/// The key of the approval in a 2026-07-28 client's input responses.
+const APPROVAL_INPUT: &str = "runcell_network_approval";
+
+enum Approval {
+    Granted,
+    /// Ask the user: a 2026-07-28 client retries the call with the answer.
+    Ask(InputRequiredResult),
+    Refused(String),
+}
+
+/// Ask the client's user whether code that asks for `asked` may run: by an elicitation
+/// request on clients before 2026-07-28, by an input request (retried with the answer) from
+/// then on. Declined, cancelled, unanswered or unaskable: refused, with what happened.
+async fn approve(
+    ctx: &RequestContext<RoleServer>,
+    language: &str,
+    asked: &[String],
+    within: std::time::Duration,
+    responses: Option<&rmcp::model::InputResponses>,
+) -> Approval {
+    let dests = asked.join(", ");
+    let message = format!(
+        "Allow this {language} code to connect to {dests}? runcell's proxy lets it reach only \
+         these destinations; the code runs only if you accept."
+    );
+    let schema = ElicitationSchema::builder()
+        .optional_bool("approve", true)
+        .description("Accept to let the code run with this network access.")
+        .build_unchecked();
+    let params = ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message,
+        requested_schema: schema,
+    };
+    let modern = ctx
+        .protocol_version()
+        .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+    let answer: Result<ElicitResult, String> = if modern {
+        match responses.and_then(|r| r.get(APPROVAL_INPUT)) {
+            None => {
+                let mut input = rmcp::model::InputRequests::new();
+                input.insert(
+                    APPROVAL_INPUT.to_string(),
+                    InputRequest::Elicitation(ElicitRequest::new(params)),
+                );
+                return Approval::Ask(InputRequiredResult::from_input_requests(input));
+            }
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|e| format!("the client's answer is not an elicitation result ({e})")),
+        }
+    } else {
+        let supported = ctx.peer.supported_elicitation_modes();
+        if supported.is_empty() {
+            return Approval::Refused(format!(
+                "This server runs code with network access ({dests}) only when the user \
+                 approves it, and this MCP client cannot ask its user (it does not support \
+                 elicitation). Nothing ran. Run the code without `network`, or use a client \
+                 that supports elicitation."
+            ));
+        }
+        ctx.peer
+            .create_elicitation_with_timeout(params, Some(within))
+            .await
+            .map_err(|e| format!("the approval could not be asked ({e})"))
+    };
+    match answer {
+        Ok(r) if r.action == ElicitationAction::Accept => {
+            let approved = r
+                .content
+                .as_ref()
+                .and_then(|c| c.get("approve"))
+                .and_then(|a| a.as_bool())
+                .unwrap_or(true);
+            if approved {
+                Approval::Granted
+            } else {
+                Approval::Refused(format!(
+                    "The user did not approve network access ({dests}); nothing ran."
+                ))
+            }
+        }
+        Ok(r) => Approval::Refused(format!(
+            "The user {} network access ({dests}); nothing ran. Do not retry with the same \
+             destinations unless the user asks you to.",
+            if r.action == ElicitationAction::Decline {
+                "declined"
+            } else {
+                "dismissed the request for"
+            }
+        )),
+        Err(why) => Approval::Refused(format!(
+            "Network access ({dests}) needs the user's approval, and {why}; nothing ran."
+        )),
     }
 }
 
@@ -171,8 +282,6 @@ impl<E: Executor> ServerHandler for McpServer<E> {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.call(request, context)
-            .await
-            .map(CallToolResponse::from)
+        self.call(request, context).await
     }
 }

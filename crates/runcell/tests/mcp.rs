@@ -915,3 +915,84 @@ fn tools_command_prints_the_mcp_schemas_for_anthropic_and_openai() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// A host HTTP server on 127.0.0.2 answering `hello from the host`; its port.
+fn host_server() -> u16 {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\nConnection: close\r\n\r\nhello from the host\n",
+            );
+        }
+    });
+    port
+}
+
+/// Network approval over MCP: the server requires it, and the official Python client's
+/// elicitation callback answers. On 2026-07-28 the question comes as an input request the
+/// client answers by retrying the call; on a handshake-era session as an elicitation request.
+/// Accepted, the code runs with its network; declined or answered no, nothing runs.
+#[test]
+#[cfg_attr(
+    not(all(host_mcp_client, host_python_stack)),
+    ignore = "needs the Python MCP client (scripts/test.sh installs it in target/mcp-venv) and the Python data stack"
+)]
+fn network_approval_is_asked_of_the_user_through_elicitation() {
+    let port = host_server();
+    let entry = format!("127.0.0.2:{port}");
+    let url = format!("http://127.0.0.2:{port}/");
+    let s = ServeProcess::start(
+        &[
+            "--api-key",
+            KEY,
+            "--pool",
+            "python=0",
+            "--allow-net",
+            &entry,
+            "--net-approval",
+        ],
+        &[],
+    );
+    for mode in ["auto", "legacy"] {
+        let (report, err) = run_client(
+            &[
+                "http",
+                &s.url("/mcp"),
+                "--mode",
+                mode,
+                "--scenarios",
+                "approval",
+            ],
+            &[
+                ("RUNCELL_TEST_KEY", KEY),
+                ("RUNCELL_TEST_NET_URL", url.as_str()),
+                ("RUNCELL_TEST_NET_ENTRY", entry.as_str()),
+            ],
+        );
+        let a = &report["approval"];
+        assert!(!is_error(&a["accept"]), "{mode}: {a:#}\n{err}");
+        assert!(
+            text(&a["accept"]).contains("hello from the host"),
+            "{mode}: {a:#}"
+        );
+        assert!(is_error(&a["decline"]), "{mode}: {a:#}");
+        assert!(text(&a["decline"]).contains("declined"), "{mode}: {a:#}");
+        assert!(is_error(&a["refuse"]), "{mode}: {a:#}");
+        assert!(
+            text(&a["refuse"]).contains("did not approve"),
+            "{mode}: {a:#}"
+        );
+        let asked = a["asked"].as_array().unwrap();
+        assert_eq!(asked.len(), 3, "{mode}: {a:#}");
+        assert!(
+            asked.iter().all(|m| m.as_str().unwrap().contains(&entry)),
+            "{a:#}"
+        );
+    }
+}

@@ -4,7 +4,8 @@ report on stdout; crates/runcell/tests/mcp.rs makes the assertions.
     client.py stdio RUNCELL_BINARY [--mode auto|legacy] [--scenarios a,b,...]
     client.py http URL [--mode auto|legacy] [--scenarios a,b,...]   (API key in RUNCELL_TEST_KEY)
 
-Scenarios: tools, languages, errors, plot, files, progress, cancel, sessions. The marker for the
+Scenarios: tools, languages, errors, plot, files, progress, cancel, sessions, and approval
+(only when asked for: it needs a server that requires network approval). The marker for the
 cancellation scenario comes in RUNCELL_TEST_MARKER. Whatever fails inside a scenario is
 reported as {"exception": ...} under its name, so one broken scenario does not hide others.
 """
@@ -233,6 +234,36 @@ async def scenario_sessions(c, report):
     report["sessions"] = out
 
 
+# The user's answer to the next elicitation ("accept", "decline", or "refuse" to answer an
+# approval question with approve=false), and the messages the user was shown.
+ELICIT = {"answer": "accept", "asked": []}
+
+
+async def elicitation_callback(context, params):
+    import mcp.types as types
+
+    ELICIT["asked"].append(params.message)
+    if ELICIT["answer"] == "decline":
+        return types.ElicitResult(action="decline")
+    return types.ElicitResult(action="accept", content={"approve": ELICIT["answer"] == "accept"})
+
+
+async def scenario_approval(c, report):
+    """Network approval (the server runs with approval required and RUNCELL_TEST_NET_URL's
+    host allowed): the user accepts, then declines, then answers no."""
+    url = os.environ["RUNCELL_TEST_NET_URL"]
+    entry = os.environ["RUNCELL_TEST_NET_ENTRY"]
+    code = f"import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=10).read().decode().strip())"
+    out = {}
+    for answer in ["accept", "decline", "refuse"]:
+        ELICIT["answer"] = answer
+        out[answer] = dump(
+            await c.call_tool("code_exec_python", {"code": code, "network": {"allow": [entry]}})
+        )
+    out["asked"] = list(ELICIT["asked"])
+    report["approval"] = out
+
+
 SCENARIOS = {
     "tools": scenario_tools,
     "languages": scenario_languages,
@@ -242,6 +273,7 @@ SCENARIOS = {
     "progress": scenario_progress,
     "cancel": scenario_cancel,
     "sessions": scenario_sessions,
+    "approval": scenario_approval,
 }
 
 
@@ -254,7 +286,9 @@ async def run(args):
         http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120, read=600))
         target = streamable_http_client(args.target, http_client=http)
     report = {"scenarios": {}}
-    async with Client(target, mode=args.mode, read_timeout_seconds=600) as c:
+    async with Client(
+        target, mode=args.mode, read_timeout_seconds=600, elicitation_callback=elicitation_callback
+    ) as c:
         report["protocol_version"] = c.protocol_version
         if args.transport == "stdio":
             report["server_pids"] = children_named("runcell")
@@ -275,7 +309,7 @@ def main():
     p.add_argument("transport", choices=["stdio", "http"])
     p.add_argument("target")
     p.add_argument("--mode", default="auto")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--scenarios", default=",".join(n for n in SCENARIOS if n != "approval"))
     args = p.parse_args()
     report = anyio.run(run, args)
     json.dump(report, sys.stdout)
