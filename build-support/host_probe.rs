@@ -39,6 +39,7 @@ pub const ALL: &[&str] = &[
     "host_go_cache",
     "host_mcp_client",
     "host_agent_clients",
+    "host_test_wheels",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -80,6 +81,14 @@ fn probe(name: &str) -> bool {
         "host_go_cache" => complete_under(&data_dir().join("go"), ".runcell-complete"),
         "host_mcp_client" => mcp_client(),
         "host_agent_clients" => venv_with("agent-venv", &["openai", "anthropic"]),
+        "host_test_wheels" => {
+            let manifest =
+                PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+            let dir = manifest.join("../../target/test-wheels");
+            let _ = fs::create_dir_all(&dir);
+            println!("cargo::rerun-if-changed={}", dir.display());
+            dir.join("tabulate-0.9.0-py3-none-any.whl").is_file()
+        }
         _ => unreachable!(),
     }
 }

@@ -65,6 +65,13 @@ if ! target/agent-venv/bin/python -c 'import importlib.metadata as m, sys; sys.e
   /usr/bin/python3 -m venv target/agent-venv
   target/agent-venv/bin/pip install -q --disable-pip-version-check openai==3.57.0 anthropic==2.14.0
 fi
+# The package-install tests serve a local index of one wheel, downloaded once from PyPI here
+# (crates/runcell/tests/packages.rs looks for it).
+if [ ! -f target/test-wheels/tabulate-0.9.0-py3-none-any.whl ]; then
+  mkdir -p target/test-wheels
+  /usr/bin/python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --no-deps \
+    -d target/test-wheels tabulate==0.9.0
+fi
 phase_done setup
 # The tests' build scripts probe this host (build-support/host_probe.rs): with everything above
 # installed, no test is ignored for a missing prerequisite, except those of the cgroup version

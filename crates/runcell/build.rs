@@ -20,5 +20,6 @@ fn main() {
         "host_go_cache",
         "host_mcp_client",
         "host_agent_clients",
+        "host_test_wheels",
     ]);
 }

@@ -39,6 +39,8 @@ pub struct EngineConfig {
     pub io_device: Option<(u32, u32)>,
     /// Which destinations runs may ask for, and how much network each may use.
     pub network: crate::network::NetworkPolicy,
+    /// Which packages runs may ask for, and from where.
+    pub packages: crate::packages::PackagePolicy,
 }
 
 impl EngineConfig {
@@ -72,6 +74,7 @@ impl EngineConfig {
             all_runs_memory_bytes: usable,
             io_device: disk.map(|d| (d.major, d.minor)),
             network: Default::default(),
+            packages: Default::default(),
         }
     }
 }
@@ -104,6 +107,18 @@ pub struct ValidRequest {
     files: Vec<InputFile>,
     /// The destinations the run may reach; empty: no network.
     network: Vec<runcell_proxy::NetRule>,
+    /// The packages to install for it (Python).
+    packages: Vec<crate::packages::Requirement>,
+    /// The install's own run: the operator's entries for its destinations (instead of the
+    /// network policy's), and bigger collection limits.
+    install: Option<InstallRun>,
+}
+
+/// What is particular to a package install's run.
+#[derive(Debug, Clone)]
+struct InstallRun {
+    policy: Vec<runcell_proxy::NetRule>,
+    collect: CollectLimits,
 }
 
 impl ValidRequest {
@@ -155,6 +170,8 @@ pub enum ValidationError {
     FileTwice(String),
     #[error("{0}")]
     Network(crate::network::NetworkError),
+    #[error("Invalid packages: {0}.")]
+    Packages(String),
     #[error("Invalid file: {0} needs exactly one of content and content_base64.")]
     FileContent(String),
     #[error("Invalid file: {path}: content_base64 is not valid base64 ({reason}).")]
@@ -373,6 +390,17 @@ impl Engine {
                 .check(&n.allow)
                 .map_err(ValidationError::Network)?,
         };
+        let packages = if req.packages.is_empty() {
+            Vec::new()
+        } else if language != Language::Python {
+            return Err(ValidationError::Packages(format!(
+                "packages are installed for Python runs only, not {}",
+                language.name()
+            )));
+        } else {
+            crate::packages::check(&req.packages, &self.config.packages)
+                .map_err(ValidationError::Packages)?
+        };
         Ok(ValidRequest {
             language,
             limits,
@@ -380,6 +408,8 @@ impl Engine {
             stdin: req.stdin.clone().map(String::into_bytes),
             files,
             network,
+            packages,
+            install: None,
         })
     }
 
@@ -482,7 +512,7 @@ impl Engine {
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
     ) -> Verdict {
-        let runtime = match self.locate(v.language) {
+        let mut runtime = match self.locate(v.language) {
             Ok(r) => r,
             Err(e) => {
                 let mut verdict = Verdict::failed(ErrorCategory::RuntimeUnavailable, e.to_string());
@@ -490,6 +520,19 @@ impl Engine {
                 return verdict;
             }
         };
+        let mut packages = None;
+        if !v.packages.is_empty() {
+            match self.package_layer(&v.packages, &runtime, cancel) {
+                Ok((dir, report)) => {
+                    runtime = runtime.with_python_path(dir);
+                    packages = Some(report);
+                }
+                Err(mut verdict) => {
+                    verdict.language = Some(v.language.name().into());
+                    return *verdict;
+                }
+            }
+        }
         if self.config.strict {
             let missing: Vec<String> = runcell_jail::layers()
                 .into_iter()
@@ -510,7 +553,155 @@ impl Engine {
         let mut verdict = self.run(v, &runtime, sink, cancel);
         verdict.language = Some(v.language.name().into());
         verdict.limits = Some(v.limits);
+        verdict.packages = packages;
         verdict
+    }
+
+    /// The package layer of `reqs`: from the cache, or installed now (phase one, see
+    /// [`crate::packages`]). Its site directory, and what the verdict says of it; or the
+    /// verdict of a failed install.
+    fn package_layer(
+        &self,
+        reqs: &[crate::packages::Requirement],
+        python: &Runtime,
+        cancel: Option<&KillSwitch>,
+    ) -> Result<(PathBuf, crate::verdict::PackagesReport), Box<Verdict>> {
+        use crate::packages::{install_script, layer_key, COMPLETE};
+        let policy = &self.config.packages;
+        let key = layer_key(reqs, &policy.index_url, &python.executable);
+        let root = self.config.host.data_dir.join("packages");
+        let dir = root.join(&key);
+        let mut report = crate::verdict::PackagesReport {
+            requirements: reqs.iter().map(|r| r.text.clone()).collect(),
+            layer: key.clone(),
+            cached: true,
+            install_seconds: None,
+        };
+        if dir.join(COMPLETE).is_file() {
+            return Ok((dir.join("site"), report));
+        }
+        // One install at a time in this process: two requests for one set install it once.
+        static INSTALLS: Mutex<()> = Mutex::new(());
+        let _one = INSTALLS.lock().unwrap_or_else(|e| e.into_inner());
+        if dir.join(COMPLETE).is_file() {
+            return Ok((dir.join("site"), report));
+        }
+        let failed =
+            |category: ErrorCategory, message: String| Box::new(Verdict::failed(category, message));
+        let destinations = policy.destinations().map_err(|e| {
+            failed(
+                ErrorCategory::RuntimeUnavailable,
+                format!("Installing packages: {e}."),
+            )
+        })?;
+        let bash = self
+            .locate(Language::Bash)
+            .map_err(|e| failed(ErrorCategory::RuntimeUnavailable, e.to_string()))?;
+        let p = &self.config.policy;
+        let mut limits = p
+            .resolve(&LimitOverrides::default())
+            .map_err(|e| failed(ErrorCategory::SandboxFailure, e.to_string()))?;
+        limits.timeout.0 = (policy.install_timeout.as_millis() as u64).min(p.max.timeout.0);
+        limits.disk = p.max.disk;
+        limits.memory = p
+            .max
+            .memory
+            .min(limits.memory.max(crate::limits::Bytes(1 << 30)));
+        limits.output_files = p.max.output_files;
+        let install = ValidRequest {
+            language: Language::Bash,
+            limits,
+            code: install_script(reqs, policy),
+            stdin: None,
+            files: Vec::new(),
+            network: destinations.clone(),
+            packages: Vec::new(),
+            install: Some(InstallRun {
+                policy: destinations,
+                collect: CollectLimits {
+                    max_files: 50_000,
+                    max_file_bytes: limits.disk.0,
+                    max_total_bytes: limits.disk.0,
+                    max_entries: 100_000,
+                    max_read_bytes: limits.disk.0,
+                    deadline_ms: 60_000,
+                },
+            }),
+        };
+        let started = std::time::Instant::now();
+        let mut out = self.run(&install, &bash, &mut runcell_jail::NoSink, cancel);
+        let said = |v: &Verdict| {
+            let text = format!("{}{}", v.stdout, v.stderr);
+            let tail: Vec<&str> = text.lines().rev().take(12).collect();
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        };
+        match out.exit_code {
+            Some(0) => {}
+            Some(3) => {
+                return Err(failed(
+                    ErrorCategory::RuntimeUnavailable,
+                    format!(
+                        "Installing packages is not possible on this host: {}",
+                        said(&out)
+                    ),
+                ))
+            }
+            _ => {
+                let why = match &out.error {
+                    Some(e) if e.category != ErrorCategory::RuntimeError => e.message.clone(),
+                    _ => said(&out),
+                };
+                return Err(failed(
+                    ErrorCategory::InvalidRequest,
+                    format!(
+                        "Installing {} failed (binary wheels only, from {}): {why}",
+                        report.requirements.join(" "),
+                        policy.index_url
+                    ),
+                ));
+            }
+        }
+        if out.files_omitted > 0 || out.files.iter().any(|f| f.truncated) {
+            return Err(failed(
+                ErrorCategory::InvalidRequest,
+                format!(
+                    "The packages {} are larger than an install may keep.",
+                    report.requirements.join(" ")
+                ),
+            ));
+        }
+        // Written aside, then renamed into place: a layer is complete or absent.
+        let tmp = root.join(format!(".tmp-{key}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let keep = |e: String| {
+            failed(
+                ErrorCategory::SandboxFailure,
+                format!("Keeping the packages: {e}"),
+            )
+        };
+        std::fs::create_dir_all(&root).map_err(|e| keep(e.to_string()))?;
+        crate::files::write_all(&tmp, &mut out.files).map_err(keep)?;
+        if let Some(f) = out.files.iter().find(|f| f.not_written.is_some()) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(keep(format!(
+                "{} was not written ({})",
+                f.path,
+                f.not_written.as_deref().unwrap_or_default()
+            )));
+        }
+        std::fs::create_dir_all(tmp.join("site")).map_err(|e| keep(e.to_string()))?;
+        std::fs::write(tmp.join(COMPLETE), report.requirements.join("\n"))
+            .map_err(|e| keep(e.to_string()))?;
+        match std::fs::rename(&tmp, &dir) {
+            Ok(()) => {}
+            Err(_) if dir.join(COMPLETE).is_file() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+            }
+            Err(e) => return Err(keep(e.to_string())),
+        }
+        report.cached = false;
+        report.install_seconds = Some(round_secs(started.elapsed()));
+        Ok((dir.join("site"), report))
     }
 
     pub(crate) fn program(
@@ -563,6 +754,8 @@ impl Engine {
         // Network by permission: a fresh sandbox with the proxy's listener on its loopback,
         // and the runtime told where the proxy is (no warm sandbox has either).
         let networked = !v.network.is_empty();
+        // A warm sandbox has neither the proxy's listener nor a package layer.
+        let fresh = networked || !v.packages.is_empty() || v.install.is_some();
         let with_proxy;
         let runtime = if networked {
             with_proxy = runtime.with_proxy(runcell_proxy::SANDBOX_PROXY_PORT);
@@ -572,7 +765,7 @@ impl Engine {
         };
         // A warm sandbox built with the same sandbox-level limits, or a new one.
         let key = SandboxKey::new(v.language, limits);
-        let warm = match networked {
+        let warm = match fresh {
             false => self.pool.as_ref().and_then(|p| p.take(&key)),
             true => None,
         };
@@ -595,7 +788,10 @@ impl Engine {
         let proxy = match networked {
             false => None,
             true => {
-                let permit = self.config.network.permit(&v.network);
+                let mut permit = self.config.network.permit(&v.network);
+                if let Some(install) = &v.install {
+                    permit.policy = install.policy.clone();
+                }
                 match sandbox
                     .take_proxy_listener()
                     .map(|l| runcell_proxy::start(l, permit))
@@ -770,7 +966,11 @@ impl Engine {
         // Every process of the run is dead now (pid 1 killed and reaped them before it
         // reported; a session's interpreter excepted); what they left in /workspace is the
         // output. A sandbox killed outright (cancelled, or pid 1 lost) has no files to give.
-        if let Ok(collected) = sandbox.collect(&self.collect_limits(limits)) {
+        let collect = match &v.install {
+            Some(i) => i.collect,
+            None => self.collect_limits(limits),
+        };
+        if let Ok(collected) = sandbox.collect(&collect) {
             let notes;
             (verdict.files, verdict.files_omitted, notes) = crate::files::to_verdict(collected);
             verdict.warnings.extend(notes);
@@ -954,6 +1154,7 @@ fn verdict_from(
         execution_count: None,
         state_lost: None,
         network: None,
+        packages: None,
     }
 }
 

@@ -14,6 +14,7 @@ pub mod exec;
 pub mod files;
 pub mod limits;
 pub mod network;
+pub mod packages;
 pub mod pool;
 pub mod request;
 pub mod schema;
@@ -26,6 +27,7 @@ pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationEr
 pub use exec::ExecutionFailed;
 pub use limits::{Limit, LimitOverrides, Limits, Policy};
 pub use network::{NetworkError, NetworkPolicy};
+pub use packages::PackagePolicy;
 pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::NetworkRequest;
 pub use request::{ExecRequest, InputFile};
@@ -33,7 +35,9 @@ pub use session::{
     CellRequest, Session, SessionError, SessionInfo, SessionPolicy, SessionRequest, SessionStats,
     SessionTarget, Sessions, WorkspaceListing,
 };
-pub use verdict::{ErrorCategory, NetworkConnection, NetworkReport, Verdict, VerdictError};
+pub use verdict::{
+    ErrorCategory, NetworkConnection, NetworkReport, PackagesReport, Verdict, VerdictError,
+};
 
 /// What the engine needs from a front end while a program runs, and what it offers to stop
 /// one: re-exported from the jail so that front ends depend on this crate only.

@@ -34,6 +34,10 @@ pub struct ExecRequest {
     /// policy. Without it the run has no network at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkRequest>,
+    /// Python packages the curated stack lacks, installed (binary wheels only) from the
+    /// operator's index before the run, within the operator's package policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<String>,
 }
 
 impl NetworkRequest {
@@ -94,7 +98,7 @@ pub struct InputFile {
 }
 
 /// The request's own fields; every other key must be a limit.
-const FIELDS: &[&str] = &["language", "code", "stdin", "files", "network"];
+const FIELDS: &[&str] = &["language", "code", "stdin", "files", "network", "packages"];
 
 impl<'de> Deserialize<'de> for ExecRequest {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -115,6 +119,7 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor {
         use serde::de::Error;
         let (mut language, mut code, mut stdin, mut files) = (None, None, None, None);
         let mut network = None;
+        let mut packages = None;
         let mut limits = crate::limits::LimitsBuilder::default();
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
@@ -126,6 +131,11 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor {
                     &mut network,
                     "network",
                     map.next_value::<Option<NetworkRequest>>()?,
+                )?,
+                "packages" => set(
+                    &mut packages,
+                    "packages",
+                    map.next_value::<Option<Vec<String>>>()?,
                 )?,
                 other => match crate::limits::Limit::from_name(other) {
                     Some(limit) => limits.next_value(limit, &mut map)?,
@@ -140,6 +150,7 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor {
             files: files.unwrap_or_default(),
             limits: limits.finish(),
             network: network.flatten(),
+            packages: packages.flatten().unwrap_or_default(),
         })
     }
 }
@@ -247,6 +258,7 @@ impl ExecRequest {
             limits: LimitOverrides::default(),
             files: Vec::new(),
             network: None,
+            packages: Vec::new(),
         }
     }
 
@@ -277,6 +289,16 @@ impl ExecRequest {
         }
         props.insert("files".into(), files);
         props.insert("network".into(), NetworkRequest::schema_value());
+        props.insert(
+            "packages".into(),
+            json!({
+                "type": "array",
+                "items": {"type": "string", "examples": ["tabulate==0.9.0"]},
+                "description": "Python only: packages the curated stack lacks, as requirements \
+                    (a name, optional extras and version specifiers), installed as binary \
+                    wheels from the operator's index before the run, within its policy.",
+            }),
+        );
         props.extend(LimitOverrides::schema_properties());
         json!({
             "type": "object",

@@ -481,6 +481,7 @@ impl Session {
             files: cell.files.clone(),
             limits,
             network: None,
+            packages: Vec::new(),
         };
         engine.validate(&req).map_err(|e| e.to_string())
     }

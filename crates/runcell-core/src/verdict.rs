@@ -249,6 +249,25 @@ pub struct Verdict {
     /// egress proxy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkReport>,
+    /// Runs that asked for packages: the layer they ran with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<PackagesReport>,
+}
+
+/// The package layer a run had.
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
+pub struct PackagesReport {
+    /// The requirements, as asked.
+    pub requirements: Vec<String>,
+    /// The layer's name in the cache (the hash of the requirement set, index and interpreter).
+    pub layer: String,
+    /// Whether the layer was in the cache already (nothing was installed).
+    pub cached: bool,
+    /// How long the install took, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_seconds: Option<f64>,
 }
 
 /// What a run did on the network.
@@ -320,6 +339,7 @@ impl Verdict {
             execution_count: None,
             state_lost: None,
             network: None,
+            packages: None,
         }
     }
 

@@ -399,6 +399,16 @@ impl Runtime {
         rt
     }
 
+    /// This runtime with `dir` (a package layer) shown read-only at its host path and first
+    /// on Python's module path.
+    pub fn with_python_path(&self, dir: PathBuf) -> Runtime {
+        let mut rt = self.clone();
+        let path = dir.to_string_lossy().into_owned();
+        rt.extra_binds.push(dir);
+        rt.extra_env.push(("PYTHONPATH".into(), path));
+        rt
+    }
+
     pub fn plan(&self) -> Plan {
         let source_path = Path::new(WORKSPACE).join(self.language.source_file());
         let src = source_path.to_string_lossy().into_owned();

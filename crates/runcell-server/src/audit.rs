@@ -305,6 +305,7 @@ mod tests {
             limits: Default::default(),
             files: vec![],
             network: None,
+            packages: vec![],
         };
         let mut v = Verdict::failed(ErrorCategory::Timeout, "slow");
         v.exit_code = Some(124);

@@ -316,6 +316,14 @@ struct RunArgs {
     /// the program has no network.
     #[arg(long = "allow-net", value_name = "HOST[:PORT]")]
     allow_net: Vec<String>,
+    /// A Python package the curated stack lacks (repeatable): a requirement such as
+    /// tabulate==0.9.0, installed as a binary wheel from --package-index in a sandbox of its
+    /// own before the run, and kept in runcell's cache for the next run that asks for it.
+    #[arg(long = "package", value_name = "REQUIREMENT")]
+    packages: Vec<String>,
+    /// The package index (a PEP 503 simple index) [default: https://pypi.org/simple].
+    #[arg(long, value_name = "URL")]
+    package_index: Option<String>,
     /// Print exactly one JSON verdict on stdout and nothing else.
     #[arg(long)]
     json: bool,
@@ -549,6 +557,7 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
         network: (!args.allow_net.is_empty()).then(|| runcell_core::NetworkRequest {
             allow: args.allow_net.clone(),
         }),
+        packages: args.packages.clone(),
     };
     for (limit, value) in args.limits() {
         if let Some(text) = value {
@@ -724,6 +733,13 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
     // On the command line the caller is the operator: what it allows is the policy, and the
     // run asks for all of it. An entry that does not parse is refused by the request's check.
     config.network.allow = runcell_proxy::parse_rules(&args.allow_net).unwrap_or_default();
+    // Likewise for packages: any from the index the caller names.
+    config.packages.allow_any = true;
+    if let Some(index) = &args.package_index {
+        config.packages.index_url = index.clone();
+        // A mirror serves its own files.
+        config.packages.file_hosts.clear();
+    }
     let engine = Engine::new(config);
     // The output directory is checked before anything runs: a directory that is not empty is
     // refused as an invalid request rather than discovered after the program has run.
