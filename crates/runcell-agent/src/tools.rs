@@ -27,8 +27,10 @@ pub fn offered(catalog: &Catalog, names: &[String]) -> (Vec<ToolSpec>, Vec<Strin
                 let mut schema = Value::Object((*def.input_schema).clone());
                 if let Some(props) = schema["properties"].as_object_mut() {
                     props.remove("session_id");
-                    // The loop's runs share a session, and sessions run offline.
+                    // The loop's runs share a session, and sessions run offline, with the
+                    // pre-installed packages.
                     props.remove("network");
+                    props.remove("packages");
                 }
                 specs.push(ToolSpec {
                     name: def.name.clone(),

@@ -18,7 +18,14 @@ use serde_json::{json, Value};
 /// The arguments a `code_exec_*` tool takes: these fields of the engine's request (the
 /// language is the tool's). Other limits stay the operator's defaults: a model is not the
 /// party that should size its own sandbox.
-pub const ARGUMENTS: [&str; 5] = ["code", "timeout", "files", "network", "session_id"];
+pub const ARGUMENTS: [&str; 6] = [
+    "code",
+    "timeout",
+    "files",
+    "network",
+    "packages",
+    "session_id",
+];
 
 /// An installed runtime, as the catalog describes it.
 pub type RuntimeInfo = RuntimeStatus;
@@ -105,7 +112,7 @@ fn input_schema(language: Language, policy: &Policy) -> JsonObject {
     let mut schema = object(ExecRequest::schema());
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
         // `network` is offered only where the operator allows some (Catalog::for_host).
-        props.retain(|k, _| ARGUMENTS.contains(&k.as_str()) && k != "network");
+        props.retain(|k, _| ARGUMENTS.contains(&k.as_str()) && k != "network" && k != "packages");
         props.insert(
             "session_id".into(),
             json!({
@@ -348,7 +355,40 @@ impl Catalog {
     pub fn for_host(engine: &Engine) -> Catalog {
         let mut c = Catalog::new(engine.policy(), &engine.runtimes());
         c.offer_network(&engine.config().network);
+        c.offer_packages(&engine.config().packages);
         c
+    }
+
+    /// Where the operator allows package installs, the Python tool takes `packages` too.
+    pub fn offer_packages(&mut self, policy: &runcell_core::PackagePolicy) {
+        if !policy.enabled() {
+            return;
+        }
+        let which = if policy.allow_any {
+            format!("any package from {}", policy.index_url)
+        } else {
+            policy.allow.join(", ")
+        };
+        let prop = json!({
+            "type": "array",
+            "items": {"type": "string"},
+            "description": format!(
+                "Only for a package the pre-installed stack lacks: requirements such as \
+                 tabulate==0.9.0, installed (binary wheels) before the code runs. Allowed here: \
+                 {which}."
+            ),
+        });
+        for t in self
+            .tools
+            .iter_mut()
+            .filter(|t| t.language == Language::Python)
+        {
+            let mut schema = (*t.input_schema).clone();
+            if let Some(Value::Object(props)) = schema.get_mut("properties") {
+                props.insert("packages".into(), prop.clone());
+            }
+            t.input_schema = Arc::new(schema);
+        }
     }
 
     /// Where the operator allows some network, each tool takes `network` too, with what may

@@ -26,6 +26,12 @@
 //! approval = true             # runs that ask for network wait for a person's approval
 //! approval_timeout = "5m"     # (GET/POST /v1/approvals with an admin key; MCP: elicitation)
 //!
+//! [packages]                  # vetted package installs (Python; none by default)
+//! allow = ["tabulate", "openpyxl"]   # or ["*"]: any from the index
+//! index_url = "https://pypi.org/simple"   # a private mirror works (then its own file hosts)
+//! file_hosts = ["files.pythonhosted.org:443"]
+//! install_timeout = "5m"
+//!
 //! [limits.default]            # what a request gets when it does not ask
 //! timeout = "10s"
 //! memory = "256M"
@@ -95,6 +101,8 @@ pub struct FileConfig {
     #[serde(default)]
     pub network: FileNetwork,
     #[serde(default)]
+    pub packages: FilePackages,
+    #[serde(default)]
     pub agent: FileAgent,
 }
 
@@ -156,6 +164,18 @@ pub struct FileKey {
     /// This key may approve or deny runs waiting for network approval.
     #[serde(default)]
     pub admin: bool,
+}
+
+/// `[packages]`: vetted package installs.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePackages {
+    /// Names runs may ask for; `["*"]`: any from the index.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    pub index_url: Option<String>,
+    pub file_hosts: Option<Vec<String>>,
+    pub install_timeout: Option<toml::Value>,
 }
 
 /// `[network]`: network by permission.
@@ -243,6 +263,9 @@ pub struct Overrides {
     pub net_approval_timeout: Option<String>,
     /// Keys that may approve runs (comma-separated entries allowed).
     pub admin_keys: Vec<String>,
+    /// Packages runs may ask for (comma-separated entries allowed; `*`: any).
+    pub allow_packages: Vec<String>,
+    pub package_index: Option<String>,
     /// The wall-clock budget of one agent request.
     pub agent_timeout: Option<String>,
 }
@@ -631,6 +654,45 @@ pub fn build(
         .or(fnet.approval_timeout.as_ref().map(toml_to_json))
     {
         c.engine.network.approval_timeout = duration_setting("network.approval_timeout", &v)?;
+    }
+    // Vetted package installs: flags (or the environment), then the file.
+    let fp = &file.packages;
+    let names: Vec<String> = if o.allow_packages.is_empty() {
+        fp.allow.clone()
+    } else {
+        o.allow_packages
+            .iter()
+            .flat_map(|e| e.split(','))
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect()
+    };
+    let pk = &mut c.engine.packages;
+    pk.allow_any = names.iter().any(|n| n == "*");
+    pk.allow = names.into_iter().filter(|n| n != "*").collect();
+    if let Some(bad) = pk.allow.iter().find(|n| {
+        n.is_empty()
+            || !n
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+    }) {
+        return Err(ServerError::Config(format!(
+            "packages: {bad:?} is not a package name"
+        )));
+    }
+    if let Some(index) = o.package_index.clone().or(fp.index_url.clone()) {
+        pk.index_url = index;
+        // A mirror serves its own files unless told otherwise.
+        pk.file_hosts = fp.file_hosts.clone().unwrap_or_default();
+    } else if let Some(hosts) = &fp.file_hosts {
+        pk.file_hosts = hosts.clone();
+    }
+    if let Some(t) = &fp.install_timeout {
+        pk.install_timeout = duration_setting("packages.install_timeout", &toml_to_json(t))?;
+    }
+    if pk.enabled() {
+        pk.destinations()
+            .map_err(|e| ServerError::Config(format!("packages: {e}")))?;
     }
     // The agent loop's model: flags, then the file.
     let fa = &file.agent;

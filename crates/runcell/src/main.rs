@@ -239,6 +239,19 @@ struct ServeArgs {
         hide_env_values = true
     )]
     admin_keys: Vec<String>,
+    /// Python packages runs may ask for (vetted installs: binary wheels from the index, in a
+    /// sandbox that reaches only the index), repeatable or comma-separated; `*`: any
+    /// [default: none].
+    #[arg(
+        long = "allow-package",
+        env = "RUNCELL_ALLOW_PACKAGES",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    allow_packages: Vec<String>,
+    /// The package index (PEP 503) installs come from [default: https://pypi.org/simple].
+    #[arg(long, env = "RUNCELL_PACKAGE_INDEX", value_name = "URL")]
+    package_index: Option<String>,
     /// The wall-clock budget of one agent request, model calls and runs together [default:
     /// 5m].
     #[arg(long, env = "RUNCELL_AGENT_TIMEOUT", value_name = "DURATION")]
@@ -920,6 +933,8 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         net_approval: args.net_approval,
         net_approval_timeout: args.net_approval_timeout,
         admin_keys: args.admin_keys,
+        allow_packages: args.allow_packages,
+        package_index: args.package_index,
     };
     let config = build(overrides, file, engine)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -218,3 +218,50 @@ fn what_cannot_be_installed_is_refused_with_pips_reason() {
     r.assert_category("invalid_request");
     assert!(r.message().contains("Python runs only"), "{}", r.message());
 }
+
+/// Over HTTP: the operator's policy names the packages runs may ask for.
+#[test]
+#[cfg_attr(
+    not(host_test_wheels),
+    ignore = "needs target/test-wheels (scripts/test.sh downloads tabulate's wheel from PyPI)"
+)]
+fn the_server_installs_only_what_its_policy_allows() {
+    let (_index_dir, index_url, _hits) = index();
+    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let s = common::ServeProcess::start(
+        &[
+            "--pool",
+            "python=0",
+            "--allow-package",
+            "tabulate",
+            "--package-index",
+            &index_url,
+        ],
+        &[("RUNCELL_DATA_DIR", data.path().to_str().unwrap())],
+    );
+    let post = |body: serde_json::Value| {
+        let res = reqwest::blocking::Client::new()
+            .post(s.url("/v1/execute"))
+            .json(&body)
+            .timeout(std::time::Duration::from_secs(120))
+            .send()
+            .unwrap();
+        (
+            res.status().as_u16(),
+            res.json::<serde_json::Value>().unwrap(),
+        )
+    };
+    let (status, v) = post(serde_json::json!({"language": "python",
+        "code": "import tabulate; print(tabulate.__version__)", "packages": ["tabulate==0.9.0"]}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stdout"], "0.9.0\n", "{v}");
+    assert_eq!(v["packages"]["cached"], false);
+    let (status, v) = post(serde_json::json!({"language": "python",
+        "code": "print(1)", "packages": ["requests"]}));
+    assert_eq!(status, 400, "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("\"requests\" is not allowed") && m.contains("tabulate"),
+        "{m}"
+    );
+}

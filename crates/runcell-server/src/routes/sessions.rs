@@ -211,11 +211,13 @@ pub(crate) async fn session_call(
     sink: Box<dyn OutputSink + Send>,
 ) -> Result<Verdict, ApiError> {
     let s = &state.inner;
-    if req.network.is_some() {
-        // Refused, never dropped: code that expects a destination must learn it has none.
+    if req.network.is_some() || !req.packages.is_empty() {
+        // Refused, never dropped: code that expects a destination or a package must learn
+        // it has none.
         let e = ApiError::invalid(
-            "Invalid request: network by permission is for one-shot runs; a session's code \
-             runs offline. Leave out \"network\", or run this code without a session.",
+            "Invalid request: network by permission and package installs are for one-shot \
+             runs; a session's code runs offline with the pre-installed packages. Leave out \
+             \"network\" and \"packages\", or run this code without a session.",
         );
         s.metrics.rejected(e.category);
         s.audit
