@@ -33,6 +33,7 @@ need=()
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 [ -x /usr/bin/node ] || need+=(nodejs)
 command -v setpriv >/dev/null || need+=(util-linux)
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   apt-get update -qq

@@ -593,3 +593,148 @@ fn over_http_a_networked_run_waits_for_an_admin_to_approve_or_deny_it() {
     );
     assert_eq!((status, v["stdout"].as_str()), (200, Some("1\n")), "{v}");
 }
+
+/// A test host in a network namespace this test makes (a veth pair, 10.213.x.0/30), for the
+/// clients that never send loopback destinations to a proxy (Go's): Go's net/http reaches it
+/// through the proxy, the host being allowed by its literal address and port.
+#[test]
+#[cfg_attr(not(host_go), ignore = "needs go")]
+fn go_reaches_a_test_host_in_a_network_namespace_through_the_proxy() {
+    let ns = TestHost::start();
+    let entry = format!("{}:{}", ns.addr, ns.port);
+    let r = run(
+        "go",
+        &format!(
+            r#"package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+)
+
+func main() {{
+	res, err := http.Get("http://{entry}/")
+	if err != nil {{
+		fmt.Println("ERR", err)
+		return
+	}}
+	b, _ := io.ReadAll(res.Body)
+	fmt.Print(string(b))
+	// Refused by the proxy: plain HTTP gets its 403 as the answer.
+	res, err = http.Get("http://{addr}:{other}/")
+	if err != nil {{
+		fmt.Println("ERR", err)
+		return
+	}}
+	fmt.Println("other:", res.StatusCode)
+}}
+"#,
+            addr = ns.addr,
+            other = ns.port + 1
+        ),
+        &["--allow-net", &entry, "--timeout", "60"],
+    );
+    r.assert_ok();
+    assert_eq!(
+        r.stdout(),
+        "hello from the namespace\nother: 403\n",
+        "{:#}",
+        r.verdict
+    );
+    let c = connections(&r);
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!(c[0]["allowed"], true);
+    assert_eq!(c[0]["address"], ns.addr.as_str());
+    assert_eq!(c[1]["allowed"], false);
+}
+
+/// A network namespace with one end of a veth pair, an address, and an HTTP server in it.
+struct TestHost {
+    name: String,
+    host_if: String,
+    addr: String,
+    port: u16,
+    server: std::process::Child,
+}
+
+impl TestHost {
+    fn start() -> TestHost {
+        let n = std::process::id() % 200 + 20;
+        let name = format!("rc-egress-{}", std::process::id());
+        let (host_if, ns_if) = (format!("rce{n}h"), format!("rce{n}n"));
+        let (host_ip, addr) = (format!("10.213.{n}.1"), format!("10.213.{n}.2"));
+        let ip = |args: &[&str]| {
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(st.success(), "ip {args:?}");
+        };
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &name])
+            .status();
+        ip(&["netns", "add", &name]);
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+        ]);
+        ip(&["link", "set", &ns_if, "netns", &name]);
+        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]);
+        ip(&["link", "set", &host_if, "up"]);
+        ip(&[
+            "-n",
+            &name,
+            "addr",
+            "add",
+            &format!("{addr}/30"),
+            "dev",
+            &ns_if,
+        ]);
+        ip(&["-n", &name, "link", "set", &ns_if, "up"]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("index.html"), "hello from the namespace\n").unwrap();
+        let port = 18000 + (std::process::id() % 1000) as u16;
+        let server = std::process::Command::new("ip")
+            .args(["netns", "exec", &name, "python3", "-m", "http.server"])
+            .arg(port.to_string())
+            .args(["--bind", &addr, "--directory"])
+            .arg(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Ready when it answers from the host.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect((addr.as_str(), port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the test host did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        TestHost {
+            name,
+            host_if,
+            addr,
+            port,
+            server,
+        }
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        // Deleting the namespace removes its veth end, and with it the pair (in the
+        // background); the host's end is deleted now as well.
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
