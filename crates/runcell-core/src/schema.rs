@@ -45,12 +45,76 @@ fn inline(
         o.remove("title");
         o.remove("description");
     }
+    standard_formats(&mut v);
     v
+}
+
+/// Only JSON Schema's own formats: schemars names Rust's number types (`uint64`, `double`,
+/// ...), which no validator knows (the MCP TypeScript SDK and Inspector warn on each). Their
+/// ranges go into `minimum` and `maximum` instead.
+fn standard_formats(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            let numeric = o.get("format").and_then(Value::as_str).and_then(|f| {
+                let (unsigned, max): (bool, Option<u64>) = match f {
+                    "uint8" => (true, Some(u8::MAX as u64)),
+                    "uint16" => (true, Some(u16::MAX as u64)),
+                    "uint32" => (true, Some(u32::MAX as u64)),
+                    "uint64" | "uint" => (true, None),
+                    "int8" | "int16" | "int32" | "int64" | "int" | "float" | "double" => {
+                        (false, None)
+                    }
+                    _ => return None,
+                };
+                Some((unsigned, max))
+            });
+            if let Some((unsigned, max)) = numeric {
+                o.remove("format");
+                if unsigned && !o.contains_key("minimum") && !o.contains_key("exclusiveMinimum") {
+                    o.insert("minimum".into(), 0.into());
+                }
+                if let Some(m) = max.filter(|_| !o.contains_key("maximum")) {
+                    o.insert("maximum".into(), m.into());
+                }
+            }
+            for child in o.values_mut() {
+                standard_formats(child);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(standard_formats),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use utoipa::PartialSchema;
+
+    #[test]
+    fn only_standard_formats_remain_with_ranges_instead() {
+        let mut v = serde_json::json!({"type": "object", "properties": {
+            "a": {"type": "integer", "format": "uint64", "minimum": 0},
+            "b": {"type": ["integer", "null"], "format": "uint16"},
+            "c": {"type": "number", "format": "double"},
+            "d": {"type": "string", "format": "date-time"},
+            "e": {"items": [{"type": "integer", "format": "int32"}]},
+        }});
+        super::standard_formats(&mut v);
+        let p = &v["properties"];
+        assert_eq!(p["a"], serde_json::json!({"type": "integer", "minimum": 0}));
+        assert_eq!(
+            p["b"],
+            serde_json::json!({"type": ["integer", "null"], "minimum": 0, "maximum": 65535})
+        );
+        assert_eq!(p["c"], serde_json::json!({"type": "number"}));
+        assert_eq!(p["d"]["format"], "date-time");
+        assert!(p["e"]["items"][0].get("format").is_none());
+        // What runcell serves to MCP clients has none left.
+        let out = crate::schema::inline_output_schema::<crate::Verdict>().to_string();
+        for f in ["uint64", "uint16", "int32", "double"] {
+            assert!(!out.contains(&format!("\"{f}\"")), "{f} in {out}");
+        }
+    }
 
     /// A schema that utoipa could not read becomes the empty schema: none of ours may.
     #[test]
