@@ -270,6 +270,36 @@ pub struct Overrides {
     pub agent_timeout: Option<String>,
 }
 
+/// Where to listen: `ADDR:PORT` (`127.0.0.1:8080`, `[::1]:8080`, `0.0.0.0:8080`), a host
+/// name and port (`localhost:8080`, resolved now; IPv4 first), or `:PORT` (loopback).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || format!("'{s}' is not an address such as 127.0.0.1:8080, localhost:8080 or :8080");
+    if let Some(port) = t.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    let (host, port) = t.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() || host.contains(['/', ' ']) {
+        return Err(bad());
+    }
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("'{s}': {host} does not resolve ({e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(bad)
+}
+
 fn toml_to_json(v: &toml::Value) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
@@ -401,11 +431,7 @@ pub fn build(
     if let Some(listen) = o.listen {
         c.listen = listen;
     } else if let Some(s) = &file.listen {
-        c.listen = s.parse().map_err(|_| {
-            ServerError::Config(format!(
-                "listen: '{s}' is not an address such as 127.0.0.1:8080"
-            ))
-        })?;
+        c.listen = parse_listen(s).map_err(|e| ServerError::Config(format!("listen: {e}")))?;
     }
     c.api_keys = if !o.api_keys.is_empty() {
         o.api_keys
@@ -754,6 +780,22 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_addresses_take_names_and_a_bare_port() {
+        for (s, want) in [
+            ("127.0.0.1:8080", "127.0.0.1:8080"),
+            ("[::1]:8080", "[::1]:8080"),
+            (":9000", "127.0.0.1:9000"),
+            ("localhost:8081", "127.0.0.1:8081"),
+            (" 0.0.0.0:80 ", "0.0.0.0:80"),
+        ] {
+            assert_eq!(parse_listen(s).unwrap(), want.parse().unwrap(), "{s}");
+        }
+        for bad in ["8080", "localhost", ":x", "host:99999", "a b:80", ""] {
+            assert!(parse_listen(bad).is_err(), "{bad:?}");
+        }
+    }
 
     fn engine() -> runcell_core::EngineConfig {
         let mut e = runcell_core::EngineConfig::for_host();

@@ -77,9 +77,9 @@ struct ServeArgs {
     /// TOML configuration file (lowest precedence after the defaults).
     #[arg(long, env = "RUNCELL_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:8080]. Without an API key only a loopback
-    /// address is allowed.
-    #[arg(long, env = "RUNCELL_LISTEN", value_name = "ADDR")]
+    /// Address to listen on: ADDR:PORT, HOST:PORT (localhost:8080) or :PORT (loopback)
+    /// [default: 127.0.0.1:8080]. Without an API key only a loopback address is allowed.
+    #[arg(long, env = "RUNCELL_LISTEN", value_name = "ADDR", value_parser = runcell_server::config::parse_listen)]
     listen: Option<std::net::SocketAddr>,
     /// An API key clients must send (`Authorization: Bearer KEY` or `X-API-Key: KEY`), at
     /// least 16 characters. Repeatable; the environment variable takes a comma-separated list.
@@ -537,9 +537,20 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
     };
     let language = match (&args.lang, &path) {
         (Some(l), _) => l.clone(),
-        (None, Some(p)) => Language::from_path(p)
-            .map(|l| l.name().to_string())
-            .unwrap_or_else(|| "python".into()),
+        (None, Some(p)) => match (Language::from_path(p), p.extension()) {
+            (Some(l), _) => l.name().to_string(),
+            // A file with an extension runcell does not know is not guessed to be Python.
+            (None, Some(ext)) if p.as_os_str() != "-" => {
+                return Err(invalid(format!(
+                    "Cannot tell the language of {} from its extension (.{}): pass --lang \
+                     (python, node, ruby, go or bash). Known extensions: .py, .js, .mjs, .cjs, \
+                     .rb, .go, .sh, .bash.",
+                    p.display(),
+                    ext.to_string_lossy()
+                )))
+            }
+            (None, _) => "python".into(),
+        },
         (None, None) => "python".into(),
     };
     let stdin = match &args.stdin {

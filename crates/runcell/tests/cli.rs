@@ -627,3 +627,55 @@ fn without_io(limits: &serde_json::Value) -> serde_json::Value {
     }
     l
 }
+
+/// A file whose extension runcell does not know is not run as Python.
+#[test]
+fn an_unknown_extension_without_lang_is_an_invalid_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let ts = dir.path().join("a.ts");
+    std::fs::write(&ts, "console.log(1)\n").unwrap();
+    let r = run_args(&[ts.to_str().unwrap()], |_| {});
+    assert_invalid(&r, "--lang");
+    for ext in [".ts", ".py", ".js", ".rb", ".go", ".sh"] {
+        assert!(r.message().contains(ext), "{ext}: {}", r.message());
+    }
+    // With --lang it runs.
+    let r = run_args(&["--lang", "node", ts.to_str().unwrap()], |_| {});
+    r.assert_ok();
+    assert_eq!(r.stdout(), "1\n");
+}
+
+/// `--listen` takes a host name and a bare `:PORT` (loopback).
+#[test]
+fn serve_listens_on_a_host_name_or_a_bare_port() {
+    use std::io::{BufRead, BufReader};
+    for listen in ["localhost:0", ":0"] {
+        let mut child = std::process::Command::new(runcell_bin())
+            .args(["serve", "--pool", "python=0", "--listen", listen])
+            .env_remove("RUNCELL_API_KEY")
+            .env_remove("RUNCELL_LISTEN")
+            .env_remove("RUNCELL_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut found = None;
+        for _ in 0..50 {
+            line.clear();
+            if err.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                found = Some(rest.split_whitespace().next().unwrap_or("").to_string());
+                break;
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let addr = found.unwrap_or_else(|| panic!("{listen}: no listening line; last: {line}"));
+        assert!(addr.starts_with("127.0.0.1:"), "{listen}: {addr}");
+    }
+}
