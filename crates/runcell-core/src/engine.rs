@@ -53,6 +53,11 @@ impl EngineConfig {
         // What runs may use of the host's memory: all of it but a reserve for the host.
         let usable = memory.map(crate::limits::usable_memory);
         let mut policy = Policy::for_host(usable.unwrap_or(1 << 30), cpus);
+        // A sandbox inherits this process's hard limit of open files: more cannot be granted,
+        // so it cannot be offered either.
+        if let Some(hard) = runcell_jail::open_files_hard_limit() {
+            policy.clamp_open_files(hard);
+        }
         // The runtimes and their libraries are read from /usr.
         let disk = runcell_jail::block_device_of("/usr".as_ref(), "/sys/dev/block".as_ref());
         if let Some(d) = disk {

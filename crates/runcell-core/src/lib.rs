@@ -46,7 +46,7 @@ pub use runcell_runtimes::{python_stack, Language};
 
 /// Raise runcell's own soft open-files limit to the hard one (servers hold a descriptor per
 /// connection).
-pub use runcell_jail::raise_open_files_limit;
+pub use runcell_jail::{open_files_hard_limit, raise_open_files_limit};
 
 /// Keep malloc from holding on to freed large buffers (output, files) in long-running
 /// processes: see `runcell_jail::pin_mmap_threshold`.

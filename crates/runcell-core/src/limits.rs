@@ -889,6 +889,15 @@ impl Policy {
         self.max_open_files_per_run = self.max_open_files_per_run.min(share.max(floor));
     }
 
+    /// Keep `open_files` (maximum and default) within what the host can grant a process:
+    /// its hard limit. Returns the maximum it had when it was above.
+    pub fn clamp_open_files(&mut self, hard: u64) -> Option<u64> {
+        let before = self.max.open_files.0;
+        self.max.open_files.0 = before.min(hard);
+        self.defaults.open_files.0 = self.defaults.open_files.0.min(self.max.open_files.0);
+        (before > hard).then_some(before)
+    }
+
     /// The file-table bound of a run with these limits: `pids × open_files` within
     /// `max_open_files_per_run`.
     pub fn check_file_table(&self, l: &Limits) -> Result<(), FileTableError> {
@@ -1152,5 +1161,17 @@ mod tests {
         std::fs::write(&p, "MemTotal:       24571604 kB\nMemFree: 1 kB\n").unwrap();
         assert_eq!(host_memory_bytes(&p), Some(24571604 * 1024));
         assert_eq!(host_memory_bytes(&dir.path().join("nope")), None);
+    }
+
+    #[test]
+    fn open_files_are_clamped_to_the_hosts_hard_limit() {
+        let mut p = Policy::for_host(8 << 30, 2);
+        assert_eq!(p.clamp_open_files(20_000), Some(65_536));
+        assert_eq!(p.max.open_files.0, 20_000);
+        assert!(p.defaults.open_files.0 <= 20_000);
+        assert_eq!(p.clamp_open_files(1 << 20), None);
+        assert_eq!(p.max.open_files.0, 20_000);
+        p.clamp_open_files(100);
+        assert_eq!((p.max.open_files.0, p.defaults.open_files.0), (100, 100));
     }
 }

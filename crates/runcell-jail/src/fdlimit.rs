@@ -6,6 +6,12 @@ use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit (capped at `ceiling`) and return the soft
 /// limit now in force. An unlimited hard limit counts as `ceiling`.
+/// The hard limit of open files this process (and so every sandbox it starts) has; `None`:
+/// unlimited. A sandbox cannot be given more.
+pub fn open_files_hard_limit() -> Option<u64> {
+    getrlimit(Resource::Nofile).maximum
+}
+
 pub fn raise_open_files_limit(ceiling: u64) -> std::io::Result<u64> {
     let now = getrlimit(Resource::Nofile);
     let hard = now.maximum.unwrap_or(ceiling).min(ceiling);

@@ -38,7 +38,7 @@ pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced, IoLimits};
 pub use collect::MAX_PATH_BYTES;
 pub use config::{Overlay, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 pub use errno::{error_chain, OsError};
-pub use fdlimit::raise_open_files_limit;
+pub use fdlimit::{open_files_hard_limit, raise_open_files_limit};
 pub use hex::to_hex;
 pub use hostspeed::{startup_hints, StartupHint, RCU_EXPEDITED};
 pub use init::{helper_main, HELPER_ARG};

@@ -419,6 +419,16 @@ pub fn build(
         &merged(&file.limits.max, &o.max_limits)?,
         "maximum",
     )?;
+    // What the operator allows cannot exceed what the host can grant a sandbox.
+    if let Some(hard) = runcell_core::open_files_hard_limit() {
+        if let Some(asked) = policy.clamp_open_files(hard) {
+            tracing::warn!(
+                asked,
+                host_hard_limit = hard,
+                "the open_files maximum is above the host's hard limit of open files: lowered to it"
+            );
+        }
+    }
     let caps = merged(&file.caps, &o.caps)?;
     apply_caps(policy, &caps)?;
     // Every default must lie between the minimum and the operator's maximum.

@@ -1089,6 +1089,10 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                 "enforcement": probe.enforcement,
                 "error": probe.error,
             },
+            "host_limits": {
+                "open_files_hard_limit": runcell_core::open_files_hard_limit(),
+                "open_files_maximum": engine.policy().max.open_files.0,
+            },
             "startup_hints": speed.iter().map(|h| serde_json::json!({
                 "setting": h.setting, "state": h.state, "recommended": h.recommended,
                 "advice": h.advice, "trade_off": h.trade_off,
@@ -1131,6 +1135,20 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                     l.install_hint()
                 ),
             }
+        }
+        println!("Host limits");
+        match runcell_core::open_files_hard_limit() {
+            Some(hard) => println!(
+                "  {:<20} at most {} per process: the host's hard limit of open files (a run \
+                 asking for more is refused; raise it with LimitNOFILE= or `ulimit -Hn`)",
+                "open files",
+                engine.policy().max.open_files.0.min(hard)
+            ),
+            None => println!(
+                "  {:<20} at most {} per process (the host sets no hard limit)",
+                "open files",
+                engine.policy().max.open_files.0
+            ),
         }
         println!("Sandbox test");
         if sandbox_ok {

@@ -679,3 +679,24 @@ fn serve_listens_on_a_host_name_or_a_bare_port() {
         assert!(addr.starts_with("127.0.0.1:"), "{listen}: {addr}");
     }
 }
+
+/// No limit is offered that the host cannot grant: more open files than the host's hard limit
+/// is an invalid request, never a sandbox failure (which any client could otherwise cause).
+#[test]
+fn open_files_above_the_hosts_hard_limit_are_an_invalid_request() {
+    let hard = runcell_core::open_files_hard_limit().expect("this host has a hard limit");
+    let asked = (hard + 1).to_string();
+    let r = run(
+        "python",
+        "print(1)",
+        &["--pids", "2", "--open-files", &asked],
+    );
+    assert_invalid(&r, &format!("maximum of {hard}"));
+    let doctor = std::process::Command::new(runcell_bin())
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(v["host_limits"]["open_files_hard_limit"], hard);
+    assert!(v["host_limits"]["open_files_maximum"].as_u64().unwrap() <= hard);
+}
