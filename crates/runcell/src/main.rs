@@ -858,9 +858,14 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
     }
 }
 
+/// runcell's exit code when the code did not compile (sysexits' EX_DATAERR).
+const COMPILE_ERROR_EXIT: i32 = 65;
+
 /// The process exit code: the program's, or a fixed code when no program ran.
 fn exit_code(v: &Verdict) -> ExitCode {
     let code = match (v.exit_code, v.category()) {
+        // Not the compiler's status (Go's is 1 or 2, which would read as an invalid request).
+        (_, Some(ErrorCategory::CompileError)) => COMPILE_ERROR_EXIT,
         (Some(c), _) => c,
         (None, Some(ErrorCategory::InvalidRequest)) => 2,
         (None, Some(ErrorCategory::RuntimeUnavailable)) => 127,
@@ -874,6 +879,11 @@ fn summary(v: &Verdict) -> String {
     let lang = v.language.as_deref().unwrap_or("program");
     let mut s = match (&v.error, v.exit_code) {
         (None, _) => format!("runcell: {lang} exited 0 in {:.3} s", v.execution_time),
+        (Some(e), Some(code)) if e.category == ErrorCategory::CompileError => format!(
+            "runcell: compile_error (compiler exit code {code}) after {:.3} s of compiling: {}",
+            v.compile_time.unwrap_or_default(),
+            e.message
+        ),
         (Some(e), Some(code)) => format!(
             "runcell: {} (exit code {code}) after {:.3} s: {}",
             e.category.as_str(),

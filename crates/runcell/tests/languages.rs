@@ -368,8 +368,21 @@ fn go_compile_error_is_a_compile_error_with_the_compiler_message() {
     assert!(r.message().contains("undefined"), "{}", r.message());
     assert!(r.message().contains("main.go:5"), "{}", r.message());
     assert_ne!(r.exit_code(), Some(0));
-    assert_ne!(r.code, Some(0));
+    // runcell's own status says "did not compile", apart from an invalid request's 2.
+    assert_eq!(r.code, Some(65));
     assert_eq!(r.stdout(), "");
+    // The human summary gives the compile time, not the (zero) run time.
+    let out = std::process::Command::new(runcell_bin())
+        .args(["run", "--lang", "go", "-c"])
+        .arg("package main\n\nfunc main() { x }\n")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(65));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("of compiling") && !err.contains("after 0.000 s"),
+        "{err}"
+    );
 }
 
 #[test]
