@@ -5,6 +5,7 @@
 mod host_probe;
 
 fn main() {
+    commit();
     host_probe::emit(&[
         "host_root",
         "host_cgroup_v2",
@@ -22,4 +23,32 @@ fn main() {
         "host_agent_clients",
         "host_test_wheels",
     ]);
+}
+
+/// The commit this binary is built from (`runcell --version`): `RUNCELL_COMMIT` if set (a
+/// build from a tarball), else git's, else "unknown commit".
+fn commit() {
+    println!("cargo::rerun-if-env-changed=RUNCELL_COMMIT");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = std::env::var("RUNCELL_COMMIT")
+        .ok()
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
+    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+        // A new commit moves HEAD or the branch it names.
+        println!("cargo::rerun-if-changed={dir}/HEAD");
+        if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            println!("cargo::rerun-if-changed={dir}/{r}");
+        }
+    }
+    println!(
+        "cargo::rustc-env=RUNCELL_COMMIT={}",
+        commit.unwrap_or_else(|| "unknown commit".into())
+    );
 }

@@ -20,7 +20,7 @@ use runcell_core::{
 
 /// Run untrusted code in a sandbox and get a structured verdict.
 #[derive(Parser)]
-#[command(name = "runcell", version, about, long_about = None)]
+#[command(name = "runcell", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RUNCELL_COMMIT"), ")"), about, long_about = None)]
 struct Cli {
     /// Where prepared runtimes live (default: /var/lib/runcell as root, else
     /// ~/.local/share/runcell).
@@ -70,6 +70,12 @@ enum Command {
     Mcp(McpArgs),
     /// Print the tool definitions for agents that call POST /v1/execute themselves.
     Tools(ToolsArgs),
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell), e.g.
+    /// `runcell completion bash > /etc/bash_completion.d/runcell`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Args)]
@@ -374,6 +380,16 @@ fn main() -> ExitCode {
         Command::Repl(args) => Ok(repl_cmd(args, host)),
         Command::Agent(args) => Ok(agent_cmd(*args, host)),
         Command::Doctor { json } => doctor(json, host),
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "runcell",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Serve(args) => serve(*args, host),
         Command::Mcp(args) => mcp(args, host),
         Command::Tools(args) => tools(args, host),

@@ -700,3 +700,32 @@ fn open_files_above_the_hosts_hard_limit_are_an_invalid_request() {
     assert_eq!(v["host_limits"]["open_files_hard_limit"], hard);
     assert!(v["host_limits"]["open_files_maximum"].as_u64().unwrap() <= hard);
 }
+
+/// `--version` names the commit; `completion SHELL` prints a script for that shell.
+#[test]
+fn version_names_the_commit_and_completions_are_printed() {
+    let out = std::process::Command::new(runcell_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        v.starts_with("runcell ") && v.contains(" (") && v.trim_end().ends_with(')'),
+        "{v}"
+    );
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef runcell"),
+        ("fish", "complete -c runcell"),
+    ] {
+        let out = std::process::Command::new(runcell_bin())
+            .args(["completion", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(marker),
+            "{shell}"
+        );
+    }
+}
