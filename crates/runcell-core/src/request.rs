@@ -40,6 +40,16 @@ pub struct ExecRequest {
     pub packages: Vec<String>,
 }
 
+impl InputFile {
+    /// `content` or `content_base64`, exactly one of them, as JSON Schema says it.
+    pub fn exactly_one_content() -> Value {
+        json!([
+            {"required": ["content"], "not": {"required": ["content_base64"]}},
+            {"required": ["content_base64"], "not": {"required": ["content"]}},
+        ])
+    }
+}
+
 impl NetworkRequest {
     /// Its JSON Schema, inline (the request's schema is written by hand).
     pub fn schema_value() -> Value {
@@ -268,7 +278,12 @@ impl ExecRequest {
         let mut props = serde_json::Map::new();
         props.insert(
             "language".into(),
-            json!({"type": "string", "description": "python, node (or javascript), ruby, go or bash."}),
+            json!({
+                "type": "string",
+                "enum": ["python", "python3", "py", "node", "nodejs", "javascript", "js", "ruby",
+                    "rb", "go", "golang", "bash", "sh", "shell"],
+                "description": "python, node (or javascript), ruby, go or bash.",
+            }),
         );
         props.insert(
             "code".into(),
@@ -279,6 +294,7 @@ impl ExecRequest {
             json!({"type": ["string", "null"], "description": "Text fed to the program's standard input."}),
         );
         let mut files = files;
+        files["items"]["oneOf"] = InputFile::exactly_one_content();
         if let Value::Object(f) = &mut files {
             f.insert(
                 "description".into(),
@@ -335,8 +351,10 @@ impl utoipa::ToSchema for ExecRequest {
             utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
         )>,
     ) {
-        use utoipa::PartialSchema;
-        schemas.push((InputFile::name().into_owned(), InputFile::schema()));
+        // The component as JSON Schema has it, with its "exactly one content" rule.
+        let mut file = crate::schema::inline_json_schema::<InputFile>();
+        file["oneOf"] = InputFile::exactly_one_content();
+        schemas.push((InputFile::name().into_owned(), crate::schema::openapi(file)));
     }
 }
 

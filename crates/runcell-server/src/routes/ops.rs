@@ -102,7 +102,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
 /// The languages of this host, their versions, and the default and maximum limits.
 #[utoipa::path(get, path = "/v1/runtimes", tag = "execute",
     responses(
-        (status = 200, body = RuntimesResponse),
+        (status = 200, description = "The runtimes and the limits a request may ask for", body = RuntimesResponse),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
     ))]
 pub(crate) async fn runtimes(
