@@ -81,6 +81,8 @@ pub struct ServerConfig {
     /// The model behind `POST /v1/agents`; `None`: not configured (the route says how).
     pub agent: Option<AgentSettings>,
     pub engine: EngineConfig,
+    /// The commit this server was built from (`runcell_build_info`).
+    pub commit: Option<String>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -140,6 +142,7 @@ impl ServerConfig {
             preload: runcell_core::Preload::default(),
             sessions: runcell_core::SessionPolicy::default(),
             agent: None,
+            commit: None,
             engine,
         }
     }

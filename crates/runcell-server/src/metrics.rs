@@ -80,6 +80,8 @@ pub struct Metrics {
     running: Gauge,
     queued: Gauge,
     queued_now: AtomicI64,
+    /// `runcell_build_info`'s version and commit.
+    build: (String, String),
 }
 
 impl std::fmt::Debug for Metrics {
@@ -203,7 +205,13 @@ impl Metrics {
             running,
             queued,
             queued_now: AtomicI64::new(0),
+            build: (env!("CARGO_PKG_VERSION").into(), "unknown".into()),
         }
+    }
+
+    /// The commit `runcell_build_info` names.
+    pub fn set_commit(&mut self, commit: &str) {
+        self.build.1 = commit.to_string();
     }
 
     /// One finished execution (whatever its verdict).
@@ -295,11 +303,167 @@ impl Metrics {
             let mut text = body.to_string();
             pool_families(&mut text, pool);
             session_families(&mut text, sessions);
+            build_family(&mut text, &self.build);
+            process_families(&mut text, std::path::Path::new("/proc"));
             text.push_str("# EOF\n");
             out = text;
         }
         out
     }
+}
+
+/// What was built: `runcell_build_info{version, commit} 1`.
+fn build_family(out: &mut String, (version, commit): &(String, String)) {
+    use std::fmt::Write;
+    let esc = |s: &str| {
+        s.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', " ")
+    };
+    let _ = writeln!(
+        out,
+        "# HELP runcell_build_info The version and commit of this runcell (always 1)."
+    );
+    let _ = writeln!(out, "# TYPE runcell_build_info gauge");
+    let _ = writeln!(
+        out,
+        "runcell_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        esc(version),
+        esc(commit)
+    );
+}
+
+/// The standard process families (as Prometheus' client libraries export them), read from
+/// `proc` (normally `/proc`): CPU seconds, resident and virtual memory, open and maximum
+/// descriptors, start time. A file that cannot be read leaves its families out.
+fn process_families(out: &mut String, proc: &std::path::Path) {
+    use std::fmt::Write;
+    let me = proc.join("self");
+    let mut families: Vec<(&str, &str, &str, f64)> = Vec::new();
+    if let Ok(stat) = std::fs::read_to_string(me.join("stat")) {
+        // Fields after the command name, which may hold spaces and parentheses.
+        let f: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |n: usize| f.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+        let ticks = rustix::param::clock_ticks_per_second() as f64;
+        if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+            families.push((
+                "process_cpu_seconds",
+                "counter",
+                "Total user and system CPU time spent in seconds",
+                (utime + stime) / ticks,
+            ));
+        }
+        if let Some(vsize) = field(23) {
+            families.push((
+                "process_virtual_memory_bytes",
+                "gauge",
+                "Virtual memory size in bytes",
+                vsize,
+            ));
+        }
+        if let Some(rss) = field(24) {
+            families.push((
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory size in bytes",
+                rss * rustix::param::page_size() as f64,
+            ));
+        }
+        let btime = std::fs::read_to_string(proc.join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("btime "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            });
+        if let (Some(start), Some(btime)) = (field(22), btime) {
+            families.push((
+                "process_start_time_seconds",
+                "gauge",
+                "Start time of the process since unix epoch in seconds",
+                btime + start / ticks,
+            ));
+        }
+    }
+    if let Ok(fds) = std::fs::read_dir(me.join("fd")) {
+        families.push((
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors",
+            fds.count() as f64,
+        ));
+    }
+    if let Some(max) = std::fs::read_to_string(me.join("limits"))
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+    {
+        families.push((
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors",
+            max,
+        ));
+    }
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}.");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        let _ = writeln!(out, "{name}{suffix} {value}");
+    }
+}
+
+/// The exposition as Prometheus' classic text format (0.0.4) has it, from the OpenMetrics
+/// text: a counter's `HELP` and `TYPE` name its samples (`_total`), and there is no `UNIT` and
+/// no `# EOF`.
+pub fn to_classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(&l),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Which format an `Accept` header asks for: OpenMetrics when it names it, the classic text
+/// format otherwise (a plain `curl`, Prometheus' own parsers).
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| {
+        a.split(',').any(|part| {
+            let mut bits = part.split(';');
+            let kind = bits.next().unwrap_or_default().trim();
+            let q = bits
+                .filter_map(|b| b.trim().strip_prefix("q="))
+                .find_map(|q| q.parse::<f32>().ok())
+                .unwrap_or(1.0);
+            kind.eq_ignore_ascii_case("application/openmetrics-text") && q > 0.0
+        })
+    })
 }
 
 /// The sessions' families, in the OpenMetrics text format.

@@ -148,7 +148,13 @@ impl AppState {
                 body_budget: Arc::new(Semaphore::new(body_budget)),
                 runs: RunRegistry::default(),
                 keep_alive: Duration::from_secs(1),
-                metrics: Metrics::new(max_concurrent, max_queue),
+                metrics: {
+                    let mut m = Metrics::new(max_concurrent, max_queue);
+                    if let Some(c) = &config.commit {
+                        m.set_commit(c);
+                    }
+                    m
+                },
                 audit,
                 runtimes: Mutex::new(None),
                 shutdown: runcell_mcp::CancellationToken::new(),

@@ -336,7 +336,16 @@ async fn metrics_count_rejections_and_show_capacity() {
         .body(Body::from("{nope"))
         .unwrap();
     send(&r, bad).await;
-    let res = r.clone().oneshot(with_key("/metrics")).await.unwrap();
+    // What Prometheus sends: OpenMetrics first.
+    let om = Request::get("/metrics")
+        .header("x-api-key", "k1")
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        )
+        .body(Body::empty())
+        .unwrap();
+    let res = r.clone().oneshot(om).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers()["content-type"]
         .to_str()
@@ -345,6 +354,51 @@ async fn metrics_count_rejections_and_show_capacity() {
     assert!(res.headers().contains_key("x-request-id"));
     let text =
         String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(text.ends_with("# EOF\n"));
+    assert!(text.contains("# TYPE runcell_rejections counter"), "{text}");
+    // Anything else (curl, text/plain): the classic format, whose counter TYPE lines name
+    // the samples, without "# EOF".
+    for accept in [None, Some("text/plain;version=0.0.4"), Some("*/*")] {
+        let mut req = Request::get("/metrics").header("x-api-key", "k1");
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        let res = r
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            res.headers()["content-type"].to_str().unwrap(),
+            "text/plain; version=0.0.4; charset=utf-8",
+            "{accept:?}"
+        );
+        let classic =
+            String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec())
+                .unwrap();
+        assert!(!classic.contains("# EOF"), "{classic}");
+        assert!(
+            classic.contains("# TYPE runcell_rejections_total counter"),
+            "{classic}"
+        );
+        for family in [
+            "runcell_build_info{version=",
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(classic.contains(family), "{family} in {classic}");
+        }
+        // Every family has HELP and TYPE (promtool's lint).
+        for line in classic.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = line.split(' ').nth(2).unwrap();
+            assert!(
+                classic.contains(&format!("# HELP {name} ")),
+                "no HELP for {name}"
+            );
+        }
+    }
     for needle in [
         "runcell_rejections_total{reason=\"unauthorized\"} 1",
         "runcell_rejections_total{reason=\"invalid_request\"} 1",

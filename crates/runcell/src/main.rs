@@ -973,7 +973,8 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         allow_packages: args.allow_packages,
         package_index: args.package_index,
     };
-    let config = build(overrides, file, engine)?;
+    let mut config = build(overrides, file, engine)?;
+    config.commit = Some(env!("RUNCELL_COMMIT").to_string());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

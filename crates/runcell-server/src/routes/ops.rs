@@ -83,20 +83,34 @@ pub(crate) async fn openapi_json() -> Response {
         (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
     ))]
-pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
+pub(crate) async fn metrics(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     let text = state.inner.metrics.render(
         state.runs().active(),
         &state.inner.engine.pool_stats(),
         state.sessions().stats(),
     );
-    (
-        [(
-            CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    if crate::metrics::wants_openmetrics(accept) {
+        (
+            [(
+                CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response()
+    } else {
+        (
+            [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            crate::metrics::to_classic(&text),
+        )
+            .into_response()
+    }
 }
 
 /// The languages of this host, their versions, and the default and maximum limits.
