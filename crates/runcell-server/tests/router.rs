@@ -316,13 +316,6 @@ async fn serve_refuses_a_public_address_without_a_key() {
     assert!(e.to_string().contains("without an API key"), "{e}");
 }
 
-fn with_key(path: &str) -> Request<Body> {
-    Request::get(path)
-        .header("x-api-key", "k1")
-        .body(Body::empty())
-        .unwrap()
-}
-
 #[tokio::test]
 async fn metrics_count_rejections_and_show_capacity() {
     let mut c = config(&["k1"]);
