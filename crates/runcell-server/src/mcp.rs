@@ -191,7 +191,12 @@ async fn owned_sessions(State(owners): State<SessionOwners>, req: Request, next:
             None => {}
         }
     }
-    let res = next.run(req).await;
+    let mut res = next.run(req).await;
+    if is_delete && res.status() == StatusCode::ACCEPTED {
+        // The session is ended: the official SDKs (Python, fastmcp) expect 200 or 204 and log
+        // "Session termination failed: 202" for anything else.
+        *res.status_mut() = StatusCode::NO_CONTENT;
+    }
     let mut map = owners.lock();
     if let (Some(id), true) = (&session, is_delete) {
         if res.status().is_success() {
