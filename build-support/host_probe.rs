@@ -40,6 +40,7 @@ pub const ALL: &[&str] = &[
     "host_mcp_client",
     "host_agent_clients",
     "host_test_wheels",
+    "host_promtool",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -81,6 +82,7 @@ fn probe(name: &str) -> bool {
         "host_go_cache" => complete_under(&data_dir().join("go"), ".runcell-complete"),
         "host_mcp_client" => mcp_client(),
         "host_agent_clients" => venv_with("agent-venv", &["openai", "anthropic"]),
+        "host_promtool" => any_file(&["/usr/bin/promtool"]),
         "host_test_wheels" => {
             let manifest =
                 PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));

@@ -22,6 +22,7 @@ fn main() {
         "host_mcp_client",
         "host_agent_clients",
         "host_test_wheels",
+        "host_promtool",
     ]);
 }
 

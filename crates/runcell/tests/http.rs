@@ -1018,3 +1018,49 @@ fn killing_the_server_mid_run_leaves_nothing_behind() {
         "stale cgroups of the killed server"
     );
 }
+
+/// `/metrics` as Prometheus' own tools read it: `promtool check metrics` passes on the classic
+/// format (every counter's HELP and TYPE naming its `_total` samples).
+#[test]
+#[cfg_attr(
+    not(host_promtool),
+    ignore = "needs promtool (Debian's prometheus; scripts/test.sh installs it)"
+)]
+fn metrics_pass_promtool() {
+    let s = common::ServeProcess::start(&["--pool", "python=1"], &[]);
+    let (status, _) = json_of(
+        client()
+            .post(s.url("/v1/execute"))
+            .json(&json!({"language": "python", "code": "print(1)"}))
+            .send()
+            .unwrap(),
+    );
+    assert_eq!(status, 200);
+    let text = client()
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
