@@ -74,6 +74,10 @@ pub trait Executor: Send + Sync + 'static {
         caller: Caller,
         sink: Box<dyn OutputSink + Send>,
     ) -> BoxFuture<'static, Result<Verdict, Rejection>>;
+
+    /// A call refused before it reached the executor (arguments that are not a request, an
+    /// approval the user did not give): counted and audited where the executor keeps those.
+    fn refused(&self, _language: &str, _caller: &Caller, _category: &'static str) {}
 }
 
 /// A session operation that was refused, as a rejection.
@@ -107,6 +111,10 @@ impl<E: Executor + ?Sized> Executor for Arc<E> {
         sink: Box<dyn OutputSink + Send>,
     ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
         (**self).execute_in_session(target, req, caller, sink)
+    }
+
+    fn refused(&self, language: &str, caller: &Caller, category: &'static str) {
+        (**self).refused(language, caller, category)
     }
 }
 

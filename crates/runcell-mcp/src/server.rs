@@ -81,13 +81,23 @@ impl<E: Executor> McpServer<E> {
         let language = def.language.name();
         let input_responses = request.input_responses;
         let mut arguments = request.arguments;
+        let caller = Caller {
+            interface: self.inner.interface,
+            http: ctx.extensions.get::<http::request::Parts>().cloned(),
+        };
+        let invalid = |message: String| {
+            self.inner
+                .executor
+                .refused(language, &caller, "invalid_request");
+            Ok(result::invalid_request(language, message).into())
+        };
         let target = match crate::catalog::session_target(&mut arguments) {
             Ok(t) => t,
-            Err(message) => return Ok(result::invalid_request(language, message).into()),
+            Err(message) => return invalid(message),
         };
         let req = match catalog.request(def, arguments) {
             Ok(req) => req,
-            Err(message) => return Ok(result::invalid_request(language, message).into()),
+            Err(message) => return invalid(message),
         };
         // Network approval: the client's user decides (elicitation) before anything runs.
         let asked: Vec<String> = req.network.iter().flat_map(|n| n.allow.clone()).collect();
@@ -96,14 +106,13 @@ impl<E: Executor> McpServer<E> {
                 Approval::Granted => {}
                 Approval::Ask(input) => return Ok(CallToolResponse::InputRequired(input)),
                 Approval::Refused(message) => {
-                    return Ok(result::approval_refused(language, message).into())
+                    self.inner
+                        .executor
+                        .refused(language, &caller, "approval_denied");
+                    return Ok(result::approval_refused(language, message).into());
                 }
             }
         }
-        let caller = Caller {
-            interface: self.inner.interface,
-            http: ctx.extensions.get::<http::request::Parts>().cloned(),
-        };
         let (sink, rx) = progress::channel();
         let token = ctx.meta.get_progress_token();
         let run = match target {

@@ -80,6 +80,13 @@ impl Executor for AppState {
     ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
         self.mcp_session_call(target, req, caller, sink)
     }
+
+    fn refused(&self, language: &str, caller: &runcell_mcp::Caller, category: &'static str) {
+        let c = server_caller(caller);
+        self.inner.metrics.rejected(category);
+        let req = crate::audit::AuditRequest::from(&ExecRequest::new(language, ""));
+        self.inner.audit.record(&c, &req, Err(category), 0.0);
+    }
 }
 
 impl AppState {

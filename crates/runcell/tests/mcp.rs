@@ -658,6 +658,33 @@ fn older_protocol_over_http_raw() {
     assert_eq!(r["result"]["structuredContent"]["exit_code"], 7);
     assert_eq!(category(&r["result"]), "runtime_error");
 
+    // Arguments that are not a request: an invalid_request result, audited and counted like
+    // any refused request.
+    let res = post(
+        &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+            "name": "code_exec_bash", "arguments": {"code": 5}}}),
+        Some(&session),
+    );
+    let msgs = messages(res);
+    assert_eq!(category(&response(&msgs, 5)["result"]), "invalid_request");
+    let log = s.log();
+    assert!(
+        log.lines().any(|l| l.contains("\"interface\":\"mcp-http\"")
+            && l.contains("\"category\":\"invalid_request\"")),
+        "no audit line for the refused call: {log}"
+    );
+    let metrics = http
+        .get(s.0.url("/metrics"))
+        .header("authorization", format!("Bearer {KEY}"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("runcell_rejections_total{reason=\"invalid_request\"} 1"),
+        "{metrics}"
+    );
+
     let res = http
         .delete(s.url())
         .header("authorization", format!("Bearer {KEY}"))
