@@ -16,6 +16,98 @@ pub enum Format {
     OpenAi,
     /// The MCP `tools/list` entries.
     Mcp,
+    /// `[{"type": "function", "name", "description", "parameters", "strict": false}]`
+    /// (Responses API `tools`).
+    OpenAiResponses,
+    /// Chat Completions with `"strict": true`: the schema follows OpenAI's strict rules
+    /// (every property required, optional ones nullable, no `default`, no unsupported
+    /// keywords).
+    OpenAiStrict,
+    /// The Responses API with `"strict": true`.
+    OpenAiResponsesStrict,
+}
+
+/// `schema` as OpenAI's strict mode requires it: every object closed
+/// (`additionalProperties: false`) with every property required, a property that was
+/// optional made nullable instead, and no keyword strict mode refuses (`default`, `examples`,
+/// `oneOf`, `not`, string lengths, `uniqueItems`).
+pub fn strict_schema(schema: &Value) -> Value {
+    let Value::Object(o) = schema else {
+        return schema.clone();
+    };
+    let mut out = serde_json::Map::new();
+    for (k, v) in o {
+        match k.as_str() {
+            "default" | "examples" | "oneOf" | "not" | "minLength" | "maxLength"
+            | "uniqueItems" | "$schema" => {}
+            "properties" => {}
+            "items" => {
+                out.insert(k.clone(), strict_schema(v));
+            }
+            "anyOf" => {
+                out.insert(
+                    k.clone(),
+                    Value::Array(
+                        v.as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(strict_schema)
+                            .collect(),
+                    ),
+                );
+            }
+            _ => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    if let Some(Value::Object(props)) = o.get("properties") {
+        let required: Vec<&str> = o
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut strict_props = serde_json::Map::new();
+        for (name, p) in props {
+            let mut p = strict_schema(p);
+            if !required.contains(&name.as_str()) {
+                nullable(&mut p);
+            }
+            strict_props.insert(name.clone(), p);
+        }
+        out.insert(
+            "required".into(),
+            Value::Array(strict_props.keys().map(|k| json!(k)).collect()),
+        );
+        out.insert("properties".into(), Value::Object(strict_props));
+        out.insert("additionalProperties".into(), json!(false));
+    }
+    Value::Object(out)
+}
+
+/// `null` allowed too (how strict mode says "optional").
+fn nullable(p: &mut Value) {
+    let Value::Object(o) = p else { return };
+    match o.get_mut("type") {
+        Some(Value::String(t)) if t != "null" => {
+            let t = t.clone();
+            o.insert("type".into(), json!([t, "null"]));
+        }
+        Some(Value::Array(types)) if !types.contains(&json!("null")) => types.push(json!("null")),
+        Some(_) => {}
+        None => {
+            if let Some(Value::Array(any)) = o.get_mut("anyOf") {
+                if !any.contains(&json!({"type": "null"})) {
+                    any.push(json!({"type": "null"}));
+                }
+            }
+        }
+    }
+    if let Some(Value::Array(values)) = o.get_mut("enum") {
+        if !values.contains(&Value::Null) {
+            values.push(Value::Null);
+        }
+    }
 }
 
 /// The tool list in `format`, as a JSON array.
@@ -44,6 +136,32 @@ pub fn render(catalog: &Catalog, format: Format) -> Value {
             })
             .collect(),
         Format::Mcp => serde_json::to_value(catalog.mcp_tools()).unwrap_or(Value::Null),
+        Format::OpenAiStrict => tools
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": strict_schema(&Value::Object((*t.input_schema).clone())),
+                        "strict": true,
+                    },
+                })
+            })
+            .collect(),
+        Format::OpenAiResponses | Format::OpenAiResponsesStrict => tools
+            .map(|t| {
+                let strict = format == Format::OpenAiResponsesStrict;
+                let schema = Value::Object((*t.input_schema).clone());
+                json!({
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": if strict { strict_schema(&schema) } else { schema },
+                    "strict": strict,
+                })
+            })
+            .collect(),
     }
 }
 
@@ -79,5 +197,65 @@ mod tests {
             assert_eq!(openai[i]["function"]["parameters"], m["inputSchema"]);
             assert!(m["outputSchema"].is_object());
         }
+    }
+
+    #[test]
+    fn strict_schemas_close_every_object_and_make_optional_nullable() {
+        let catalog = Catalog::new(
+            &Policy::for_host(8 << 30, 2),
+            &[RuntimeInfo {
+                language: Language::Python,
+                version: Some("3.11".into()),
+                packages: None,
+                unavailable: None,
+            }],
+        );
+        let tools = render(&catalog, Format::OpenAiStrict);
+        let params = &tools[0]["function"]["parameters"];
+        assert_eq!(tools[0]["function"]["strict"], true);
+        fn check(v: &Value, path: &str) {
+            if let Some(props) = v.get("properties").and_then(Value::as_object) {
+                assert_eq!(v["additionalProperties"], false, "{path}");
+                let req: Vec<&str> = v["required"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.as_str().unwrap())
+                    .collect();
+                let keys: Vec<&str> = props.keys().map(String::as_str).collect();
+                assert_eq!(req, keys, "{path}");
+                for (k, p) in props {
+                    check(p, &format!("{path}.{k}"));
+                }
+            }
+            if let Some(items) = v.get("items") {
+                check(items, &format!("{path}[]"));
+            }
+            for bad in [
+                "default",
+                "oneOf",
+                "not",
+                "examples",
+                "minLength",
+                "maxLength",
+            ] {
+                assert!(v.get(bad).is_none(), "{bad} at {path}");
+            }
+        }
+        check(params, "parameters");
+        // code was required: not nullable; timeout was optional: nullable.
+        assert_eq!(params["properties"]["code"]["type"], "string");
+        assert_eq!(
+            params["properties"]["timeout"]["type"],
+            json!(["number", "null"])
+        );
+        let r = render(&catalog, Format::OpenAiResponses);
+        assert_eq!(r[0]["type"], "function");
+        assert_eq!(r[0]["name"], "code_exec_python");
+        assert_eq!(r[0]["strict"], false);
+        assert!(r[0]["parameters"]["properties"]["code"].is_object());
+        let r = render(&catalog, Format::OpenAiResponsesStrict);
+        assert_eq!(r[0]["strict"], true);
+        assert_eq!(r[0]["parameters"]["additionalProperties"], false);
     }
 }

@@ -1236,7 +1236,9 @@ struct ToolsArgs {
     config: Option<PathBuf>,
     /// anthropic: [{name, description, input_schema}] for the Messages API; openai:
     /// [{type: "function", function: {name, description, parameters}}] for Chat Completions;
-    /// mcp: the tools/list entries. Each call's input, with "language" added, is the body of
+    /// openai-responses: [{type: "function", name, description, parameters}] for the
+    /// Responses API; openai-strict and openai-responses-strict: the same with strict: true
+    /// and a schema that follows OpenAI's strict rules; mcp: the tools/list entries. Each call's input, with "language" added, is the body of
     /// POST /v1/execute.
     #[arg(long, value_enum, default_value = "mcp")]
     format: ToolsFormat,
@@ -1246,6 +1248,12 @@ struct ToolsArgs {
 enum ToolsFormat {
     Anthropic,
     Openai,
+    /// The Responses API's tool shape.
+    OpenaiResponses,
+    /// Chat Completions, strict mode.
+    OpenaiStrict,
+    /// The Responses API, strict mode.
+    OpenaiResponsesStrict,
     Mcp,
 }
 
@@ -1314,6 +1322,9 @@ fn tools(args: ToolsArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
     let format = match args.format {
         ToolsFormat::Anthropic => runcell_mcp::Format::Anthropic,
         ToolsFormat::Openai => runcell_mcp::Format::OpenAi,
+        ToolsFormat::OpenaiResponses => runcell_mcp::Format::OpenAiResponses,
+        ToolsFormat::OpenaiStrict => runcell_mcp::Format::OpenAiStrict,
+        ToolsFormat::OpenaiResponsesStrict => runcell_mcp::Format::OpenAiResponsesStrict,
         ToolsFormat::Mcp => runcell_mcp::Format::Mcp,
     };
     let text = serde_json::to_string_pretty(&runcell_mcp::render(&catalog, format))
