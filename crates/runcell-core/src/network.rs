@@ -22,6 +22,10 @@ pub struct NetworkPolicy {
     pub approval: bool,
     /// How long such a run waits before it is refused.
     pub approval_timeout: Duration,
+    /// Over MCP (HTTP), the client's user approves through elicitation instead of the admin
+    /// queue. Off by default: the client is the caller itself, so its "user" may be an agent
+    /// approving its own runs. (`runcell mcp` on stdio always asks its local user.)
+    pub approval_by_client: bool,
 }
 
 impl Default for NetworkPolicy {
@@ -33,6 +37,7 @@ impl Default for NetworkPolicy {
             connect_timeout: Duration::from_secs(10),
             approval: false,
             approval_timeout: Duration::from_secs(300),
+            approval_by_client: false,
         }
     }
 }
@@ -87,7 +92,7 @@ impl NetworkPolicy {
             max_connections: self.max_connections,
             max_bytes: self.max_bytes,
             connect_timeout: self.connect_timeout,
-            own: runcell_proxy::addr::own_addresses(
+            own: runcell_proxy::addr::own_addresses_checked(
                 "/proc/net/fib_trie".as_ref(),
                 "/proc/net/if_inet6".as_ref(),
             ),

@@ -418,6 +418,11 @@ impl Catalog {
         &self.tools
     }
 
+    /// Ask the client's user to approve calls that ask for network (within `within`), or not.
+    pub fn set_approval(&mut self, within: Option<std::time::Duration>) {
+        self.approval = within;
+    }
+
     /// How long the client's user has to approve a call that asks for network, when the
     /// operator requires approval.
     pub fn approval(&self) -> Option<std::time::Duration> {

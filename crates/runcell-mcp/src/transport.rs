@@ -289,11 +289,16 @@ impl<E: Executor + Clone> HttpEndpoint<E> {
         s.service
             .get_or_init(|| async {
                 let engine = s.engine.clone();
-                let catalog = tokio::task::spawn_blocking(move || Catalog::for_host(&engine))
+                let mut catalog = tokio::task::spawn_blocking(move || Catalog::for_host(&engine))
                     .await
                     // Only a panic in the probe gets here: serve no tools rather than none
                     // of MCP.
                     .unwrap_or_else(|_| Catalog::new(s.engine.policy(), &[]));
+                // Over HTTP the client is the caller itself: its "user" approves only where
+                // the operator says so; otherwise approval is the server's admin queue.
+                if !s.engine.config().network.approval_by_client {
+                    catalog.set_approval(None);
+                }
                 let server = McpServer::new(s.executor.clone(), Arc::new(catalog), "mcp-http");
                 http_service(server, &s.options, s.shutdown.clone())
             })

@@ -36,11 +36,14 @@ pub fn special(ip: IpAddr, own: &BTreeSet<IpAddr>) -> Option<&'static str> {
                 Some("a link-local address")
             } else if s[0] & 0xff00 == 0xff00 {
                 Some("a multicast address")
+            } else if s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1 {
+                Some("a local-use NAT64 address")
             } else if s[0] == 0x64 && s[1] == 0xff9b {
-                // NAT64: the IPv4 address it translates to decides.
+                // NAT64 (the well-known prefix, and the local-use one 64:ff9b:1::/48): the
+                // IPv4 address it translates to decides, the host's own among them.
                 let v4 =
                     Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
-                special_v4(v4)
+                special(IpAddr::V4(v4), own)
             } else if s[0] == 0x2001 && s[1] == 0x0db8 {
                 Some("a documentation address")
             } else {
@@ -70,6 +73,13 @@ fn special_v4(a: Ipv4Addr) -> Option<&'static str> {
         Some("a reserved address")
     } else if o[0] == 198 && (o[1] & 0xfe) == 18 {
         Some("a benchmarking address")
+    } else if (o[0], o[1], o[2]) == (192, 0, 0) {
+        Some("an IETF protocol assignment address")
+    } else if matches!(
+        (o[0], o[1], o[2]),
+        (192, 0, 2) | (198, 51, 100) | (203, 0, 113)
+    ) {
+        Some("a documentation (TEST-NET) address")
     } else {
         None
     }
@@ -79,8 +89,15 @@ fn special_v4(a: Ipv4Addr) -> Option<&'static str> {
 /// `/proc/net/fib_trie`, "/32 host LOCAL" leaves) and the IPv6 addresses of `if_inet6`
 /// (normally `/proc/net/if_inet6`). Files that cannot be read give nothing.
 pub fn own_addresses(fib_trie: &Path, if_inet6: &Path) -> BTreeSet<IpAddr> {
+    own_addresses_checked(fib_trie, if_inet6).unwrap_or_default()
+}
+
+/// [`own_addresses`], or `None` when the IPv4 table cannot be read: then the host's own
+/// addresses are unknown, and a proxy must refuse what it cannot tell apart from them.
+pub fn own_addresses_checked(fib_trie: &Path, if_inet6: &Path) -> Option<BTreeSet<IpAddr>> {
     let mut own = BTreeSet::new();
-    if let Ok(text) = std::fs::read_to_string(fib_trie) {
+    {
+        let text = std::fs::read_to_string(fib_trie).ok()?;
         let mut last: Option<Ipv4Addr> = None;
         for line in text.lines() {
             let t = line.trim_start();
@@ -112,7 +129,7 @@ pub fn own_addresses(fib_trie: &Path, if_inet6: &Path) -> BTreeSet<IpAddr> {
             }
         }
     }
-    own
+    Some(own)
 }
 
 #[cfg(test)]
@@ -151,6 +168,16 @@ mod tests {
             let got = sp(a).unwrap_or_else(|| panic!("{a} is not special"));
             assert!(got.contains(why), "{a}: {got}");
         }
+        for (a, why) in [
+            ("192.0.2.1", "documentation"),
+            ("198.51.100.7", "documentation"),
+            ("203.0.113.9", "documentation"),
+            ("192.0.0.8", "IETF"),
+            ("64:ff9b:1::1", "NAT64"),
+        ] {
+            let got = sp(a).unwrap_or_else(|| panic!("{a} is not special"));
+            assert!(got.contains(why), "{a}: {got}");
+        }
         for a in [
             "8.8.8.8",
             "1.1.1.1",
@@ -160,8 +187,12 @@ mod tests {
         ] {
             assert_eq!(sp(a), None, "{a}");
         }
-        let own: BTreeSet<IpAddr> = ["203.0.113.9".parse().unwrap()].into();
-        assert!(special("203.0.113.9".parse().unwrap(), &own)
+        let own: BTreeSet<IpAddr> = ["151.101.0.1".parse().unwrap()].into();
+        assert!(special("151.101.0.1".parse().unwrap(), &own)
+            .unwrap()
+            .contains("host itself"));
+        // Through NAT64 too.
+        assert!(special("64:ff9b::9765:1".parse().unwrap(), &own)
             .unwrap()
             .contains("host itself"));
     }
@@ -192,5 +223,6 @@ mod tests {
             .collect();
         assert_eq!(own, want);
         assert!(own_addresses(&dir.path().join("no"), &dir.path().join("no")).is_empty());
+        assert!(own_addresses_checked(&dir.path().join("no"), &v6).is_none());
     }
 }

@@ -36,8 +36,9 @@ pub struct Permit {
     pub max_bytes: u64,
     /// How long connecting to a destination may take.
     pub connect_timeout: Duration,
-    /// The host's own addresses (see [`crate::addr::own_addresses`]).
-    pub own: BTreeSet<IpAddr>,
+    /// The host's own addresses (see [`crate::addr::own_addresses_checked`]); `None` when
+    /// they could not be read: then only addresses named literally are reachable.
+    pub own: Option<BTreeSet<IpAddr>>,
 }
 
 /// One connection the run made (or tried).
@@ -63,6 +64,8 @@ pub struct Connection {
 const MAX_HEAD: usize = 16 << 10;
 /// How long a client may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest reason kept in a record.
+const MAX_REASON: usize = 300;
 /// How long [`ProxyHandle::finish`] waits for connections to wind down.
 const FINISH_GRACE: Duration = Duration::from_secs(2);
 
@@ -70,6 +73,9 @@ struct Shared {
     permit: Permit,
     stop: AtomicBool,
     accepted: AtomicU32,
+    /// Connections refused in the accept loop once the cap was reached (no thread, no
+    /// record each: one summary record at the end).
+    over_cap: AtomicU64,
     bytes: AtomicU64,
     /// Sockets of open connections, to shut down at the end of the run.
     live: Mutex<Vec<TcpStream>>,
@@ -105,6 +111,7 @@ pub fn start(listener: TcpListener, permit: Permit) -> io::Result<ProxyHandle> {
         permit,
         stop: AtomicBool::new(false),
         accepted: AtomicU32::new(0),
+        over_cap: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
         live: Mutex::new(Vec::new()),
         records: Mutex::new(Vec::new()),
@@ -136,6 +143,22 @@ impl ProxyHandle {
             .drain(..)
         {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        let over = self.shared.over_cap.load(Ordering::Acquire);
+        if over > 0 {
+            self.shared.record(Connection {
+                host: "*".into(),
+                port: 0,
+                allowed: false,
+                address: None,
+                reason: Some(format!(
+                    "{over} more connection(s) refused: this run had used its {} connections",
+                    self.shared.permit.max_connections
+                )),
+                bytes_out: 0,
+                bytes_in: 0,
+                duration_seconds: 0.0,
+            });
         }
         let handlers = std::mem::take(
             &mut *self
@@ -179,7 +202,27 @@ impl Drop for ProxyHandle {
     }
 }
 
+/// Answers connections past the cap, one at a time on one thread: a run's flood of them
+/// costs the supervisor that thread and a bounded queue, nothing per connection.
+fn refuser(rx: std::sync::mpsc::Receiver<TcpStream>, max_connections: u32) {
+    let why = format!("this run has used its {max_connections} connections");
+    for mut c in rx {
+        // Read what the client sent first (briefly): closing a socket with unread data
+        // resets it, and the client would lose the answer.
+        let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut buf = [0u8; 4096];
+        let _ = c.read(&mut buf);
+        refuse(&mut c, 403, &why);
+    }
+}
+
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let (over_tx, over_rx) = std::sync::mpsc::sync_channel::<TcpStream>(64);
+    let max = shared.permit.max_connections;
+    let _ = std::thread::Builder::new()
+        .name("runcell-proxy-refuse".into())
+        .stack_size(128 << 10)
+        .spawn(move || refuser(over_rx, max));
     while !shared.stop.load(Ordering::Acquire) {
         let mut fds = [PollFd::new(&listener, PollFlags::IN)];
         let tick = Timespec {
@@ -191,19 +234,34 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             Ok(_) => {}
             Err(_) => return,
         }
-        let Ok((client, _)) = listener.accept() else {
-            continue;
+        let client = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(_) => {
+                // Out of descriptors (or another passing failure): do not spin.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
         };
+        let n = shared.accepted.fetch_add(1, Ordering::AcqRel) + 1;
+        if n > shared.permit.max_connections {
+            // Over the cap: answered by the one refuser thread, without a thread or a record
+            // of its own, so that a run cannot turn connections into the supervisor's
+            // threads, descriptors and memory. A full queue closes the connection at once.
+            shared.over_cap.fetch_add(1, Ordering::AcqRel);
+            if client.set_nonblocking(false).is_ok() {
+                let _ = over_tx.try_send(client);
+            }
+            continue;
+        }
         if client.set_nonblocking(false).is_err() {
             continue;
         }
         shared.track(&client);
-        let n = shared.accepted.fetch_add(1, Ordering::AcqRel) + 1;
         let s = shared.clone();
-        let over = n > shared.permit.max_connections;
         let spawned = std::thread::Builder::new()
             .name("runcell-proxy-conn".into())
-            .spawn(move || handle(client, &s, over));
+            .stack_size(256 << 10)
+            .spawn(move || handle(client, &s));
         if let Ok(h) = spawned {
             shared
                 .handlers
@@ -224,11 +282,17 @@ struct Head {
     forward: Vec<u8>,
 }
 
-/// Read the request head; the bytes after it are returned with it.
+/// Read the request head, within [`HEAD_TIMEOUT`] in all; the bytes after it are returned
+/// with it.
 fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), &'static str> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
+    let deadline = Instant::now() + HEAD_TIMEOUT;
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || client.set_read_timeout(Some(left)).is_err() {
+            return Err("no complete request head in time");
+        }
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let rest = buf.split_off(i + 4);
             return Ok((buf, rest));
@@ -340,11 +404,25 @@ fn decide(permit: &Permit, dest: &Destination, port: u16) -> Result<Vec<SocketAd
             list.join(", ")
         ));
     }
+    let literal = |ip: IpAddr| {
+        permit.allow.iter().any(|r| r.names_literally(ip, port))
+            && permit.policy.iter().any(|r| r.names_literally(ip, port))
+    };
+    let Some(own) = &permit.own else {
+        // Fail closed: what cannot be told apart from the host's own addresses is refused.
+        return match dest {
+            Destination::Ip(ip) if literal(*ip) => Ok(vec![SocketAddr::new(*ip, port)]),
+            _ => Err(
+                "runcell cannot read this host's own addresses (/proc/net/fib_trie), so it \
+                 reaches only addresses its operator names literally with their port"
+                    .into(),
+            ),
+        };
+    };
     match dest {
         Destination::Ip(ip) => {
-            if let Some(why) = special(*ip, &permit.own) {
-                let literal = permit.allow.iter().any(|r| r.names_literally(*ip, port))
-                    && permit.policy.iter().any(|r| r.names_literally(*ip, port));
+            if let Some(why) = special(*ip, own) {
+                let literal = literal(*ip);
                 if !literal {
                     return Err(format!(
                         "{ip} is {why}: it is reachable only when the operator's policy names \
@@ -361,13 +439,13 @@ fn decide(permit: &Permit, dest: &Destination, port: u16) -> Result<Vec<SocketAd
                 .collect();
             let (fine, special_ones): (Vec<SocketAddr>, Vec<SocketAddr>) = addrs
                 .into_iter()
-                .partition(|a| special(a.ip(), &permit.own).is_none());
+                .partition(|a| special(a.ip(), own).is_none());
             if fine.is_empty() {
                 return Err(match special_ones.first() {
                     Some(a) => format!(
                         "{name} resolves to {}, {}: a name never grants such an address",
                         a.ip(),
-                        special(a.ip(), &permit.own).unwrap_or("special")
+                        special(a.ip(), own).unwrap_or("special")
                     ),
                     None => format!("{name} has no address"),
                 });
@@ -400,9 +478,8 @@ fn refuse(client: &mut TcpStream, status: u16, why: &str) {
     let _ = client.shutdown(Shutdown::Both);
 }
 
-fn handle(mut client: TcpStream, shared: &Shared, over_cap: bool) {
+fn handle(mut client: TcpStream, shared: &Shared) {
     let started = Instant::now();
-    let _ = client.set_read_timeout(Some(HEAD_TIMEOUT));
     let mut rec = Connection {
         host: String::new(),
         port: 0,
@@ -415,6 +492,22 @@ fn handle(mut client: TcpStream, shared: &Shared, over_cap: bool) {
     };
     let finish = |mut rec: Connection| {
         rec.duration_seconds = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+        // What the run sent can be in a reason (a request line): kept short.
+        if let Some(r) = rec.reason.as_mut() {
+            if r.len() > MAX_REASON {
+                let mut cut = MAX_REASON;
+                while !r.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                r.truncate(cut);
+                r.push('…');
+            }
+        }
+        let mut cut = rec.host.len().min(255);
+        while !rec.host.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        rec.host.truncate(cut);
         shared.record(rec);
     };
     let head = match read_head(&mut client)
@@ -431,15 +524,6 @@ fn handle(mut client: TcpStream, shared: &Shared, over_cap: bool) {
     rec.host = head.host.clone();
     rec.port = head.port;
     let permit = &shared.permit;
-    if over_cap {
-        let why = format!(
-            "this run has used its {} connections",
-            permit.max_connections
-        );
-        refuse(&mut client, 403, &why);
-        rec.reason = Some(why);
-        return finish(rec);
-    }
     let Some(dest) = Destination::parse(&head.host) else {
         let why = format!("{:?} is not a host name or address", head.host);
         refuse(&mut client, 400, &why);
@@ -554,7 +638,7 @@ mod tests {
             max_connections: 4,
             max_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(5),
-            own: BTreeSet::new(),
+            own: Some(BTreeSet::new()),
         }
     }
 
@@ -707,6 +791,61 @@ mod tests {
         assert!(
             records[0].reason.as_deref().unwrap().contains("cut"),
             "{records:?}"
+        );
+    }
+
+    /// Connections past the cap cost the supervisor no thread and no record each: a run
+    /// cannot turn a flood of connections into the supervisor's threads, descriptors or
+    /// memory (found by our red team: the server aborted at 20,000 descriptors).
+    #[test]
+    fn a_flood_of_connections_past_the_cap_costs_no_thread_and_one_record() {
+        let mut p = permit(&["127.0.0.1:9"], &["127.0.0.1:9"]);
+        p.max_connections = 2;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handle = start(listener, p).unwrap();
+        let mut answers = 0;
+        for _ in 0..200 {
+            let mut c = TcpStream::connect(addr).unwrap();
+            let _ = c.write_all(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\n\r\n");
+            let mut res = String::new();
+            let _ = c.read_to_string(&mut res);
+            if res.contains("used its 2 connections") {
+                answers += 1;
+            }
+        }
+        assert!(answers >= 190, "{answers} over-cap answers");
+        let handlers = handle.shared.handlers.lock().unwrap().len();
+        assert!(
+            handlers <= 2,
+            "{handlers} handler threads for 2 allowed connections"
+        );
+        let records = handle.finish();
+        assert!(records.len() <= 3, "{} records", records.len());
+        let summary = records.iter().find(|r| r.host == "*").unwrap();
+        assert!(summary
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("more connection(s) refused"));
+    }
+
+    #[test]
+    fn reasons_and_hosts_from_the_run_are_kept_short() {
+        let p = permit(&["example.com:443"], &["example.com:443"]);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handle = start(listener, p).unwrap();
+        let mut c = TcpStream::connect(addr).unwrap();
+        let long = "a".repeat(10_000);
+        write!(c, "GET /{long} HTTP/1.1\r\n\r\n").unwrap();
+        let mut res = String::new();
+        let _ = c.read_to_string(&mut res);
+        let records = handle.finish();
+        assert!(
+            records[0].reason.as_ref().unwrap().len() <= 310,
+            "{:?}",
+            records[0]
         );
     }
 }

@@ -70,7 +70,8 @@
         if (err) return oncreate(err);
         if (!secure) return oncreate(null, sock);
         const servername = options.servername || (net.isIP(bare(host)) ? undefined : bare(host));
-        oncreate(null, tls.connect({ ...options, host: undefined, port: undefined, path: undefined, socket: sock, servername }));
+        // host: the name (or address) the certificate must be for; the socket is the tunnel.
+        oncreate(null, tls.connect({ ...options, host: bare(host), port: undefined, path: undefined, socket: sock, servername }));
       });
       return undefined;
     };
@@ -95,7 +96,7 @@
           const upgrade = (sock) => {
             if (!secure) return callback(null, sock);
             const servername = opts.servername || (net.isIP(bare(host)) ? undefined : bare(host));
-            const t = tls.connect({ socket: sock, servername, ALPNProtocols: ['http/1.1'] });
+            const t = tls.connect({ socket: sock, host: bare(host), servername, ALPNProtocols: ['http/1.1'] });
             t.once('secureConnect', () => callback(null, t));
             t.once('error', (e) => callback(e));
           };

@@ -25,9 +25,10 @@ impl Reservation {
     /// This is the engine's own validation, done once, before the request waits for a slot
     /// (and before a stream's 200 is sent): what is checked here is not checked again.
     pub async fn admit(self, req: ExecRequest, caller: Caller) -> Result<Admitted, ApiError> {
-        let s = &self.state.inner;
+        let Reservation { state, permit } = self;
+        let s = &state.inner;
         let audit = AuditRequest::from(&req);
-        if let Err(e) = key_network_check(&self.state, &req, &caller) {
+        if let Err(e) = key_network_check(&state, &req, &caller) {
             s.metrics.rejected(e.category);
             s.audit.record(&caller, &audit, Err(e.category), 0.0);
             return Err(e);
@@ -54,7 +55,9 @@ impl Reservation {
         // Network approval over HTTP (an MCP client's user approves through elicitation,
         // before the call gets here).
         let net = &s.engine.config().network;
-        if net.approval && !valid.network().is_empty() && caller.interface == "http" {
+        let mut permit = permit;
+        let by_client = net.approval_by_client && caller.interface == "mcp-http";
+        if net.approval && !valid.network().is_empty() && !by_client {
             let run = crate::approvals::PendingRun {
                 id: String::new(),
                 key_id: caller.key_id.clone(),
@@ -67,7 +70,11 @@ impl Reservation {
                 expires_at: String::new(),
             };
             let dests = run.destinations.join(", ");
-            let refused = match s.approvals.wait(run, net.approval_timeout).await {
+            // The wait holds no place in line: runs waiting for a person must not fill the
+            // queue for everyone else (a key may have a few waiting at once).
+            drop(permit);
+            let decision = s.approvals.wait(run, net.approval_timeout).await;
+            let refused = match decision {
                 crate::approvals::Decision::Approved => None,
                 crate::approvals::Decision::Denied => Some(ApiError::new(
                     axum::http::StatusCode::FORBIDDEN,
@@ -77,6 +84,10 @@ impl Reservation {
                          run. Run it without \"network\", or ask the operator."
                     ),
                 )),
+                crate::approvals::Decision::TooMany(n) => Some(ApiError::rate_limited(format!(
+                    "This API key already has {n} runs waiting for network approval; wait for \
+                     them to be decided."
+                ))),
                 crate::approvals::Decision::TimedOut => Some(ApiError::new(
                     axum::http::StatusCode::GATEWAY_TIMEOUT,
                     "approval_timeout",
@@ -92,10 +103,12 @@ impl Reservation {
                 s.audit.record(&caller, &audit, Err(e.category), 0.0);
                 return Err(e);
             }
+            // Approved: a place in line again (429 if the server filled up meanwhile).
+            permit = state.reserve()?.permit;
         }
         Ok(Admitted {
-            state: self.state,
-            permit: Arc::new(self.permit),
+            state,
+            permit: Arc::new(permit),
             req: valid,
             audit,
             caller,

@@ -34,7 +34,12 @@ pub enum Decision {
     Approved,
     Denied,
     TimedOut,
+    /// The key already has this many runs waiting.
+    TooMany(usize),
 }
+
+/// Runs one API key may have waiting at once.
+pub const MAX_PENDING_PER_KEY: usize = 8;
 
 #[derive(Default)]
 pub struct Approvals {
@@ -76,7 +81,17 @@ impl Approvals {
         run.expires_at = humantime::format_rfc3339_seconds(now + within).to_string();
         let (tx, rx) = oneshot::channel();
         let id = run.id.clone();
-        self.lock().insert(id.clone(), (run, tx));
+        {
+            let mut pending = self.lock();
+            let mine = pending
+                .values()
+                .filter(|(r, _)| r.key_id == run.key_id)
+                .count();
+            if mine >= MAX_PENDING_PER_KEY {
+                return Decision::TooMany(mine);
+            }
+            pending.insert(id.clone(), (run, tx));
+        }
         let _listed = Listed {
             approvals: self,
             id,

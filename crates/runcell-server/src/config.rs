@@ -24,7 +24,8 @@
 //! max_connections = 64        # per run
 //! max_bytes = "64M"           # per run, both ways
 //! approval = true             # runs that ask for network wait for a person's approval
-//! approval_timeout = "5m"     # (GET/POST /v1/approvals with an admin key; MCP: elicitation)
+//! approval_timeout = "5m"     # (GET/POST /v1/approvals with an admin key)
+//! approval_by = "admin"       # or "client": MCP clients' users approve (elicitation)
 //!
 //! [packages]                  # vetted package installs (Python; none by default)
 //! allow = ["tabulate", "openpyxl"]   # or ["*"]: any from the index
@@ -189,6 +190,9 @@ pub struct FileNetwork {
     /// Runs that ask for network wait for an approval.
     pub approval: Option<bool>,
     pub approval_timeout: Option<toml::Value>,
+    /// Who approves MCP calls: "admin" (the queue, default) or "client" (the MCP client's
+    /// user, through elicitation).
+    pub approval_by: Option<String>,
 }
 
 impl std::fmt::Debug for FileKey {
@@ -261,6 +265,7 @@ pub struct Overrides {
     pub net_max_bytes: Option<String>,
     pub net_approval: bool,
     pub net_approval_timeout: Option<String>,
+    pub net_approval_by: Option<String>,
     /// Keys that may approve runs (comma-separated entries allowed).
     pub admin_keys: Vec<String>,
     /// Packages runs may ask for (comma-separated entries allowed; `*`: any).
@@ -682,6 +687,20 @@ pub fn build(
     }
     if o.net_approval || fnet.approval == Some(true) {
         c.engine.network.approval = true;
+    }
+    match o
+        .net_approval_by
+        .as_deref()
+        .or(fnet.approval_by.as_deref())
+        .map(str::trim)
+    {
+        None | Some("admin") => {}
+        Some("client") => c.engine.network.approval_by_client = true,
+        Some(other) => {
+            return Err(ServerError::Config(format!(
+                "network: approval_by {other:?} is not \"admin\" or \"client\""
+            )))
+        }
     }
     if let Some(v) = o
         .net_approval_timeout

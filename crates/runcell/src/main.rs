@@ -235,6 +235,11 @@ struct ServeArgs {
     /// How long such a run waits before it is refused [default: 5m].
     #[arg(long, env = "RUNCELL_NET_APPROVAL_TIMEOUT", value_name = "DURATION")]
     net_approval_timeout: Option<String>,
+    /// Who approves MCP calls: admin (the /v1/approvals queue, as for HTTP) or client (the
+    /// MCP client's user, through elicitation: the client is the caller itself, so choose it
+    /// only where clients are people's) [default: admin].
+    #[arg(long, env = "RUNCELL_NET_APPROVAL_BY", value_name = "admin|client")]
+    net_approval_by: Option<String>,
     /// API keys that may also approve runs waiting for network (ids admin-1, ...);
     /// repeatable or comma-separated.
     #[arg(
@@ -969,6 +974,7 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         net_max_bytes: args.net_max_bytes,
         net_approval: args.net_approval,
         net_approval_timeout: args.net_approval_timeout,
+        net_approval_by: args.net_approval_by,
         admin_keys: args.admin_keys,
         allow_packages: args.allow_packages,
         package_index: args.package_index,

@@ -650,8 +650,10 @@ func main() {{
 }
 
 /// A network namespace with one end of a veth pair, an address, and an HTTP server in it.
+/// Made without `ip netns add`, which would mount a file and change the host's mount table
+/// under the other tests' checks: the namespace is the server's own (`unshare --net`), and
+/// ends with it.
 struct TestHost {
-    name: String,
     host_if: String,
     addr: String,
     port: u16,
@@ -661,51 +663,69 @@ struct TestHost {
 impl TestHost {
     fn start() -> TestHost {
         let n = std::process::id() % 200 + 20;
-        let name = format!("rc-egress-{}", std::process::id());
         let (host_if, ns_if) = (format!("rce{n}h"), format!("rce{n}n"));
         let (host_ip, addr) = (format!("10.213.{n}.1"), format!("10.213.{n}.2"));
-        let ip = |args: &[&str]| {
-            let st = std::process::Command::new("ip")
-                .args(args)
+        let port = 18000 + (std::process::id() % 1000) as u16;
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("index.html"), "hello from the namespace\n").unwrap();
+        // The server waits for its address, which is given from outside below.
+        let script = format!(
+            "while ! ip -o addr show dev {ns_if} 2>/dev/null | grep -q ' {addr}/'; do sleep 0.05; done; \
+             exec python3 -m http.server {port} --bind {addr} --directory {}",
+            dir.display()
+        );
+        let server = std::process::Command::new("unshare")
+            .args(["--net", "sh", "-c", &script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = server.id().to_string();
+        let netns = format!("--net=/proc/{pid}/ns/net");
+        let run = |cmd: &[&str]| {
+            let st = std::process::Command::new(cmd[0])
+                .args(&cmd[1..])
                 .status()
                 .unwrap();
-            assert!(st.success(), "ip {args:?}");
+            assert!(st.success(), "{cmd:?}");
         };
         let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &name])
+            .args(["link", "del", &host_if])
+            .stderr(std::process::Stdio::null())
             .status();
-        ip(&["netns", "add", &name]);
-        ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+        // (unshare has made the namespace once its child runs: wait for it to differ.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()
+            == std::fs::read_link("/proc/self/ns/net").ok()
+        {
+            assert!(std::time::Instant::now() < deadline, "no namespace");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        run(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", &pid,
         ]);
-        ip(&["link", "set", &ns_if, "netns", &name]);
-        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]);
-        ip(&["link", "set", &host_if, "up"]);
-        ip(&[
-            "-n",
-            &name,
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{host_ip}/30"),
+            "dev",
+            &host_if,
+        ]);
+        run(&["ip", "link", "set", &host_if, "up"]);
+        run(&[
+            "nsenter",
+            &netns,
+            "ip",
             "addr",
             "add",
             &format!("{addr}/30"),
             "dev",
             &ns_if,
         ]);
-        ip(&["-n", &name, "link", "set", &ns_if, "up"]);
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        let dir = tempfile::tempdir().unwrap().keep();
-        std::fs::write(dir.join("index.html"), "hello from the namespace\n").unwrap();
-        let port = 18000 + (std::process::id() % 1000) as u16;
-        let server = std::process::Command::new("ip")
-            .args(["netns", "exec", &name, "python3", "-m", "http.server"])
-            .arg(port.to_string())
-            .args(["--bind", &addr, "--directory"])
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        run(&["nsenter", &netns, "ip", "link", "set", &ns_if, "up"]);
+        run(&["nsenter", &netns, "ip", "link", "set", "lo", "up"]);
         // Ready when it answers from the host.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::net::TcpStream::connect((addr.as_str(), port)).is_err() {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -714,7 +734,6 @@ impl TestHost {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         TestHost {
-            name,
             host_if,
             addr,
             port,
@@ -725,16 +744,100 @@ impl TestHost {
 
 impl Drop for TestHost {
     fn drop(&mut self) {
+        // The namespace ends with its last process, and its veth end with it; the host's end
+        // is deleted now as well.
         let _ = self.server.kill();
         let _ = self.server.wait();
-        // Deleting the namespace removes its veth end, and with it the pair (in the
-        // background); the host's end is deleted now as well.
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &self.host_if])
             .stderr(std::process::Stdio::null())
             .status();
     }
+}
+
+/// Runs waiting for approval hold no place in line (found by our red team: ten of them locked
+/// everyone out with 429s for five minutes), and one key may have only a few waiting.
+#[test]
+fn runs_waiting_for_approval_do_not_fill_the_queue() {
+    let srv = HostServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runcell.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [[api_keys]]\nid = \"boss\"\nkey = \"{BOSS}\"\nadmin = true\n\
+             [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"60s\"\n",
+            srv.entry()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let s = std::sync::Arc::new(common::ServeProcess::start(
+        &[
+            "--pool",
+            "python=0",
+            "--max-concurrent",
+            "1",
+            "--max-queue",
+            "1",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let body = serde_json::json!({"language": "python", "code": "print(1)",
+        "network": {"allow": [srv.entry()]}});
+    let waiting: Vec<_> = (0..9)
+        .map(|_| {
+            let (s2, b2) = (s.clone(), body.clone());
+            std::thread::spawn(move || post(&s2, KEY_A, b2))
+        })
+        .collect();
+    let client = reqwest::blocking::Client::new();
+    let list = || {
+        client
+            .get(s.url("/v1/approvals"))
+            .header("x-api-key", BOSS)
+            .send()
+            .unwrap()
+            .json::<serde_json::Value>()
+            .unwrap()["approvals"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while list().len() < 8 {
+        assert!(std::time::Instant::now() < deadline, "runs did not wait");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Eight wait; a plain run still gets in.
+    let (status, v) = post(
+        &s,
+        KEY_A,
+        serde_json::json!({"language": "python", "code": "print(2)"}),
+    );
+    assert_eq!((status, v["stdout"].as_str()), (200, Some("2\n")), "{v}");
+    for p in list() {
+        let id = p["id"].as_str().unwrap();
+        client
+            .post(s.url(&format!("/v1/approvals/{id}")))
+            .header("x-api-key", BOSS)
+            .json(&serde_json::json!({"decision": "deny"}))
+            .send()
+            .unwrap();
+    }
+    let statuses: Vec<u16> = waiting.into_iter().map(|h| h.join().unwrap().0).collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 403).count(),
+        8,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        1,
+        "the ninth of one key is refused: {statuses:?}"
+    );
 }

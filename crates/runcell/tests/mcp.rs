@@ -984,6 +984,8 @@ fn network_approval_is_asked_of_the_user_through_elicitation() {
             "--allow-net",
             &entry,
             "--net-approval",
+            "--net-approval-by",
+            "client",
         ],
         &[],
     );
@@ -1021,6 +1023,45 @@ fn network_approval_is_asked_of_the_user_through_elicitation() {
         assert!(
             asked.iter().all(|m| m.as_str().unwrap().contains(&entry)),
             "{a:#}"
+        );
+    }
+
+    // By default an MCP client over HTTP cannot approve its own call (found by our red
+    // team: it answered the input request itself): the call waits for the admin queue like
+    // an HTTP one, and with no admin deciding, it is refused at the deadline.
+    let s = ServeProcess::start(
+        &[
+            "--api-key",
+            KEY,
+            "--pool",
+            "python=0",
+            "--allow-net",
+            &entry,
+            "--net-approval",
+            "--net-approval-timeout",
+            "1s",
+        ],
+        &[],
+    );
+    let (report, err) = run_client(
+        &["http", &s.url("/mcp"), "--scenarios", "approval"],
+        &[
+            ("RUNCELL_TEST_KEY", KEY),
+            ("RUNCELL_TEST_NET_URL", url.as_str()),
+            ("RUNCELL_TEST_NET_ENTRY", entry.as_str()),
+        ],
+    );
+    let a = &report["approval"];
+    assert_eq!(
+        a["asked"],
+        json!([]),
+        "the client was not asked: {a:#}\n{err}"
+    );
+    for answer in ["accept", "decline", "refuse"] {
+        assert!(is_error(&a[answer]), "{answer}: {a:#}");
+        assert!(
+            text(&a[answer]).contains("No operator approved"),
+            "{answer}: {a:#}"
         );
     }
 }
