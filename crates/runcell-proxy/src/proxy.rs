@@ -91,6 +91,18 @@ impl Shared {
             .push(c);
     }
 
+    /// Shut down every open connection (the handlers then see their sockets end).
+    fn cut_all(&self) {
+        for s in self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
     fn track(&self, s: &TcpStream) {
         if let Ok(c) = s.try_clone() {
             self.live.lock().unwrap_or_else(|e| e.into_inner()).push(c);
@@ -135,15 +147,7 @@ impl ProxyHandle {
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }
-        for s in self
-            .shared
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            let _ = s.shutdown(Shutdown::Both);
-        }
+        self.shared.cut_all();
         let over = self.shared.over_cap.load(Ordering::Acquire);
         if over > 0 {
             self.shared.record(Connection {
@@ -190,15 +194,7 @@ impl ProxyHandle {
 impl Drop for ProxyHandle {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        for s in self
-            .shared
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            let _ = s.shutdown(Shutdown::Both);
-        }
+        self.shared.cut_all();
     }
 }
 

@@ -263,6 +263,20 @@ fn post(s: &common::ServeProcess, key: &str, body: serde_json::Value) -> (u16, s
     (status, res.json().unwrap())
 }
 
+/// `runcell serve` with this TOML configuration (written 0600, as a file with keys must be)
+/// and `extra` flags; the directory lives as long as the returned guard.
+fn serve_with_config(toml: &str, extra: &[&str]) -> (tempfile::TempDir, common::ServeProcess) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runcell.toml");
+    std::fs::write(&config, toml).unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut args = vec!["--pool", "python=0", "--config", config.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let s = common::ServeProcess::start(&args, &[]);
+    (dir, s)
+}
+
 const KEY_A: &str = "egress-key-a-0123456789";
 const KEY_B: &str = "egress-key-b-0123456789";
 
@@ -271,22 +285,13 @@ const KEY_B: &str = "egress-key-b-0123456789";
 #[test]
 fn the_server_bounds_requests_by_its_policy_and_audits_every_connection() {
     let srv = HostServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("runcell.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let (_config, s) = serve_with_config(
+        &format!(
             "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
              [[api_keys]]\nid = \"team-b\"\nkey = \"{KEY_B}\"\nallow_net = []\n\
              [network]\nallow = [\"{}\", \"*.example.org:443\"]\nmax_connections = 2\nmax_bytes = \"300K\"\n",
             srv.entry()
         ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let s = common::ServeProcess::start(
-        &["--pool", "python=0", "--config", config.to_str().unwrap()],
         &[],
     );
     let fetch = |path: &str| {
@@ -497,24 +502,16 @@ const BOSS: &str = "egress-admin-key-0123456789";
 #[test]
 fn over_http_a_networked_run_waits_for_an_admin_to_approve_or_deny_it() {
     let srv = HostServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("runcell.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let (_config, s) = serve_with_config(
+        &format!(
             "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
              [[api_keys]]\nid = \"boss\"\nkey = \"{BOSS}\"\nadmin = true\n\
              [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"3s\"\n",
             srv.entry()
         ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let s = std::sync::Arc::new(common::ServeProcess::start(
-        &["--pool", "python=0", "--config", config.to_str().unwrap()],
         &[],
-    ));
+    );
+    let s = std::sync::Arc::new(s);
     let code = format!(
         "import urllib.request\nprint(urllib.request.urlopen({:?}, timeout=10).read().decode().strip())",
         srv.url("/")
@@ -760,33 +757,16 @@ impl Drop for TestHost {
 #[test]
 fn runs_waiting_for_approval_do_not_fill_the_queue() {
     let srv = HostServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("runcell.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let (_config, s) = serve_with_config(
+        &format!(
             "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
              [[api_keys]]\nid = \"boss\"\nkey = \"{BOSS}\"\nadmin = true\n\
              [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"60s\"\n",
             srv.entry()
         ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let s = std::sync::Arc::new(common::ServeProcess::start(
-        &[
-            "--pool",
-            "python=0",
-            "--max-concurrent",
-            "1",
-            "--max-queue",
-            "1",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &[],
-    ));
+        &["--max-concurrent", "1", "--max-queue", "1"],
+    );
+    let s = std::sync::Arc::new(s);
     let body = serde_json::json!({"language": "python", "code": "print(1)",
         "network": {"allow": [srv.entry()]}});
     let waiting: Vec<_> = (0..9)

@@ -561,8 +561,13 @@ fn the_language_is_inferred_from_the_file_extension() {
 }
 
 #[test]
-fn an_unknown_extension_defaults_to_python() {
+fn an_unknown_extension_is_refused_and_no_extension_is_python() {
+    // An extension runcell does not know is not guessed to be Python (issue 14).
     let r = run_file("script.txt", "print('py')");
+    r.assert_category("invalid_request");
+    assert!(r.message().contains("--lang"), "{}", r.message());
+    // A file without any extension is still Python.
+    let r = run_file("script", "print('py')");
     r.assert_ok();
     assert_eq!(r.verdict["language"], "python");
     assert_eq!(r.stdout(), "py\n");
