@@ -598,6 +598,35 @@ impl LimitOverrides {
     }
 }
 
+impl Policy {
+    /// The limits of a request as this policy bounds them, for a server's OpenAPI document:
+    /// the numeric form only (seconds, bytes, cores, counts), from each limit's minimum to
+    /// the policy's maximum. (Strings with units, "256M", are accepted too, and said so in
+    /// the description; a schema stricter than the server is what validators need.)
+    pub fn bounded_limit_properties(&self) -> serde_json::Map<String, Value> {
+        Limit::ALL
+            .iter()
+            .map(|&l| {
+                let k = l.kind();
+                let integer = matches!(k, Kind::Bytes | Kind::Count);
+                let unit = match k {
+                    Kind::Time => " Seconds (a string with a unit, \"500ms\", \"2m\", is accepted too).",
+                    Kind::Bytes => " Bytes (a string with a unit, \"256M\", is accepted too).",
+                    Kind::Cores => " CPU cores.",
+                    Kind::Count => "",
+                };
+                let schema = json!({
+                    "description": format!("{}{unit}", l.doc()),
+                    "type": [if integer { "integer" } else { "number" }, "null"],
+                    "minimum": k.to_wire(Limits::MINIMUM.get(l).max(if k == Kind::Cores { 1 } else { 0 })),
+                    "maximum": k.to_wire(self.max.get(l)),
+                });
+                (l.name().to_string(), schema)
+            })
+            .collect()
+    }
+}
+
 /// The JSON Schema of a verdict's `limits` (and of `/v1/runtimes`' defaults and maxima): the
 /// wire names, and the legacy names marked deprecated.
 pub fn limits_output_schema() -> Value {
@@ -959,6 +988,28 @@ mod tests {
 
     fn overrides(json: &str) -> Result<LimitOverrides, String> {
         serde_json::from_str(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn bounded_limit_properties_follow_the_policy() {
+        let props = policy().bounded_limit_properties();
+        assert_eq!(props.len(), Limit::ALL.len());
+        for (name, schema) in &props {
+            let (min, max) = (&schema["minimum"], &schema["maximum"]);
+            assert!(min.as_f64().unwrap() >= 0.0, "{name}: {schema}");
+            assert!(min.as_f64() <= max.as_f64(), "{name}: {schema}");
+        }
+        assert_eq!(props["memory"]["maximum"], json!(8u64 << 30));
+        assert_eq!(props["cpus"]["maximum"].as_f64(), Some(2.0));
+        assert_eq!(props["timeout"]["maximum"].as_f64(), Some(3600.0));
+        assert_eq!(props["memory"]["type"], json!(["integer", "null"]));
+        // A request at the bounds is accepted by the parser and the policy alike.
+        let at_max = overrides(&format!(
+            r#"{{"memory": {}, "cpus": {}}}"#,
+            props["memory"]["maximum"], props["cpus"]["minimum"]
+        ))
+        .unwrap();
+        assert!(policy().resolve(&at_max).is_ok());
     }
 
     #[test]

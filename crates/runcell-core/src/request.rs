@@ -308,7 +308,7 @@ impl ExecRequest {
         props.insert(
             "packages".into(),
             json!({
-                "type": "array",
+                "type": ["array", "null"],
                 "items": {"type": "string", "examples": ["tabulate==0.9.0"]},
                 "description": "Python only: packages the curated stack lacks, as requirements \
                     (a name, optional extras and version specifiers), installed as binary \

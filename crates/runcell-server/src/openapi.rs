@@ -50,9 +50,17 @@ struct McpPath;
 
 impl Modify for McpPath {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
+        use utoipa::openapi::path::{
+            HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathItem,
+        };
+        use utoipa::openapi::request_body::RequestBodyBuilder;
+        use utoipa::openapi::{ContentBuilder, ObjectBuilder, Type};
         use utoipa::openapi::{Response as OaResponse, ResponsesBuilder};
-        let op = |summary: &str| {
+        let op = |summary: &str, ok: &[(&str, &str)]| {
+            let mut responses = ResponsesBuilder::new();
+            for (code, what) in ok {
+                responses = responses.response(*code, OaResponse::new(*what));
+            }
             OperationBuilder::new()
                 .tag("mcp")
                 .summary(Some(summary))
@@ -60,23 +68,83 @@ impl Modify for McpPath {
                     "The Model Context Protocol over Streamable HTTP (JSON-RPC; protocol \
                      versions 2025-06-18 to 2026-07-28): tools code_exec_python, code_exec_node, \
                      code_exec_ruby, code_exec_go, code_exec_bash. Same API keys as the rest of \
-                     the API. See docs/mcp.md.",
+                     the API. Clients must accept both application/json and text/event-stream. \
+                     See docs/mcp.md.",
                 ))
                 .responses(
-                    ResponsesBuilder::new()
+                    responses
                         .response(
-                            "200",
-                            OaResponse::new("A JSON-RPC response or an event stream"),
+                            "400",
+                            OaResponse::new(
+                                "Not a JSON-RPC message, or a missing or unknown protocol \
+                                 version or session",
+                            ),
                         )
-                        .response("401", OaResponse::new("No or a wrong API key")),
+                        .response("401", OaResponse::new("No or a wrong API key"))
+                        .response("404", OaResponse::new("No such session (it ended)"))
+                        .response(
+                            "406",
+                            OaResponse::new(
+                                "The Accept header does not allow application/json and \
+                                 text/event-stream",
+                            ),
+                        ),
                 )
                 .build()
         };
-        let mut item = PathItem::new(HttpMethod::Post, op("Send a JSON-RPC message"));
-        item.get = Some(op(
-            "Open the event stream of a session (older protocol versions)",
+        let mut post = op(
+            "Send a JSON-RPC message",
+            &[
+                ("200", "A JSON-RPC response or an event stream"),
+                ("202", "A notification or a response, accepted"),
+            ],
+        );
+        post.request_body = Some(utoipa::openapi::RefOr::T(
+            RequestBodyBuilder::new()
+                .description(Some(
+                    "One JSON-RPC 2.0 message (a request, notification or response)",
+                ))
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(
+                            ObjectBuilder::new()
+                                .schema_type(Type::Object)
+                                .property(
+                                    "jsonrpc",
+                                    ObjectBuilder::new()
+                                        .schema_type(Type::String)
+                                        .enum_values(Some(["2.0"])),
+                                )
+                                .required("jsonrpc"),
+                        ))
+                        .build(),
+                )
+                .required(Some(utoipa::openapi::Required::True))
+                .build(),
         ));
-        item.delete = Some(op("End a session (older protocol versions)"));
+        // GET and DELETE address a session the server opened at initialize.
+        let with_session = |mut operation: utoipa::openapi::path::Operation| {
+            operation.parameters = Some(vec![utoipa::openapi::RefOr::T(
+                ParameterBuilder::new()
+                    .name("Mcp-Session-Id")
+                    .parameter_in(ParameterIn::Header)
+                    .required(utoipa::openapi::Required::True)
+                    .description(Some("The session id the server returned at initialize"))
+                    .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                    .build(),
+            )]);
+            operation
+        };
+        let mut item = PathItem::new(HttpMethod::Post, post);
+        item.get = Some(with_session(op(
+            "Open the event stream of a session (older protocol versions)",
+            &[("200", "The session's event stream")],
+        )));
+        item.delete = Some(with_session(op(
+            "End a session (older protocol versions)",
+            &[("204", "The session ended")],
+        )));
         openapi.paths.paths.insert("/mcp".to_string(), item);
     }
 }

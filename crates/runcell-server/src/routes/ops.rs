@@ -70,17 +70,29 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
 /// This document. Needs no key.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
     responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json")))]
-pub(crate) async fn openapi_json() -> Response {
-    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let doc = DOC.get_or_init(|| crate::openapi().to_pretty_json().unwrap_or_default());
-    ([(CONTENT_TYPE, "application/json")], doc.clone()).into_response()
+pub(crate) async fn openapi_json(State(state): State<AppState>) -> Response {
+    // Built per request (cheap, a few hundred microseconds): the limits part
+    // depends on this server's policy, so it cannot be a process-wide static.
+    let mut doc = serde_json::to_value(crate::openapi()).unwrap_or_default();
+    // A request's limits as this server's policy bounds them.
+    if let Some(props) = doc
+        .pointer_mut("/components/schemas/ExecRequest/properties")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        props.extend(state.inner.engine.policy().bounded_limit_properties());
+    }
+    let doc = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    ([(CONTENT_TYPE, "application/json")], doc).into_response()
 }
 
 /// Prometheus metrics: executions by language and category, latency, sandboxes running,
 /// queue depth, rejections.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses(
-        (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+        (status = 200, description = "The metrics: OpenMetrics text when the Accept header asks for it, else Prometheus' classic text format", content(
+            (String = "text/plain"),
+            (String = "application/openmetrics-text"),
+        )),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
     ))]
 pub(crate) async fn metrics(
