@@ -580,7 +580,7 @@ mod tests {
         m.executed("http", &v, 1.5);
         v.error = None;
         v.language = Some("javascript".into());
-        m.executed("mcp", &v, 0.02);
+        m.executed("mcp-http", &v, 0.02);
         m.rejected("rate_limited");
         let _q = m.queued();
         let pool = [PoolStats {
@@ -596,7 +596,7 @@ mod tests {
         let text = m.render(1, &pool, runcell_core::SessionStats::default());
         for needle in [
             "runcell_executions_total{language=\"python\",category=\"timeout\",interface=\"http\"} 1",
-            "runcell_executions_total{language=\"node\",category=\"ok\",interface=\"mcp\"} 1",
+            "runcell_executions_total{language=\"node\",category=\"ok\",interface=\"mcp-http\"} 1",
             "runcell_execution_duration_seconds_bucket{le=\"2.5\",language=\"python\"} 1",
             "runcell_rejections_total{reason=\"rate_limited\"} 1",
             "runcell_sandboxes_running 1",

@@ -476,6 +476,27 @@ async fn the_openapi_document_covers_every_route() {
             );
         }
     }
+    // The "no such endpoint" answer names every route's first two segments, so a client that
+    // got a path wrong learns the right one.
+    let (s, _, j) = send(
+        &r,
+        Request::get("/v1/nope")
+            .header("x-api-key", "k1")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let msg = assert_error(&j, "not_found");
+    for path in paths.keys() {
+        let prefix: String = path
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .take(2)
+            .map(|p| format!("/{p}"))
+            .collect();
+        assert!(msg.contains(&prefix), "{prefix} is not named in: {msg}");
+    }
     // The schemas the handlers use are in it, generated from the types.
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for name in [
