@@ -33,6 +33,14 @@ impl Caller {
     }
 }
 
+/// Put in an HTTP request's extensions by the server: cancelled once the response that
+/// carries the answers to the request is finished or dropped. A tool call whose stream the
+/// client closed is cancelled (its sandbox killed): nobody is left to receive its result, and
+/// a run kept to its timeout for nobody would hold a slot of the server's capacity. (The
+/// protocol lets a server keep such a call for a client that resumes; runcell does not.)
+#[derive(Debug, Clone, Default)]
+pub struct StreamClosed(pub tokio_util::sync::CancellationToken);
+
 /// A call the executor refused to run: the server is at capacity, shutting down, or the
 /// request breaks the operator's policy. It becomes an `isError` tool result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

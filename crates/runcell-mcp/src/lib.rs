@@ -23,7 +23,7 @@ pub mod server;
 pub mod transport;
 
 pub use catalog::{Catalog, RuntimeInfo, ToolDef, ARGUMENTS};
-pub use executor::{session_rejection, Caller, Executor, LocalExecutor, Rejection};
+pub use executor::{session_rejection, Caller, Executor, LocalExecutor, Rejection, StreamClosed};
 pub use formats::{render, Format};
 pub use server::McpServer;
 pub use tokio_util::sync::CancellationToken;

@@ -113,6 +113,15 @@ impl<E: Executor> McpServer<E> {
                 }
             }
         }
+        // Over HTTP: the stream that would carry the result; once the client has closed it,
+        // the call is cancelled.
+        let closed = caller
+            .http
+            .as_ref()
+            .and_then(|p| p.extensions.get::<crate::executor::StreamClosed>())
+            .cloned()
+            .unwrap_or_default()
+            .0;
         let (sink, rx) = progress::channel();
         let token = ctx.meta.get_progress_token();
         let run = match target {
@@ -141,6 +150,7 @@ impl<E: Executor> McpServer<E> {
         tokio::select! {
             // Dropping `work` drops the executor's future, which kills the sandbox at once.
             _ = ctx.ct.cancelled() => Ok(result::cancelled_result().into()),
+            _ = closed.cancelled() => Ok(result::cancelled_result().into()),
             verdict = work => Ok(match verdict {
                 Ok(v) => result::verdict_result(&v),
                 Err(rejection) => result::rejection_result(language, &rejection),

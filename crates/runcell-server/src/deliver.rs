@@ -23,6 +23,7 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::Instant;
+use tokio_util::sync::DropGuard;
 
 /// How long a chunk may wait for a client that does not read.
 pub const STALL: Duration = Duration::from_secs(30);
@@ -47,16 +48,23 @@ impl Hold {
 }
 
 /// Wrap `res` so that a client that does not read it is cut off, keeping `hold` until the
-/// response is delivered (or dropped).
-pub fn guard(res: Response, hold: Hold) -> Response {
+/// response is delivered (or dropped), and `closed` (dropped, it cancels what waits on the
+/// response's reader) as long as the response is being delivered.
+pub fn guard(res: Response, hold: Hold, closed: DropGuard) -> Response {
     let (parts, body) = res.into_parts();
     let size = body.size_hint();
     if size.exact().is_some_and(|n| n <= CHUNK as u64) {
+        // Complete already: nothing is left to be delivered later.
+        drop(closed);
         return Response::from_parts(parts, body);
     }
     let (tx, rx) = mpsc::channel(1);
     let broken = Arc::new(AtomicBool::new(false));
-    tokio::spawn(forward(body, tx, broken.clone(), hold));
+    let task_broken = broken.clone();
+    tokio::spawn(async move {
+        forward(body, tx, task_broken, hold).await;
+        drop(closed);
+    });
     Response::from_parts(parts, Body::new(Delivered { rx, broken, size }))
 }
 
@@ -144,6 +152,11 @@ impl HttpBody for Delivered {
 mod tests {
     use super::*;
     use tokio::sync::Semaphore;
+    use tokio_util::sync::CancellationToken;
+
+    fn unwatched() -> DropGuard {
+        CancellationToken::new().drop_guard()
+    }
 
     fn big(n: usize) -> Response {
         Response::new(Body::from(vec![b'x'; n]))
@@ -154,7 +167,7 @@ mod tests {
         let line = Arc::new(Semaphore::new(1));
         let hold = Hold::default();
         hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
-        let res = guard(big(4 * CHUNK), hold);
+        let res = guard(big(4 * CHUNK), hold, unwatched());
         assert_eq!(res.body().size_hint().exact(), Some(4 * CHUNK as u64));
         // Nobody reads: the place in line stays taken for a while ...
         tokio::time::sleep(STALL / 2).await;
@@ -180,31 +193,40 @@ mod tests {
         let line = Arc::new(Semaphore::new(1));
         let hold = Hold::default();
         hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
-        let res = guard(big(3 * CHUNK + 5), hold);
+        let closed = CancellationToken::new();
+        let res = guard(big(3 * CHUNK + 5), hold, closed.clone().drop_guard());
+        assert!(!closed.is_cancelled());
         let bytes = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(bytes.len(), 3 * CHUNK + 5);
         assert_eq!(line.available_permits(), 1);
+        // Delivered: whatever waited on its reader is released.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(closed.is_cancelled());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_dropped_response_frees_its_place() {
+    async fn a_dropped_response_frees_its_place_and_cancels_its_call() {
         let line = Arc::new(Semaphore::new(1));
         let hold = Hold::default();
         hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
         // A stream that never ends (an event stream of a run still going).
         let body =
             Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
-        let res = guard(Response::new(body), hold);
+        let closed = CancellationToken::new();
+        let res = guard(Response::new(body), hold, closed.clone().drop_guard());
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(line.available_permits(), 0);
+        assert!(!closed.is_cancelled(), "the stream is still open");
         drop(res);
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(line.available_permits(), 1);
+        // The client closed the stream: what it carries (an MCP call) is cancelled.
+        assert!(closed.is_cancelled());
     }
 
     #[tokio::test]
     async fn small_responses_are_left_alone() {
-        let res = guard(big(100), Hold::default());
+        let res = guard(big(100), Hold::default(), unwatched());
         let bytes = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(bytes.len(), 100);
     }

@@ -32,6 +32,11 @@ pub(crate) async fn request_meta(mut req: Request, next: Next) -> Response {
     });
     let hold = Hold::default();
     req.extensions_mut().insert(hold.clone());
+    // Cancelled when the response is finished or dropped: an MCP call whose stream the
+    // client closed is cancelled with it.
+    let closed = tokio_util::sync::CancellationToken::new();
+    req.extensions_mut()
+        .insert(runcell_mcp::StreamClosed(closed.clone()));
     // Everything logged while this request is handled (the run on its blocking thread
     // included) carries its id, as the audit line and the X-Request-Id header do.
     let span = tracing::info_span!(
@@ -44,7 +49,7 @@ pub(crate) async fn request_meta(mut req: Request, next: Next) -> Response {
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         res.headers_mut().insert("x-request-id", v);
     }
-    deliver::guard(res, hold)
+    deliver::guard(res, hold, closed.drop_guard())
 }
 
 /// Who is calling, from the request's extensions.

@@ -697,6 +697,101 @@ fn older_protocol_over_http_raw() {
     s.stop();
 }
 
+/// A call whose stream the client closed, or whose session it ended, is cancelled at once
+/// (its sandbox killed, the run audited as `cancelled`), never left to run to its timeout for
+/// nobody (the TypeScript SDK aborts a call by closing its stream).
+#[test]
+fn closing_the_stream_or_the_session_cancels_the_call() {
+    let s = Server::start(&[KEY]);
+    let http = Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let post = |body: &Value, session: Option<&str>| {
+        let mut req = http
+            .post(s.url())
+            .header("authorization", format!("Bearer {KEY}"))
+            .header("accept", "application/json, text/event-stream")
+            .json(body);
+        if let Some(id) = session {
+            req = req
+                .header("mcp-session-id", id)
+                .header("mcp-protocol-version", "2025-06-18");
+        }
+        req.send().unwrap()
+    };
+    let res = post(&initialize("2025-06-18"), None);
+    let session = res.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    drop(messages(res));
+    post(
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        Some(&session),
+    );
+    // Start a long call and read its stream until the program has started.
+    let start_call = |id: u64| {
+        let mut res = post(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": "code_exec_bash",
+                "arguments": {"code": "echo started; sleep 300", "timeout": 600},
+                "_meta": {"progressToken": id}}}),
+            Some(&session),
+        );
+        assert_eq!(res.status(), 200);
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("started") {
+            let n = res.read(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "the stream ended early: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+        res
+    };
+    let cancelled = || {
+        s.log()
+            .lines()
+            .filter(|l| {
+                l.contains("\"interface\":\"mcp-http\"") && l.contains("\"category\":\"cancelled\"")
+            })
+            .count()
+    };
+    let wait_for = |n: usize, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while cancelled() < n {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the call was not cancelled: {}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    // The client closes the call's stream (and sends no cancellation).
+    drop(start_call(10));
+    wait_for(1, "stream closed");
+
+    // The client ends the session while a call runs.
+    let res = start_call(11);
+    let del = http
+        .delete(s.url())
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    wait_for(2, "session ended");
+    drop(res);
+    s.stop();
+}
+
 /// A session (older protocol versions) belongs to the key that opened it: another key that
 /// learns its id can neither call in it nor end it (before, any valid key could).
 #[test]
