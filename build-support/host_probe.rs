@@ -41,6 +41,7 @@ pub const ALL: &[&str] = &[
     "host_agent_clients",
     "host_test_wheels",
     "host_promtool",
+    "host_validators",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -83,6 +84,10 @@ fn probe(name: &str) -> bool {
         "host_mcp_client" => mcp_client(),
         "host_agent_clients" => venv_with("agent-venv", &["openai", "anthropic"]),
         "host_promtool" => any_file(&["/usr/bin/promtool"]),
+        "host_validators" => venv_with(
+            "validators-venv",
+            &["openapi_spec_validator", "prometheus_client"],
+        ),
         "host_test_wheels" => {
             let manifest =
                 PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));

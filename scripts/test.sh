@@ -67,6 +67,15 @@ if ! target/agent-venv/bin/python -c 'import importlib.metadata as m, sys; sys.e
   /usr/bin/python3 -m venv target/agent-venv
   target/agent-venv/bin/pip install -q --disable-pip-version-check openai==3.57.0 anthropic==2.14.0
 fi
+# The HTTP tests check the OpenAPI document with openapi-spec-validator and /metrics with
+# Prometheus' own Python parsers (classic and OpenMetrics): pinned, in target/validators-venv
+# (crates/runcell/tests/http.rs looks for it).
+if ! target/validators-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit((m.version("openapi-spec-validator"), m.version("prometheus_client")) != ("0.9.0", "0.26.0"))' 2>/dev/null; then
+  echo "installing openapi-spec-validator and prometheus_client into target/validators-venv"
+  rm -rf target/validators-venv
+  /usr/bin/python3 -m venv target/validators-venv
+  target/validators-venv/bin/pip install -q --disable-pip-version-check openapi-spec-validator==0.9.0 prometheus_client==0.26.0
+fi
 # The package-install tests serve a local index of one wheel, downloaded once from PyPI here
 # (crates/runcell/tests/packages.rs looks for it).
 if [ ! -f target/test-wheels/tabulate-0.9.0-py3-none-any.whl ]; then

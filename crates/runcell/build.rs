@@ -23,6 +23,7 @@ fn main() {
         "host_agent_clients",
         "host_test_wheels",
         "host_promtool",
+        "host_validators",
     ]);
 }
 

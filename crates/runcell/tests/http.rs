@@ -1064,3 +1064,71 @@ fn metrics_pass_promtool() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The outside of the server as its users' own tools read it: the served OpenAPI document
+/// passes `openapi-spec-validator` (warnings are failures), and `/metrics` parses with
+/// Prometheus' Python parsers, classic and OpenMetrics, into typed families only (a `TYPE`
+/// line that does not name its samples leaves them "unknown").
+#[test]
+#[cfg_attr(
+    not(host_validators),
+    ignore = "needs openapi-spec-validator and prometheus_client (scripts/test.sh installs them in target/validators-venv)"
+)]
+fn openapi_and_metrics_pass_their_users_validators() {
+    let s = common::ServeProcess::start(&[], &[]);
+    let (status, _) = json_of(
+        client()
+            .post(s.url("/v1/execute"))
+            .json(&json!({"language": "bash", "code": "echo hi"}))
+            .send()
+            .unwrap(),
+    );
+    assert_eq!(status, 200);
+    let dir = tempfile::tempdir().unwrap();
+    let fetch = |path: &str, accept: &str, file: &str| {
+        let res = client()
+            .get(s.url(path))
+            .header("accept", accept)
+            .send()
+            .unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        std::fs::write(dir.path().join(file), res.text().unwrap()).unwrap();
+    };
+    fetch("/openapi.json", "application/json", "openapi.json");
+    fetch("/metrics", "text/plain;version=0.0.4", "classic.txt");
+    fetch(
+        "/metrics",
+        "application/openmetrics-text;version=1.0.0",
+        "openmetrics.txt",
+    );
+    let script = r#"
+import json, sys, warnings
+warnings.simplefilter("error")
+from openapi_spec_validator import validate
+from prometheus_client.parser import text_string_to_metric_families as classic
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
+d = sys.argv[1]
+validate(json.load(open(d + "/openapi.json")))
+for name, parse in (("classic.txt", classic), ("openmetrics.txt", openmetrics)):
+    families = list(parse(open(d + "/" + name).read()))
+    untyped = [f.name for f in families if f.type in ("unknown", "untyped")]
+    assert not untyped, (name, untyped)
+    names = {f.name for f in families}
+    for want in ("runcell_executions", "runcell_build_info", "process_cpu_seconds"):
+        assert want in names, (name, want, sorted(names))
+print("ok")
+"#;
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/validators-venv/bin/python");
+    let out = Command::new(venv)
+        .args(["-c", script])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
