@@ -42,6 +42,7 @@ pub const ALL: &[&str] = &[
     "host_test_wheels",
     "host_promtool",
     "host_validators",
+    "host_ts_mcp_client",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -84,6 +85,15 @@ fn probe(name: &str) -> bool {
         "host_mcp_client" => mcp_client(),
         "host_agent_clients" => venv_with("agent-venv", &["openai", "anthropic"]),
         "host_promtool" => any_file(&["/usr/bin/promtool"]),
+        "host_ts_mcp_client" => {
+            let manifest =
+                PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+            let dir = manifest.join("../../target/ts-mcp");
+            let _ = fs::create_dir_all(&dir);
+            println!("cargo::rerun-if-changed={}", dir.display());
+            dir.join("node_modules/@modelcontextprotocol/sdk/package.json")
+                .is_file()
+        }
         "host_validators" => venv_with(
             "validators-venv",
             &["openapi_spec_validator", "prometheus_client"],

@@ -76,6 +76,17 @@ if ! target/validators-venv/bin/python -c 'import importlib.metadata as m, sys; 
   /usr/bin/python3 -m venv target/validators-venv
   target/validators-venv/bin/pip install -q --disable-pip-version-check openapi-spec-validator==0.9.0 prometheus_client==0.26.0
 fi
+# The MCP tests also drive runcell with the official TypeScript SDK, pinned, in target/ts-mcp
+# (crates/runcell/tests/mcp.rs looks for it; without npm the test reports itself ignored).
+if [ ! -f target/ts-mcp/node_modules/@modelcontextprotocol/sdk/package.json ] \
+  || ! grep -q '"version": "1.32.2"' target/ts-mcp/node_modules/@modelcontextprotocol/sdk/package.json; then
+  if command -v npm >/dev/null; then
+    echo "installing the TypeScript MCP SDK (1.32.2) into target/ts-mcp"
+    mkdir -p target/ts-mcp
+    npm install --silent --no-audit --no-fund --prefix target/ts-mcp @modelcontextprotocol/sdk@1.32.2 \
+      || echo "test.sh: could not install the TypeScript MCP SDK; its test will be ignored"
+  fi
+fi
 # The package-install tests serve a local index of one wheel, downloaded once from PyPI here
 # (crates/runcell/tests/packages.rs looks for it).
 if [ ! -f target/test-wheels/tabulate-0.9.0-py3-none-any.whl ]; then

@@ -1160,3 +1160,55 @@ fn network_approval_is_asked_of_the_user_through_elicitation() {
         );
     }
 }
+
+/// The official TypeScript SDK (the one the MCP Inspector, Claude Desktop's tooling and many
+/// agents use) over stdio and Streamable HTTP: lists the tools, a call succeeds and a failing
+/// one is an `isError` result, and the SDK warns about nothing (it validates every result
+/// against the tool's output schema and printed a hundred lines for a non-standard format).
+#[test]
+#[cfg_attr(
+    not(host_ts_mcp_client),
+    ignore = "needs the TypeScript MCP SDK (scripts/test.sh installs it in target/ts-mcp with npm)"
+)]
+fn the_typescript_sdk_over_stdio_and_http_sees_no_warnings() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ts-mcp");
+    let script = dir.join("ts_client.mjs");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/ts_client.mjs"),
+        &script,
+    )
+    .unwrap();
+    let drive = |args: &[&str]| {
+        let mut child = Command::new("node")
+            .arg(&script)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start node");
+        let out = collect(child.stdout.take().unwrap());
+        let err = collect(child.stderr.take().unwrap());
+        let status = wait_or_kill(
+            &mut child,
+            Duration::from_secs(120),
+            "the TypeScript client",
+        );
+        let (out, err) = (out.join().unwrap(), err.join().unwrap());
+        let last = out.lines().last().unwrap_or_default();
+        let report: Value = serde_json::from_str(last)
+            .unwrap_or_else(|e| panic!("no report ({e}), {status}:\n{out}\n{err}"));
+        assert!(status.success(), "{status}: {report:#}\n{err}");
+        assert_eq!(report["warnings"], json!([]), "{err}");
+        let tools: Vec<String> = serde_json::from_value(report["tools"].clone()).unwrap();
+        assert_eq!(tools, expected_tools());
+        assert_eq!(report["stdout"], "hi\n", "{report:#}");
+        assert_eq!(report["isError"], false, "{report:#}");
+        assert_eq!(report["badError"], true, "{report:#}");
+    };
+    let bin = runcell_bin();
+    drive(&["stdio", bin.to_str().unwrap()]);
+    let s = Server::start(&[KEY]);
+    drive(&["http", &s.url(), KEY]);
+    s.stop();
+}
