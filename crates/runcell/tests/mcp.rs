@@ -513,6 +513,26 @@ fn http_with_the_python_sdk() {
     s.stop();
 }
 
+/// POST one JSON-RPC message to `/mcp` with the test key, in `session` (2025-06-18) if given.
+fn post_mcp(
+    http: &Client,
+    url: &str,
+    body: &Value,
+    session: Option<&str>,
+) -> reqwest::blocking::Response {
+    let mut req = http
+        .post(url)
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("accept", "application/json, text/event-stream")
+        .json(body);
+    if let Some(id) = session {
+        req = req
+            .header("mcp-session-id", id)
+            .header("mcp-protocol-version", "2025-06-18");
+    }
+    req.send().unwrap()
+}
+
 fn initialize(version: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": version,
@@ -559,19 +579,7 @@ fn older_protocol_over_http_raw() {
         .timeout(Duration::from_secs(120))
         .build()
         .unwrap();
-    let post = |body: &Value, session: Option<&str>| {
-        let mut req = http
-            .post(s.url())
-            .header("authorization", format!("Bearer {KEY}"))
-            .header("accept", "application/json, text/event-stream")
-            .json(body);
-        if let Some(id) = session {
-            req = req
-                .header("mcp-session-id", id)
-                .header("mcp-protocol-version", "2025-06-18");
-        }
-        req.send().unwrap()
-    };
+    let post = |body: &Value, session: Option<&str>| post_mcp(&http, &s.url(), body, session);
     let res = post(&initialize("2025-06-18"), None);
     assert_eq!(res.status(), 200);
     let session = res
@@ -707,19 +715,7 @@ fn closing_the_stream_or_the_session_cancels_the_call() {
         .timeout(Duration::from_secs(120))
         .build()
         .unwrap();
-    let post = |body: &Value, session: Option<&str>| {
-        let mut req = http
-            .post(s.url())
-            .header("authorization", format!("Bearer {KEY}"))
-            .header("accept", "application/json, text/event-stream")
-            .json(body);
-        if let Some(id) = session {
-            req = req
-                .header("mcp-session-id", id)
-                .header("mcp-protocol-version", "2025-06-18");
-        }
-        req.send().unwrap()
-    };
+    let post = |body: &Value, session: Option<&str>| post_mcp(&http, &s.url(), body, session);
     let res = post(&initialize("2025-06-18"), None);
     let session = res.headers()["mcp-session-id"]
         .to_str()
