@@ -1019,6 +1019,21 @@ fn killing_the_server_mid_run_leaves_nothing_behind() {
     );
 }
 
+/// A keyless server started with `args` that has run `code` once, so that its counters have
+/// samples.
+fn server_after_one_run(args: &[&str], language: &str, code: &str) -> common::ServeProcess {
+    let s = common::ServeProcess::start(args, &[]);
+    let (status, v) = json_of(
+        client()
+            .post(s.url("/v1/execute"))
+            .json(&json!({"language": language, "code": code}))
+            .send()
+            .unwrap(),
+    );
+    assert_eq!(status, 200, "{v:#}");
+    s
+}
+
 /// `/metrics` as Prometheus' own tools read it: `promtool check metrics` passes on the classic
 /// format (every counter's HELP and TYPE naming its `_total` samples).
 #[test]
@@ -1027,15 +1042,7 @@ fn killing_the_server_mid_run_leaves_nothing_behind() {
     ignore = "needs promtool (Debian's prometheus; scripts/test.sh installs it)"
 )]
 fn metrics_pass_promtool() {
-    let s = common::ServeProcess::start(&["--pool", "python=1"], &[]);
-    let (status, _) = json_of(
-        client()
-            .post(s.url("/v1/execute"))
-            .json(&json!({"language": "python", "code": "print(1)"}))
-            .send()
-            .unwrap(),
-    );
-    assert_eq!(status, 200);
+    let s = server_after_one_run(&["--pool", "python=1"], "python", "print(1)");
     let text = client()
         .get(s.url("/metrics"))
         .send()
@@ -1075,15 +1082,7 @@ fn metrics_pass_promtool() {
     ignore = "needs openapi-spec-validator and prometheus_client (scripts/test.sh installs them in target/validators-venv)"
 )]
 fn openapi_and_metrics_pass_their_users_validators() {
-    let s = common::ServeProcess::start(&[], &[]);
-    let (status, _) = json_of(
-        client()
-            .post(s.url("/v1/execute"))
-            .json(&json!({"language": "bash", "code": "echo hi"}))
-            .send()
-            .unwrap(),
-    );
-    assert_eq!(status, 200);
+    let s = server_after_one_run(&[], "bash", "echo hi");
     let dir = tempfile::tempdir().unwrap();
     let fetch = |path: &str, accept: &str, file: &str| {
         let res = client()

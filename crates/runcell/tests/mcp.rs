@@ -81,25 +81,35 @@ fn wait_or_kill(child: &mut Child, within: Duration, what: &str) -> std::process
     }
 }
 
-/// Run tests/mcp/client.py and return its report; its stderr (with the stdio server's) too.
-fn run_client(args: &[&str], env: &[(&str, &str)]) -> (Value, String) {
-    let mut child = Command::new(python())
-        .arg(client_script())
-        .args(args)
-        .envs(env.iter().copied())
+/// Run `cmd` (stdin /dev/null) to its end, killed after `within`: its status, stdout and
+/// stderr.
+fn output_within(
+    cmd: &mut Command,
+    within: Duration,
+    what: &str,
+) -> (std::process::ExitStatus, String, String) {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start the Python MCP client");
+        .unwrap_or_else(|e| panic!("start {what}: {e}"));
     let out = collect(child.stdout.take().unwrap());
     let err = collect(child.stderr.take().unwrap());
-    let status = wait_or_kill(
-        &mut child,
+    let status = wait_or_kill(&mut child, within, what);
+    (status, out.join().unwrap(), err.join().unwrap())
+}
+
+/// Run tests/mcp/client.py and return its report; its stderr (with the stdio server's) too.
+fn run_client(args: &[&str], env: &[(&str, &str)]) -> (Value, String) {
+    let (status, out, err) = output_within(
+        Command::new(python())
+            .arg(client_script())
+            .args(args)
+            .envs(env.iter().copied()),
         Duration::from_secs(300),
         "the Python MCP client",
     );
-    let (out, err) = (out.join().unwrap(), err.join().unwrap());
     assert!(status.success(), "client failed ({status}):\n{err}\n{out}");
     let report: Value = serde_json::from_str(out.trim())
         .unwrap_or_else(|e| panic!("the client's report is not JSON ({e}): {out}\n{err}"));
@@ -1175,22 +1185,11 @@ fn the_typescript_sdk_over_stdio_and_http_sees_no_warnings() {
     )
     .unwrap();
     let drive = |args: &[&str]| {
-        let mut child = Command::new("node")
-            .arg(&script)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start node");
-        let out = collect(child.stdout.take().unwrap());
-        let err = collect(child.stderr.take().unwrap());
-        let status = wait_or_kill(
-            &mut child,
+        let (status, out, err) = output_within(
+            Command::new("node").arg(&script).args(args),
             Duration::from_secs(120),
             "the TypeScript client",
         );
-        let (out, err) = (out.join().unwrap(), err.join().unwrap());
         let last = out.lines().last().unwrap_or_default();
         let report: Value = serde_json::from_str(last)
             .unwrap_or_else(|e| panic!("no report ({e}), {status}:\n{out}\n{err}"));
