@@ -42,6 +42,7 @@ pub const ALL: &[&str] = &[
     "host_test_wheels",
     "host_promtool",
     "host_validators",
+    "host_schemathesis",
     "host_ts_mcp_client",
 ];
 
@@ -94,6 +95,7 @@ fn probe(name: &str) -> bool {
             dir.join("node_modules/@modelcontextprotocol/sdk/package.json")
                 .is_file()
         }
+        "host_schemathesis" => venv_with("validators-venv", &["schemathesis"]),
         "host_validators" => venv_with(
             "validators-venv",
             &["openapi_spec_validator", "prometheus_client"],

@@ -70,11 +70,12 @@ fi
 # The HTTP tests check the OpenAPI document with openapi-spec-validator and /metrics with
 # Prometheus' own Python parsers (classic and OpenMetrics): pinned, in target/validators-venv
 # (crates/runcell/tests/http.rs looks for it).
-if ! target/validators-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit((m.version("openapi-spec-validator"), m.version("prometheus_client")) != ("0.9.0", "0.26.0"))' 2>/dev/null; then
-  echo "installing openapi-spec-validator and prometheus_client into target/validators-venv"
+# schemathesis too (crates/runcell/tests/agent.rs drives the whole HTTP API with it).
+if ! target/validators-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit((m.version("openapi-spec-validator"), m.version("prometheus_client"), m.version("schemathesis")) != ("0.9.0", "0.26.0", "4.32.5"))' 2>/dev/null; then
+  echo "installing openapi-spec-validator, prometheus_client and schemathesis into target/validators-venv"
   rm -rf target/validators-venv
   /usr/bin/python3 -m venv target/validators-venv
-  target/validators-venv/bin/pip install -q --disable-pip-version-check openapi-spec-validator==0.9.0 prometheus_client==0.26.0
+  target/validators-venv/bin/pip install -q --disable-pip-version-check openapi-spec-validator==0.9.0 prometheus_client==0.26.0 schemathesis==4.32.5
 fi
 # The MCP tests also drive runcell with the official TypeScript SDK, pinned, in target/ts-mcp
 # (crates/runcell/tests/mcp.rs looks for it; without npm the test reports itself ignored).

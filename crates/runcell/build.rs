@@ -24,6 +24,7 @@ fn main() {
         "host_test_wheels",
         "host_promtool",
         "host_validators",
+        "host_schemathesis",
         "host_ts_mcp_client",
     ]);
 }

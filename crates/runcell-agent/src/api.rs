@@ -26,6 +26,20 @@ pub struct AgentPolicy {
     pub default_model: String,
 }
 
+impl Default for AgentPolicy {
+    /// The server's defaults, without a model.
+    fn default() -> Self {
+        AgentPolicy {
+            defaults: Bounds::default(),
+            max_iterations: 30,
+            max_calls: 30,
+            max_code_retries: 10,
+            allowed_models: Vec::new(),
+            default_model: String::new(),
+        }
+    }
+}
+
 /// One tool of a request: `{"type": "runcell_tool" | "heroku_tool", "name": "code_exec_python",
 /// "runtime_params": {"max_calls": 5}}`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -40,10 +54,34 @@ pub struct RequestTool {
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct RuntimeParams {
+    #[serde(default, deserialize_with = "whole")]
     pub max_calls: Option<u32>,
     // Other keys of hosted APIs' runtime params are accepted and ignored.
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
+}
+
+/// A whole number, also when written as a float (`30.0`: Python's `json.dumps` of a float,
+/// and an integer to JSON Schema).
+fn whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    n.as_u64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(f))
+                .map(|f| f as u64)
+        })
+        .and_then(|v| u32::try_from(v).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "expected a whole number from 0 to {}, not {n}",
+                u32::MAX
+            ))
+        })
 }
 
 /// A message of the request.
@@ -65,26 +103,31 @@ pub struct AgentRequest {
     pub files: Vec<InputFile>,
     #[serde(default)]
     pub stream: bool,
+    #[serde(default, deserialize_with = "whole")]
     pub max_iterations: Option<u32>,
+    #[serde(default, deserialize_with = "whole")]
     pub max_code_retries: Option<u32>,
     // Chat Completions parameters that existing client code sends: the sampling ones are
     // passed to every model call, the others are accepted for what they mean here.
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     /// Output tokens per model call (`max_completion_tokens` is its newer name).
+    #[serde(default, deserialize_with = "whole")]
     pub max_tokens: Option<u32>,
+    #[serde(default, deserialize_with = "whole")]
     pub max_completion_tokens: Option<u32>,
     /// Only 1: the loop produces one answer.
+    #[serde(default, deserialize_with = "whole")]
     pub n: Option<u32>,
     /// Only `auto` (or absent): the model decides when to run code.
     pub tool_choice: Option<Value>,
     /// Accepted: the last chunk of a stream always carries the usage.
-    pub stream_options: Option<Value>,
+    pub stream_options: Option<serde_json::Map<String, Value>>,
     /// Accepted: the loop runs one tool call after the other anyway.
     pub parallel_tool_calls: Option<bool>,
     /// Accepted and not passed on: the caller is known by its API key.
     pub user: Option<String>,
-    pub metadata: Option<Value>,
+    pub metadata: Option<serde_json::Map<String, Value>>,
 }
 
 /// What a request asks of every model call.
@@ -254,6 +297,146 @@ impl AgentRequest {
     }
 }
 
+impl AgentRequest {
+    /// The JSON Schema of a request within `policy` (its bounds and models), as
+    /// [`AgentRequest::validate`] checks it. Two rules are said more strictly than they are
+    /// checked: `max_tokens` and `max_completion_tokens` are not both sent (equal values are
+    /// accepted), and a tool is listed once (`maxContains`).
+    pub fn schema(policy: &AgentPolicy) -> Value {
+        let tool_names: Vec<String> = runcell_core::Language::ALL
+            .iter()
+            .map(|l| format!("code_exec_{}", l.name()))
+            .collect();
+        let text = json!({"type": "string"});
+        let content = json!({
+            "description": "A string, or a list of text parts.",
+            "oneOf": [
+                text,
+                {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                    "required": ["type", "text"],
+                }},
+            ],
+        });
+        let count = |max: u32, description: &str| json!({"type": ["integer", "null"], "minimum": 1, "maximum": max, "description": description});
+        let about_model = match policy.default_model.as_str() {
+            "" => "The model (default: the server's).".to_string(),
+            m => format!("The model (default {m})."),
+        };
+        let model = if policy.allowed_models.is_empty() {
+            json!({"type": ["string", "null"], "description": about_model})
+        } else {
+            let mut models: Vec<Value> = policy.allowed_models.iter().map(|m| json!(m)).collect();
+            models.push(Value::Null);
+            json!({"enum": models, "description": about_model})
+        };
+        let once: Vec<Value> = tool_names
+            .iter()
+            .map(|n| json!({"contains": {"type": "object", "properties": {"name": {"const": n}}, "required": ["name"]}, "minContains": 0, "maxContains": 1}))
+            .collect();
+        json!({
+            "type": "object",
+            "description": "Chat Completions shaped: the conversation, the code tools the model may \
+                use (with their `max_calls`), optional files for /workspace and the loop's bounds.",
+            "properties": {
+                "model": model,
+                "messages": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "role": {"enum": ["system", "developer", "user", "assistant"]},
+                            "content": content,
+                        },
+                        "required": ["role", "content"],
+                    },
+                    "contains": {"type": "object", "properties": {"role": {"const": "user"}}, "required": ["role"]},
+                    "description": "The conversation; at least one user message.",
+                },
+                "tools": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "type": {"enum": ["runcell_tool", "heroku_tool"]},
+                            "name": {"enum": tool_names},
+                            "runtime_params": {
+                                "type": "object",
+                                "properties": {"max_calls": count(policy.max_calls, "Runs of this tool at most.")},
+                                "description": "Other keys of hosted APIs' runtime params are accepted and ignored.",
+                            },
+                        },
+                        "required": ["type", "name"],
+                        "additionalProperties": false,
+                    },
+                    "allOf": once,
+                    "description": "The code tools the model may use, each once.",
+                },
+                "files": {
+                    "type": "array",
+                    "items": runcell_core::InputFile::schema_value(),
+                    "description": "Files placed in /workspace of every run.",
+                },
+                "stream": {"type": "boolean", "description": "Answer as server-sent chat.completion.chunk events."},
+                "max_iterations": count(policy.max_iterations, "Model calls at most."),
+                "max_code_retries": count(policy.max_code_retries, "Consecutive failed runs after which the model is told to answer."),
+                "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+                "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                "max_tokens": count(u32::MAX, "Output tokens per model call."),
+                "max_completion_tokens": count(u32::MAX, "The newer name of max_tokens."),
+                "n": {"enum": [1, null], "description": "Only 1: the loop gives one answer."},
+                "tool_choice": {"enum": ["auto", null], "description": "Only auto: the model decides when to run code."},
+                "stream_options": {"type": ["object", "null"], "description": "Accepted: the last chunk of a stream always carries the usage."},
+                "parallel_tool_calls": {"type": ["boolean", "null"]},
+                "user": {"type": ["string", "null"], "description": "Accepted and not passed on."},
+                "metadata": {"type": ["object", "null"], "description": "Accepted and not passed on."},
+            },
+            "required": ["messages", "tools"],
+            "not": {"required": ["max_tokens", "max_completion_tokens"]},
+            "additionalProperties": false,
+        })
+    }
+}
+
+/// The JSON Schema of the `chat.completion` answer ([`completion`]).
+pub fn completion_schema() -> Value {
+    let count = json!({"type": "integer", "minimum": 0});
+    json!({
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "chat.completion"},
+            "created": count,
+            "model": {"type": "string"},
+            "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+                "type": "object",
+                "properties": {
+                    "index": count,
+                    "message": {"type": "object", "properties": {
+                        "role": {"const": "assistant"},
+                        "content": {"type": ["string", "null"]},
+                    }, "required": ["role", "content"]},
+                    "finish_reason": {"type": "string"},
+                },
+                "required": ["index", "message", "finish_reason"],
+            }},
+            "usage": {"type": "object", "properties": {
+                "prompt_tokens": count, "completion_tokens": count, "total_tokens": count,
+            }, "required": ["prompt_tokens", "completion_tokens", "total_tokens"]},
+            "runcell": {"type": "object", "properties": {
+                "steps": {"type": "array", "items": {"type": "object"}},
+                "code_attempts": count,
+                "model_calls": count,
+            }, "required": ["steps", "code_attempts", "model_calls"],
+            "description": "runcell's extension: the loop's steps and counts."},
+        },
+        "required": ["id", "object", "created", "model", "choices", "usage", "runcell"],
+    })
+}
+
 /// The `chat.completion` answer, with the `runcell` extension.
 pub fn completion(id: &str, created: u64, model: &str, o: &Outcome) -> Value {
     json!({
@@ -317,6 +500,32 @@ mod tests {
         );
         assert!(!v.stream);
         assert_eq!(v.sampling, Sampling::default());
+    }
+
+    #[test]
+    fn whole_numbers_may_be_floats_and_objects_must_be_objects() {
+        let base = || {
+            json!({"messages": [{"role": "user", "content": "q"}],
+            "tools": [{"type": "runcell_tool", "name": "code_exec_python", "runtime_params": {"max_calls": 4.0}}]})
+        };
+        let mut r = base();
+        r["max_iterations"] = json!(3.0);
+        r["max_tokens"] = json!(100.0);
+        let v = parse(r).unwrap();
+        assert_eq!(v.bounds.max_iterations, 3);
+        assert_eq!(v.bounds.max_calls["code_exec_python"], 4);
+        assert_eq!(v.sampling.max_tokens, Some(100));
+        for (k, bad) in [
+            ("max_iterations", json!(2.5)),
+            ("max_tokens", json!(-1)),
+            ("n", json!(1e12)),
+            ("stream_options", json!([null])),
+            ("metadata", json!("x")),
+        ] {
+            let mut r = base();
+            r[k] = bad.clone();
+            assert!(parse(r).is_err(), "{k}: {bad}");
+        }
     }
 
     #[test]

@@ -119,12 +119,15 @@ impl Kind {
 
     /// What a request may send for a limit of this kind (JSON Schema, also valid OpenAPI 3.1).
     fn request_schema(self, doc: &str) -> Value {
+        // What `units::parse_duration` and `units::parse_size` read.
+        const DURATION_PATTERN: &str = r"^\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*(ms|s|sec|m|min|h)?\s*$";
+        const SIZE_PATTERN: &str = r"^\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*([bB]([yY][tT][eE][sS]?)?|[kKmMgGtT]([iI]?[bB])?)?\s*$";
         match self {
             Kind::Time => json!({
                 "description": format!("{doc} Seconds (a number), or a string with a unit: ms, s, m, h (\"500ms\", \"2m\")."),
                 "oneOf": [
                     {"type": "number", "minimum": 0},
-                    {"type": "string", "examples": ["500ms", "10s", "2m"]},
+                    {"type": "string", "pattern": DURATION_PATTERN, "examples": ["500ms", "10s", "2m"]},
                     {"type": "null"}
                 ]
             }),
@@ -132,7 +135,7 @@ impl Kind {
                 "description": format!("{doc} Bytes (a whole number), or a string with a unit: K, M, G, T, powers of 1024 (\"256M\", \"1G\")."),
                 "oneOf": [
                     {"type": "integer", "minimum": 0},
-                    {"type": "string", "examples": ["64K", "256M", "1G"]},
+                    {"type": "string", "pattern": SIZE_PATTERN, "examples": ["64K", "256M", "1G"]},
                     {"type": "null"}
                 ]
             }),
@@ -526,8 +529,16 @@ impl<'de> Visitor<'de> for ValueVisitor {
         match self.0.kind() {
             Kind::Time if v.is_finite() && v >= 0.0 => Ok(Some((v * 1000.0).round() as u64)),
             Kind::Cores => cores_to_raw(v).map(Some).ok_or_else(|| self.bad(v)),
-            // Sizes and counts are whole numbers: 1.5 bytes is a mistake, not a rounding.
-            _ => Err(self.bad(v)),
+            // A whole number written as a float (Python's json.dumps(64.0) is "64.0", and JSON
+            // Schema's "integer" includes it) is that number.
+            Kind::Bytes | Kind::Count
+                if v.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&v) =>
+            {
+                Ok(Some(v as u64))
+            }
+            // Sizes and counts are whole numbers: 1.5 bytes is a mistake, not a rounding. The
+            // value is shown as it was sent (`{v:?}`: 1e300, not three hundred digits).
+            _ => Err(self.bad(format_args!("{v:?}"))),
         }
     }
 
@@ -624,6 +635,53 @@ impl Policy {
                 (l.name().to_string(), schema)
             })
             .collect()
+    }
+}
+
+impl Policy {
+    /// The file-table bound (`pids × open_files` within `max_open_files_per_run`, see
+    /// [`Policy::check_file_table`]) as JSON Schema can say it: an `anyOf` of tiers, one per
+    /// power of two of `pids` up to its maximum, each allowing the `open_files` that fit beside
+    /// it. A limit left out (or null) is the default, so a tier the default does not fit in
+    /// requires the limit. Stricter than the check between two tiers, never looser.
+    pub fn file_table_tiers(&self) -> Vec<Value> {
+        let table = self.max_open_files_per_run;
+        let (max_pids, min_pids) = (self.max.pids.0, Limits::MINIMUM.pids.0.max(1));
+        let (default_pids, default_files) = (self.defaults.pids.0, self.defaults.open_files.0);
+        let min_files = Limits::MINIMUM.open_files.0;
+        let mut pids_steps: Vec<u64> = std::iter::successors(Some(min_pids), |p| p.checked_mul(2))
+            .take_while(|p| *p < max_pids)
+            .collect();
+        pids_steps.push(max_pids);
+        let mut tiers = Vec::new();
+        for pids in pids_steps {
+            let files = (table / pids).min(self.max.open_files.0);
+            if files < min_files {
+                break;
+            }
+            let bound = |max: u64, default: u64| {
+                if default <= max {
+                    json!({"maximum": max})
+                } else {
+                    json!({"type": "integer", "maximum": max})
+                }
+            };
+            let mut required = Vec::new();
+            if default_pids > pids {
+                required.push("pids");
+            }
+            if default_files > files {
+                required.push("open_files");
+            }
+            tiers.push(json!({
+                "properties": {
+                    "pids": bound(pids, default_pids),
+                    "open_files": bound(files, default_files),
+                },
+                "required": required,
+            }));
+        }
+        tiers
     }
 }
 
@@ -988,6 +1046,102 @@ mod tests {
 
     fn overrides(json: &str) -> Result<LimitOverrides, String> {
         serde_json::from_str(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_string_patterns_accept_what_the_parsers_read() {
+        let props = LimitOverrides::schema_properties();
+        let pattern = |limit: &str| {
+            let p = props[limit]["oneOf"][1]["pattern"].as_str().unwrap();
+            regex::Regex::new(p).unwrap()
+        };
+        let (duration, size) = (pattern("timeout"), pattern("memory"));
+        for s in [
+            "30", "2.5", ".5", "1.", "500ms", "2 m", " 10s ", "1h", "3min", "4sec", "", " ", ".",
+            "1..2", "1e3", "-1", "5d", "ms", "1 2",
+        ] {
+            assert_eq!(
+                duration.is_match(s),
+                crate::units::parse_duration(s).is_ok(),
+                "duration {s:?}"
+            );
+        }
+        for s in [
+            "65536", "256M", "1g", "1.5 GiB", "64kb", "10 bytes", "7B", "1 Byte", "2T", "", ".",
+            "1e6", "-5", "5X", "M", "1 2", "3 mib", "4Ki",
+        ] {
+            assert_eq!(
+                size.is_match(s),
+                crate::units::parse_size(s).is_ok(),
+                "size {s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_file_table_tiers_accept_only_what_the_check_accepts() {
+        let p = policy();
+        let tiers = p.file_table_tiers();
+        assert!(tiers.len() > 2, "{tiers:?}");
+        // A tier's (pids, open_files): the bounds, a null for a default it allows.
+        let fits = |pids: Option<u64>, files: Option<u64>| {
+            tiers.iter().any(|t| {
+                let ok = |name: &str, v: Option<u64>| {
+                    let b = &t["properties"][name];
+                    match v {
+                        Some(v) => v <= b["maximum"].as_u64().unwrap(),
+                        None => {
+                            b.get("type").is_none()
+                                && !t["required"].as_array().unwrap().iter().any(|r| r == name)
+                        }
+                    }
+                };
+                ok("pids", pids) && ok("open_files", files)
+            })
+        };
+        let checked = |pids: Option<u64>, files: Option<u64>| {
+            let mut l = p.defaults;
+            if let Some(v) = pids {
+                l.pids = Count(v);
+            }
+            if let Some(v) = files {
+                l.open_files = Count(v);
+            }
+            p.check_file_table(&l).is_ok()
+        };
+        let mut agreed = 0;
+        for pids in [
+            None,
+            Some(1),
+            Some(2),
+            Some(3),
+            Some(64),
+            Some(65),
+            Some(1000),
+            Some(p.max.pids.0),
+        ] {
+            for files in [
+                None,
+                Some(16),
+                Some(64),
+                Some(1024),
+                Some(5000),
+                Some(p.max.open_files.0),
+            ] {
+                if fits(pids, files) {
+                    assert!(
+                        checked(pids, files),
+                        "the schema allows {pids:?} × {files:?}"
+                    );
+                }
+                agreed += usize::from(fits(pids, files) == checked(pids, files));
+            }
+        }
+        // Stricter between tiers only: most combinations agree.
+        assert!(agreed > 40, "{agreed}");
+        assert!(fits(None, None));
+        let most = (Some(p.max.pids.0), Some(p.max.open_files.0));
+        assert!(!checked(most.0, most.1) && !fits(most.0, most.1));
     }
 
     #[test]

@@ -41,14 +41,63 @@ pub struct ExecRequest {
 }
 
 impl InputFile {
-    /// `content` or `content_base64`, exactly one of them, as JSON Schema says it.
-    pub fn exactly_one_content() -> Value {
-        json!([
-            {"required": ["content"], "not": {"required": ["content_base64"]}},
-            {"required": ["content_base64"], "not": {"required": ["content"]}},
-        ])
+    /// Its JSON Schema: the path as [`workspace_path`] accepts it, and `content` or
+    /// `content_base64` (canonical base64, as the decoder takes it), exactly one of them (the
+    /// other absent or null).
+    pub fn schema_value() -> Value {
+        // A real component: not "", "." or "..", no '/' or NUL, at most 255 characters.
+        const R: &str =
+            r"([^/\x00.][^/\x00]{0,254}|\.[^/\x00.][^/\x00]{0,253}|\.\.[^/\x00]{1,253})";
+        // "." components before the first real one, then any of "", "." or real ones: relative,
+        // never "..", at least one real component.
+        let path = format!(r"^(\.(/\.?)*/)?{R}(/(\.?|{R}))*$");
+        const BASE64: &str = r"^\s*([A-Za-z0-9+/]{4})*([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?\s*$";
+        json!({
+            "type": "object",
+            "description": "A file for /workspace: `path` is relative to it; the content is given \
+                either as UTF-8 text (`content`) or as base64 (`content_base64`), exactly one of \
+                the two.",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "Path relative to /workspace, e.g. data.csv or input/a.txt.",
+                    "minLength": 1,
+                    "maxLength": runcell_jail::MAX_PATH_BYTES,
+                    "pattern": path,
+                },
+                "content": {"type": ["string", "null"], "description": "The file's content as UTF-8 text."},
+                "content_base64": {
+                    "type": ["string", "null"],
+                    "pattern": BASE64,
+                    "description": "The file's content, base64-encoded (standard alphabet, padded).",
+                },
+            },
+            "required": ["path"],
+            "additionalProperties": false,
+            "oneOf": [
+                {"required": ["content"], "properties": {"content": {"type": "string"}, "content_base64": {"type": "null"}}},
+                {"required": ["content_base64"], "properties": {"content_base64": {"type": "string"}, "content": {"type": "null"}}},
+            ],
+        })
     }
 }
+
+impl schemars::JsonSchema for InputFile {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "InputFile".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::Schema::try_from(InputFile::schema_value()).unwrap_or_default()
+    }
+}
+
+impl utoipa::PartialSchema for InputFile {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::schema::openapi(InputFile::schema_value())
+    }
+}
+
+impl utoipa::ToSchema for InputFile {}
 
 impl NetworkRequest {
     /// Its JSON Schema, inline (the request's schema is written by hand).
@@ -92,9 +141,7 @@ pub struct NetworkRequest {
 
 /// A file for /workspace: `path` is relative to it; the content is given either as UTF-8 text
 /// (`content`) or as base64 (`content_base64`), exactly one of the two.
-#[derive(
-    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
-)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputFile {
     /// Path relative to /workspace, e.g. data.csv or input/a.txt.
@@ -274,7 +321,6 @@ impl ExecRequest {
 
     /// The JSON Schema of a request, the limits' properties included.
     pub fn schema() -> Value {
-        let files = crate::schema::inline_json_schema::<Vec<InputFile>>();
         let mut props = serde_json::Map::new();
         props.insert(
             "language".into(),
@@ -293,17 +339,14 @@ impl ExecRequest {
             "stdin".into(),
             json!({"type": ["string", "null"], "description": "Text fed to the program's standard input."}),
         );
-        let mut files = files;
-        files["items"]["oneOf"] = InputFile::exactly_one_content();
-        if let Value::Object(f) = &mut files {
-            f.insert(
-                "description".into(),
-                json!(
-                    "Files placed in /workspace (the working directory) before the program starts."
-                ),
-            );
-        }
-        props.insert("files".into(), files);
+        props.insert(
+            "files".into(),
+            json!({
+                "type": "array",
+                "items": InputFile::schema_value(),
+                "description": "Files placed in /workspace (the working directory) before the program starts.",
+            }),
+        );
         props.insert("network".into(), NetworkRequest::schema_value());
         props.insert(
             "packages".into(),
@@ -351,10 +394,8 @@ impl utoipa::ToSchema for ExecRequest {
             utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
         )>,
     ) {
-        // The component as JSON Schema has it, with its "exactly one content" rule.
-        let mut file = crate::schema::inline_json_schema::<InputFile>();
-        file["oneOf"] = InputFile::exactly_one_content();
-        schemas.push((InputFile::name().into_owned(), crate::schema::openapi(file)));
+        use utoipa::PartialSchema;
+        schemas.push((InputFile::name().into_owned(), InputFile::schema()));
     }
 }
 
@@ -390,6 +431,55 @@ mod tests {
     }
 
     #[test]
+    fn the_input_file_schema_says_what_the_server_accepts() {
+        use base64::Engine as _;
+        let schema = InputFile::schema_value();
+        let pattern = |p: &str| {
+            regex::Regex::new(schema["properties"][p]["pattern"].as_str().unwrap()).unwrap()
+        };
+        let path = pattern("path");
+        for p in [
+            "a",
+            "data.csv",
+            "a/b.txt",
+            "./a",
+            "././a/b",
+            "a/",
+            "a//b",
+            "a/./b",
+            "...",
+            ".x",
+            "..x",
+            "x..",
+            "dir/.hidden",
+            "",
+            ".",
+            "./",
+            "/a",
+            "..",
+            "a/../b",
+            "a/..",
+            "../a",
+            "a\0b",
+            "n\u{d7}\u{10}/",
+            ".//a",
+            "a/.",
+        ] {
+            assert_eq!(path.is_match(p), workspace_path(p).is_ok(), "path {p:?}");
+        }
+        let b64 = pattern("content_base64");
+        for v in [
+            "", "AAE=", "QQ==", "QUJD", " QUJD\n", "QR==", "QUJ", "QUJE=", "Q===", "====", "QU=D",
+            "Zm9vYg==", "Zm9vYmE=",
+        ] {
+            let ok = base64::engine::general_purpose::STANDARD
+                .decode(v.trim())
+                .is_ok();
+            assert_eq!(b64.is_match(v), ok, "base64 {v:?}");
+        }
+    }
+
+    #[test]
     fn input_files_take_text_or_base64() {
         let r = parse(
             r#"{"language":"python","code":"","files":[{"path":"a.txt","content":"hi"},{"path":"b.bin","content_base64":"AAE="}]}"#,
@@ -397,6 +487,25 @@ mod tests {
         .unwrap();
         assert_eq!(r.files[0], InputFile::text("a.txt", "hi"));
         assert_eq!(r.files[1], InputFile::bytes("b.bin", &[0, 1]));
+    }
+
+    #[test]
+    fn whole_numbers_written_as_floats_are_whole_numbers() {
+        let r =
+            parse(r#"{"language":"bash","code":"","pids":30.0,"memory":1e8,"output_files":0.0}"#)
+                .unwrap();
+        assert_eq!(r.limits.pids, Some(Count(30)));
+        assert_eq!(r.limits.memory, Some(Bytes(100_000_000)));
+        assert_eq!(r.limits.output_files, Some(Count(0)));
+        for bad in [
+            r#""pids":2.5"#,
+            r#""memory":1.5"#,
+            r#""pids":-1.0"#,
+            r#""disk":1e300"#,
+        ] {
+            let e = parse(&format!(r#"{{"language":"bash","code":"",{bad}}}"#)).unwrap_err();
+            assert!(e.contains("whole number"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -250,6 +250,10 @@ pub enum SessionError {
     NotFound(String),
     #[error("The session is running another call; wait for it to finish.")]
     Busy,
+    /// What is in the session's workspace conflicts with the operation (a directory where a
+    /// file is to be written).
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Invalid(String),
     /// Too many live sessions (for this key, or in total).
@@ -431,14 +435,53 @@ impl Session {
             Ok(None) => Ok(()),
             Ok(Some(outcome)) => {
                 self.sandbox = None;
-                Err(Box::new(Verdict::failed(
-                    ErrorCategory::SandboxFailure,
-                    format!(
-                        "The session's interpreter ended while starting ({:?}): {}",
-                        outcome.end,
-                        String::from_utf8_lossy(&outcome.stderr).trim_end()
+                // The session's own limits can be too small for its interpreter (a node with
+                // one process, a memory limit below Python's): that is the request's to fix.
+                let (_, error) =
+                    crate::verdict::classify(&outcome, &self.limits, crate::verdict::Phase::Run);
+                let limit_hit = error.as_ref().filter(|e| {
+                    matches!(
+                        e.category,
+                        ErrorCategory::MemoryLimit
+                            | ErrorCategory::ProcessLimit
+                            | ErrorCategory::OutputLimit
+                            | ErrorCategory::DiskLimit
+                            | ErrorCategory::Timeout
+                    )
+                });
+                let stderr = String::from_utf8_lossy(&outcome.stderr);
+                let said = crate::request::prefix(stderr.trim(), 200);
+                Err(Box::new(match limit_hit {
+                    Some(e) => Verdict::failed(
+                        ErrorCategory::InvalidRequest,
+                        format!(
+                            "The session's interpreter could not start within the session's \
+                             limits: it hit its `{}` limit ({}){}. Create the session with a \
+                             larger one, or without it for the default.",
+                            match e.category {
+                                ErrorCategory::MemoryLimit => "memory",
+                                ErrorCategory::ProcessLimit => "pids",
+                                ErrorCategory::OutputLimit => "output",
+                                ErrorCategory::DiskLimit => "disk",
+                                _ => "timeout",
+                            },
+                            e.category.as_str(),
+                            if said.is_empty() {
+                                String::new()
+                            } else {
+                                format!("; it said: {said}")
+                            }
+                        ),
                     ),
-                )))
+                    None => Verdict::failed(
+                        ErrorCategory::SandboxFailure,
+                        format!(
+                            "The session's interpreter ended while starting ({:?}): {}",
+                            outcome.end,
+                            String::from_utf8_lossy(&outcome.stderr).trim_end()
+                        ),
+                    ),
+                }))
             }
             Err(e) => {
                 self.sandbox = None;
@@ -464,26 +507,7 @@ impl Session {
 
     /// Validate one call against the session's limits (with its own timeout).
     pub fn validate(&self, engine: &Engine, cell: &CellRequest) -> Result<ValidRequest, String> {
-        if self.language == Language::Node && cell.stdin.is_some() {
-            return Err(
-                "stdin is not available in a node session (its interpreter cannot take \
-                        a new standard input per call): pass the data as a file in `files` and \
-                        read it from /workspace."
-                    .into(),
-            );
-        }
-        let mut limits = self.overrides;
-        limits.timeout = cell.timeout.or(self.overrides.timeout);
-        let req = ExecRequest {
-            language: self.language.name().to_string(),
-            code: cell.code.clone(),
-            stdin: cell.stdin.clone(),
-            files: cell.files.clone(),
-            limits,
-            network: None,
-            packages: Vec::new(),
-        };
-        engine.validate(&req).map_err(|e| e.to_string())
+        validate_call(engine, self.language, &self.overrides, cell)
     }
 
     /// Run one call. The verdict is a one-shot run's, plus `execution_count` and `state_lost`
@@ -664,31 +688,42 @@ impl Session {
     }
 
     /// Write one file into /workspace (replacing what is there).
-    pub fn write_file(&mut self, engine: &Engine, path: &str, data: &[u8]) -> Result<(), String> {
-        let rel = workspace_path(path).map_err(|e| e.to_string())?;
+    pub fn write_file(
+        &mut self,
+        engine: &Engine,
+        path: &str,
+        data: &[u8],
+    ) -> Result<(), SessionError> {
+        let invalid = SessionError::Invalid;
+        let rel = workspace_path(path).map_err(|e| invalid(e.to_string()))?;
         let p = &engine.policy();
         let cap = p.max_input_file_bytes.min(self.limits.disk.0);
         if data.len() as u64 > cap {
-            return Err(format!(
+            return Err(invalid(format!(
                 "The file is {} bytes, more than the limit of {cap} bytes per file.",
                 data.len()
-            ));
+            )));
         }
         let file = runcell_jail::InputFile {
             path: PathBuf::from(WORKSPACE).join(&rel),
             mode: 0o644,
             content: data.to_vec(),
         };
-        let sandbox = self.ensure_sandbox(engine).map_err(message)?;
+        let sandbox = self
+            .ensure_sandbox(engine)
+            .map_err(|v| invalid(message(v)))?;
         sandbox.put_files(&[file]).map_err(|e| {
             let chain = crate::error::chain(&e);
             if chain.contains("No space") || chain.contains("Disk quota") {
-                "The file does not fit: the session's disk is full.".to_string()
+                invalid("The file does not fit: the session's disk is full.".to_string())
             } else if chain.contains("directory is in the way") || chain.contains("Not a directory")
             {
-                format!("{rel}: a directory is in the way (or a file where a directory should be).")
+                // The path is fine; what is in the workspace now is in the way.
+                SessionError::Conflict(format!(
+                    "{rel}: a directory is in the way (or a file where a directory should be)."
+                ))
             } else {
-                format!("The file could not be written: {chain}.")
+                invalid(format!("The file could not be written: {chain}."))
             }
         })
     }
@@ -727,8 +762,40 @@ impl SessionTarget {
 }
 
 /// A live session in the table.
+/// Validate one call of a session of `language` created with `overrides` (the call's own
+/// timeout replaces the session's).
+fn validate_call(
+    engine: &Engine,
+    language: Language,
+    overrides: &LimitOverrides,
+    cell: &CellRequest,
+) -> Result<ValidRequest, String> {
+    if language == Language::Node && cell.stdin.is_some() {
+        return Err(
+            "stdin is not available in a node session (its interpreter cannot take a new \
+             standard input per call): pass the data as a file in `files` and read it from \
+             /workspace."
+                .into(),
+        );
+    }
+    let mut limits = *overrides;
+    limits.timeout = cell.timeout.or(overrides.timeout);
+    let req = ExecRequest {
+        language: language.name().to_string(),
+        code: cell.code.clone(),
+        stdin: cell.stdin.clone(),
+        files: cell.files.clone(),
+        limits,
+        network: None,
+        packages: Vec::new(),
+    };
+    engine.validate(&req).map_err(|e| e.to_string())
+}
+
 struct Slot {
     id: String,
+    /// The limits the session was created with (each call is validated against them).
+    overrides: LimitOverrides,
     owner: Option<String>,
     language: Language,
     created: Instant,
@@ -882,6 +949,7 @@ impl Sessions {
             }
             let slot = Arc::new(Slot {
                 id: new_id(),
+                overrides: req.exec.limits,
                 owner: owner.map(str::to_string),
                 language: v.language(),
                 created: Instant::now(),
@@ -1009,6 +1077,21 @@ impl Sessions {
         } else {
             st.session = Some(session);
         }
+    }
+
+    /// Check a call against its session before it waits for anything (a front end that
+    /// streams answers 400 for an invalid call rather than an error event). Cheap: no sandbox
+    /// is touched, and a busy session is checked too.
+    pub fn check_call(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+        cell: &CellRequest,
+    ) -> Result<(), SessionError> {
+        let slot = self.find(owner, id)?;
+        validate_call(&self.engine, slot.language, &slot.overrides, cell)
+            .map(drop)
+            .map_err(SessionError::Invalid)
     }
 
     /// Run one call in a session. Blocking. The verdict carries `session_id`.
@@ -1150,7 +1233,7 @@ impl Sessions {
         let (slot, mut session) = self.checkout(owner, id, None)?;
         let r = session.write_file(&self.engine, path, data);
         self.checkin(&slot, session);
-        r.map_err(SessionError::Invalid)
+        r
     }
 
     /// End a session now (a running call is killed first). Blocking (the sandbox is torn down

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use runcell_core::{
-    Engine, ExecRequest, KillSwitch, OutputSink, SessionError, SessionPolicy, SessionTarget,
-    Sessions, Verdict,
+    Engine, ErrorCategory, ExecRequest, KillSwitch, OutputSink, SessionError, SessionPolicy,
+    SessionTarget, Sessions, Verdict,
 };
 use tokio::sync::Semaphore;
 
@@ -93,10 +93,15 @@ pub fn session_rejection(e: SessionError) -> Rejection {
     let category = match &e {
         SessionError::NotFound(_) => "not_found",
         SessionError::Busy => "session_busy",
+        SessionError::Conflict(_) => "conflict",
         SessionError::Invalid(_) => "invalid_request",
         SessionError::TooMany(_) => "rate_limited",
         SessionError::ShuttingDown => "unavailable",
-        SessionError::Failed(_) => "sandbox_failure",
+        SessionError::Failed(v) => match v.category() {
+            Some(ErrorCategory::InvalidRequest) => "invalid_request",
+            Some(ErrorCategory::RuntimeUnavailable) => "runtime_unavailable",
+            _ => "sandbox_failure",
+        },
     };
     Rejection::new(category, e.to_string())
 }

@@ -775,13 +775,14 @@ pub fn build(
         if models.is_empty() {
             models = fa.models.clone();
         }
+        let defaults = runcell_agent::api::AgentPolicy::default();
         let mut policy = runcell_agent::api::AgentPolicy {
-            defaults: runcell_agent::Bounds::default(),
-            max_iterations: fa.max_iterations.unwrap_or(30),
-            max_calls: fa.max_calls.unwrap_or(30),
-            max_code_retries: fa.max_code_retries.unwrap_or(10),
+            max_iterations: fa.max_iterations.unwrap_or(defaults.max_iterations),
+            max_calls: fa.max_calls.unwrap_or(defaults.max_calls),
+            max_code_retries: fa.max_code_retries.unwrap_or(defaults.max_code_retries),
             allowed_models: models,
             default_model: model.clone(),
+            ..defaults
         };
         if let Some(t) = o
             .agent_timeout

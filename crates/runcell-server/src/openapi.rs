@@ -88,6 +88,10 @@ impl Modify for McpPath {
                                 "The Accept header does not allow application/json and \
                                  text/event-stream",
                             ),
+                        )
+                        .response(
+                            "415",
+                            OaResponse::new("A POST whose Content-Type is not application/json"),
                         ),
                 )
                 .build()
@@ -155,4 +159,171 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         .merge(routes::authenticated())
         .merge(routes::public())
         .into_openapi()
+}
+
+/// The document as this server serves it: the generated one with what this server's policy
+/// bounds written into the request schemas (the limits' ranges, a session's idle TTL, the
+/// destinations and packages runs may ask for), so that a request the document calls valid
+/// is one this server accepts. Where a policy cannot be said exactly, the schema is the
+/// stricter side (numbers without the string forms, the policy's own entries), and the
+/// description says what else is accepted.
+pub(crate) fn served(
+    engine: &runcell_core::EngineConfig,
+    sessions: &runcell_core::SessionPolicy,
+    agent: Option<&runcell_agent::api::AgentPolicy>,
+) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let mut doc = serde_json::to_value(openapi()).unwrap_or_default();
+    // utoipa's object schema has no `oneOf` beside `properties`: the component is written as
+    // JSON Schema has it, with its "exactly one content" rule.
+    if let Some(file) = doc.pointer_mut("/components/schemas/InputFile") {
+        *file = runcell_core::InputFile::schema_value();
+    }
+    let limits = engine.policy.bounded_limit_properties();
+    let network = &engine.network.allow;
+    let network_items = if network.is_empty() {
+        json!({"type": "string", "description": "This server allows no network: the list must be empty."})
+    } else {
+        let entries: Vec<String> = network.iter().map(ToString::to_string).collect();
+        json!({
+            "type": "string",
+            "enum": entries,
+            "description": "An entry of this server's policy (an entry it covers is accepted \
+                            too: a subdomain of a *.domain entry, a port of an entry without \
+                            one; an API key may be narrowed further).",
+        })
+    };
+    let packages = &engine.packages;
+    for schema in ["ExecRequest", "SessionRequest"] {
+        let Some(props) = doc
+            .pointer_mut(&format!("/components/schemas/{schema}/properties"))
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        let call_timeout = props
+            .get("timeout")
+            .and_then(|t| t.get("description"))
+            .cloned();
+        props.extend(limits.clone());
+        if let Some(files) = props.get_mut("open_files") {
+            files["description"] = json!(format!(
+                "{} With `pids`, within the host's file table: pids × open_files at most {}.",
+                files["description"].as_str().unwrap_or_default(),
+                engine.policy.max_open_files_per_run
+            ));
+        }
+        if schema == "SessionRequest" {
+            if let (Some(t), Some(d)) = (props.get_mut("timeout"), call_timeout) {
+                t["description"] = d;
+            }
+            if let Some(ttl) = props.get_mut("ttl") {
+                ttl["maximum"] = json!(sessions.max_ttl.as_secs_f64());
+            }
+        }
+        let tiers = engine.policy.file_table_tiers();
+        if let Some(request) = doc.pointer_mut(&format!("/components/schemas/{schema}")) {
+            request["anyOf"] = json!(tiers);
+        }
+        let Some(props) = doc
+            .pointer_mut(&format!("/components/schemas/{schema}/properties"))
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        if let Some(allow) = props
+            .get_mut("network")
+            .and_then(|n| n.pointer_mut("/properties/allow"))
+        {
+            allow["items"] = network_items.clone();
+            if network.is_empty() {
+                allow["maxItems"] = json!(0);
+            }
+        }
+        if let Some(p) = props.get_mut("packages") {
+            if packages.allow.is_empty() && !packages.allow_any {
+                p["maxItems"] = json!(0);
+                p["description"] =
+                    json!("This server installs no packages: the list must be empty.");
+            } else {
+                p["maxItems"] = json!(packages.max_requirements);
+                if !packages.allow_any {
+                    p["items"]["enum"] = json!(packages.allow);
+                }
+            }
+        }
+    }
+    // A call's own timeout, within the same bounds as a run's.
+    if let (Some(t), Some(cell)) = (
+        limits.get("timeout"),
+        doc.pointer_mut("/components/schemas/CellRequest/properties"),
+    ) {
+        cell["timeout"] = t.clone();
+    }
+    // An upload without a body writes an empty file (HTTP cannot tell a missing body from an
+    // empty one).
+    if let Some(body) =
+        doc.pointer_mut("/paths/~1v1~1sessions~1{id}~1files~1{path}/put/requestBody")
+    {
+        body["required"] = json!(false);
+        body["description"] = json!("The file's bytes (none: an empty file)");
+    }
+    // A file written can be read back.
+    if let Some(written) =
+        doc.pointer_mut("/paths/~1v1~1sessions~1{id}~1files~1{path}/put/responses/204")
+    {
+        written["links"] = json!({"GetWrittenFile": {
+            "operationId": "get_session_file",
+            "parameters": {"id": "$request.path.id", "path": "$request.path.path"},
+            "description": "The file just written",
+        }});
+    }
+    // The agent loop's request within this server's bounds (a server without a model answers
+    // 503 whatever is sent: its defaults are shown).
+    let default_agent;
+    let agent = match agent {
+        Some(a) => a,
+        None => {
+            default_agent = runcell_agent::api::AgentPolicy::default();
+            &default_agent
+        }
+    };
+    for path in ["/v1/agents", "/v1/agents/chat/completions"] {
+        let op = format!("/paths/{}/post", path.replace('/', "~1"));
+        if let Some(op) = doc.pointer_mut(&op) {
+            op["requestBody"]["content"]["application/json"]["schema"] =
+                runcell_agent::api::AgentRequest::schema(agent);
+            let ok = &mut op["responses"]["200"]["content"];
+            ok["application/json"]["schema"] = runcell_agent::api::completion_schema();
+            ok["text/event-stream"]["schema"] = json!({
+                "type": "object",
+                "description": "One server-sent event: `data` is a chat.completion.chunk (JSON), \
+                    an error body ({\"error\": ...}), or [DONE] at the end.",
+                "properties": {"data": {"type": "string"}},
+                "required": ["data"],
+            });
+        }
+    }
+    // A run's events (Open API 3.1: the schema of an event stream describes one event).
+    let json_data = |schema: Value| json!({"type": "string", "contentMediaType": "application/json", "contentSchema": schema});
+    let output =
+        json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]});
+    let run_event = json!({
+        "oneOf": [
+            {"type": "object", "properties": {"event": {"enum": ["stdout", "stderr"]}, "data": json_data(output)}, "required": ["event", "data"]},
+            {"type": "object", "properties": {"event": {"const": "result"}, "data": json_data(json!({"$ref": "#/components/schemas/Verdict"}))}, "required": ["event", "data"]},
+            {"type": "object", "properties": {"event": {"const": "error"}, "data": json_data(json!({"$ref": "#/components/schemas/ErrorBody"}))}, "required": ["event", "data"]},
+        ],
+        "description": "One server-sent event: `stdout` or `stderr` ({\"text\": ...}) as the program writes, then `result` (the verdict) or `error` (an error body).",
+    });
+    for path in ["/v1/execute", "/v1/sessions/{id}/execute"] {
+        let at = format!(
+            "/paths/{}/post/responses/200/content/text~1event-stream/schema",
+            path.replace('/', "~1")
+        );
+        if let Some(schema) = doc.pointer_mut(&at) {
+            *schema = run_event.clone();
+        }
+    }
+    doc
 }

@@ -539,6 +539,44 @@ async fn the_openapi_document_covers_every_route() {
         body["properties"]["files"]["items"]["$ref"],
         "#/components/schemas/InputFile"
     );
+    // What this server's policy bounds is in the request schemas it serves, so that a
+    // request valid by the document is one it accepts (schemathesis checks that both ways).
+    let file = &schemas["InputFile"];
+    assert_eq!(file["oneOf"].as_array().map(Vec::len), Some(2), "{file}");
+    assert_eq!(file["properties"]["path"]["minLength"], 1);
+    for request in ["ExecRequest", "SessionRequest"] {
+        let props = &schemas[request]["properties"];
+        // This server allows no network and no packages.
+        assert_eq!(
+            props["network"]["properties"]["allow"]["maxItems"], 0,
+            "{request}"
+        );
+        assert_eq!(props["packages"]["maxItems"], 0, "{request}");
+        assert!(
+            props["memory"]["maximum"].is_u64(),
+            "{request}: {}",
+            props["memory"]
+        );
+    }
+    assert!(schemas["SessionRequest"]["properties"]["ttl"]["maximum"].is_number());
+    assert!(schemas["CellRequest"]["properties"]["timeout"]["maximum"].is_number());
+    let agents = &paths["/v1/agents"]["post"];
+    let agent_request = &agents["requestBody"]["content"]["application/json"]["schema"];
+    assert_eq!(
+        agent_request["required"],
+        serde_json::json!(["messages", "tools"])
+    );
+    let streamed =
+        &paths["/v1/execute"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"];
+    assert_eq!(
+        streamed["oneOf"].as_array().map(Vec::len),
+        Some(3),
+        "{streamed}"
+    );
+    assert_eq!(
+        paths["/v1/sessions/{id}/files/{path}"]["put"]["requestBody"]["required"],
+        false
+    );
     let limits = &schemas["Limits"]["properties"];
     assert!(limits["memory"].is_object() && limits["memory_bytes"]["deprecated"] == true);
     let schemes = doc["components"]["securitySchemes"].as_object().unwrap();

@@ -719,3 +719,73 @@ fn without_an_upstream_the_agents_route_says_how_to_configure_one() {
         "{v}"
     );
 }
+
+/// schemathesis, pinned, drives the whole HTTP API of a live server from its OpenAPI document:
+/// every check (server errors, status codes, content types, response schemas, event-stream
+/// schemas, schema-valid requests accepted, schema-violating ones refused, stateful links),
+/// seeded and bounded, and any finding or warning fails. The exceptions the document cannot
+/// express are in tests/schemathesis/schemathesis.toml, each with its reason. The server has
+/// an admin key (so /v1/approvals is reached), this scripted model behind /v1/agents (so the
+/// loop answers; every request runcell sent it is checked against the openai SDK's types), and
+/// short time limits (a run with 0.01 CPU then ends in seconds). It lives here because the
+/// scripted model does.
+#[test]
+#[cfg_attr(
+    not(all(host_schemathesis, host_agent_clients)),
+    ignore = "needs schemathesis (target/validators-venv) and the openai/anthropic packages (target/agent-venv): scripts/test.sh installs both"
+)]
+fn schemathesis_finds_nothing_in_the_api() {
+    const KEY: &str = "schemathesis-admin-key-0123456789";
+    let up = ScriptedUpstream::start("openai", json!([{"text": "done", "times": 100000}]));
+    let s = up.serve(
+        "openai",
+        &[
+            "--admin-key",
+            KEY,
+            "--max-limit",
+            "timeout=2",
+            "--default-limit",
+            "timeout=2",
+            "--max-limit",
+            "compile_timeout=4",
+            "--default-limit",
+            "compile_timeout=4",
+        ],
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Its working directory keeps a cache of past findings: a fresh one each time, so that
+    // the run is the seed's alone.
+    let cwd = tempfile::tempdir().unwrap();
+    let out = Command::new(root.join("../../target/validators-venv/bin/schemathesis"))
+        .current_dir(cwd.path())
+        .arg("--no-color")
+        .arg("--config-file")
+        .arg(root.join("tests/schemathesis/schemathesis.toml"))
+        .args(["run", &s.url("/openapi.json")])
+        .args(["--max-examples", "5", "--seed", "1"])
+        .args(["--generation-database", "none", "--request-timeout", "30"])
+        .args(["-H", &format!("Authorization: Bearer {KEY}")])
+        .output()
+        .unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{report}");
+    // It really ran, and every operation was tested.
+    let count = |label: &str| {
+        let at = report
+            .find(label)
+            .unwrap_or_else(|| panic!("no {label:?} in {report}"));
+        report[at + label.len()..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("Selected: ") >= 19, "{report}");
+    assert_eq!(count("Tested: "), count("Selected: "), "{report}");
+    assert!(count("Test cases:\n  ") > 500, "{report}");
+    up.valid_requests();
+}

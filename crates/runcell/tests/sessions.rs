@@ -509,7 +509,10 @@ fn workspace_files_can_be_listed_downloaded_and_uploaded() {
         &format!("/v1/sessions/{id}/files/in"),
         Some("x"),
     );
-    assert_eq!(res.status().as_u16(), 400, "a directory is in the way");
+    // The path is valid; what is in the workspace is in the way: a conflict, not a bad request.
+    assert_eq!(res.status().as_u16(), 409, "a directory is in the way");
+    let body: serde_json::Value = res.json().unwrap();
+    assert_eq!(body["error"]["category"], "conflict", "{body}");
 }
 
 #[test]
@@ -721,4 +724,45 @@ fn a_full_disk_keeps_the_sessions_state_and_files() {
     let v = code(&s, &id, "print(v + 1, open('important.txt').read())");
     assert_eq!(v["stdout"], "42 keep me\n", "{v}");
     assert_eq!(v["state_lost"], json!(false), "{v}");
+}
+
+/// What the request got wrong is a 4xx before anything runs or streams: a session whose own
+/// limits are too small for its interpreter to start names the limit (not a 500 "sandbox
+/// failure"), and a streamed call with an invalid timeout is a 400, not a 200 whose stream
+/// says so.
+#[test]
+fn a_session_too_small_for_its_interpreter_and_an_invalid_streamed_call_are_400s() {
+    let s = server(&[]);
+    if has("node") {
+        let (st, v) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::POST,
+            "/v1/sessions",
+            Some(json!({"language": "node", "pids": 1})),
+        );
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"]["category"], "invalid_request", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("`pids`") || message.contains("`output`"),
+            "{v}"
+        );
+    }
+    let id = create(&s, KEY_A, json!({"language": "bash"}));
+    let res = client()
+        .post(s.url(&format!("/v1/sessions/{id}/execute")))
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"code": "echo hi", "timeout": 1e6}))
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+    let v: Value = res.json().unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("timeout"),
+        "{v}"
+    );
+    // The session is untouched and still answers.
+    assert_eq!(code(&s, &id, "echo ok")["stdout"], "ok\n");
 }

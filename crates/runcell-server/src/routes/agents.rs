@@ -216,6 +216,18 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
             unknown.join(", ")
         )));
     }
+    // The files go into every run: checked now, against each offered tool's language (whose
+    // source file they must not replace), rather than in front of the model.
+    for tool in &valid.tools {
+        let Some(language) = tool.strip_prefix("code_exec_") else {
+            continue;
+        };
+        let mut probe = runcell_core::ExecRequest::new(language, "");
+        probe.files = valid.files.clone();
+        if let Err(e) = state.engine().validate(&probe) {
+            return Err(ApiError::invalid(format!("files: {e}")));
+        }
+    }
     let upstream = AuditedModel {
         upstream: settings.upstream.for_request(&valid.model, &valid.sampling),
         state: state.clone(),

@@ -71,16 +71,13 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
 #[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
     responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json")))]
 pub(crate) async fn openapi_json(State(state): State<AppState>) -> Response {
-    // Built per request (cheap, a few hundred microseconds): the limits part
-    // depends on this server's policy, so it cannot be a process-wide static.
-    let mut doc = serde_json::to_value(crate::openapi()).unwrap_or_default();
-    // A request's limits as this server's policy bounds them.
-    if let Some(props) = doc
-        .pointer_mut("/components/schemas/ExecRequest/properties")
-        .and_then(serde_json::Value::as_object_mut)
-    {
-        props.extend(state.inner.engine.policy().bounded_limit_properties());
-    }
+    // Built per request (cheap, a few hundred microseconds): the request schemas depend on
+    // this server's policy, so it cannot be a process-wide static.
+    let doc = crate::openapi::served(
+        state.inner.engine.config(),
+        state.sessions().policy(),
+        state.inner.agent.as_ref().map(|a| &a.policy),
+    );
     let doc = serde_json::to_string_pretty(&doc).unwrap_or_default();
     ([(CONTENT_TYPE, "application/json")], doc).into_response()
 }

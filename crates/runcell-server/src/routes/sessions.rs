@@ -34,6 +34,7 @@ impl From<SessionError> for ApiError {
             SessionError::Busy => {
                 ApiError::new(StatusCode::CONFLICT, "session_busy", e.to_string())
             }
+            SessionError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
             SessionError::Invalid(m) => ApiError::invalid(m),
             SessionError::TooMany(m) => ApiError::rate_limited(m),
             SessionError::ShuttingDown => ApiError::unavailable(e.to_string()),
@@ -41,8 +42,8 @@ impl From<SessionError> for ApiError {
                 let category = v.category().map_or("internal", |c| c.as_str());
                 let message = v.error.map(|e| e.message).unwrap_or_default();
                 match category {
-                    "runtime_unavailable" => {
-                        ApiError::new(StatusCode::BAD_REQUEST, "runtime_unavailable", message)
+                    "runtime_unavailable" | "invalid_request" => {
+                        ApiError::new(StatusCode::BAD_REQUEST, category, message)
                     }
                     _ => ApiError::new(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -183,8 +184,19 @@ pub(crate) async fn execute(
     let bytes = read_body(body, &parts.headers, state.inner.max_body_bytes, None).await?;
     let cell: CellRequest =
         parse_body(&bytes).inspect_err(|e: &ApiError| state.inner.metrics.rejected(e.category))?;
-    // The session must exist for this key before anything waits.
-    let info = state.sessions().get(owner(&caller).as_deref(), &id)?;
+    // The session must exist for this key, and the call be valid for it, before anything
+    // waits (a streamed answer can only say so in an event).
+    let who = owner(&caller);
+    let info = state.sessions().get(who.as_deref(), &id)?;
+    state
+        .sessions()
+        .check_call(who.as_deref(), &id, &cell)
+        .inspect_err(|e| {
+            state
+                .inner
+                .metrics
+                .rejected(ApiError::from(e.clone()).category)
+        })?;
     let mut req = ExecRequest::new(info.language, cell.code);
     req.stdin = cell.stdin;
     req.files = cell.files;
@@ -352,7 +364,8 @@ pub(crate) async fn get_file(
         (status = 400, description = "Invalid path, too large, or no room", body = ErrorBody),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
         (status = 404, description = "No such session for this key", body = ErrorBody),
-        (status = 409, description = "The session is running a call", body = ErrorBody),
+        (status = 409, description = "The session is running a call (`session_busy`), or a \
+            directory is where the file would go (`conflict`)", body = ErrorBody),
         (status = 413, description = "Larger than a session file may be", body = ErrorBody),
     ))]
 pub(crate) async fn put_file(
