@@ -42,7 +42,7 @@ pub use verdict::{
 /// What the engine needs from a front end while a program runs, and what it offers to stop
 /// one: re-exported from the jail so that front ends depend on this crate only.
 pub use runcell_jail::{KillOnDrop, KillSwitch, NoSink, OutputSink, Stream};
-pub use runcell_runtimes::{python_stack, Language};
+pub use runcell_runtimes::{python_stack, Language, WORKSPACE};
 
 /// Raise runcell's own soft open-files limit to the hard one (servers hold a descriptor per
 /// connection).

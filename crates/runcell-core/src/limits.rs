@@ -120,8 +120,10 @@ impl Kind {
     /// What a request may send for a limit of this kind (JSON Schema, also valid OpenAPI 3.1).
     fn request_schema(self, doc: &str) -> Value {
         // What `units::parse_duration` and `units::parse_size` read.
-        const DURATION_PATTERN: &str = r"^\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*(ms|s|sec|m|min|h)?\s*$";
-        const SIZE_PATTERN: &str = r"^\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*([bB]([yY][tT][eE][sS]?)?|[kKmMgGtT]([iI]?[bB])?)?\s*$";
+        // Blanks as `str::trim` strips them and every regex engine reads them alike (`\s`
+        // differs between Python's and ECMA's).
+        const DURATION_PATTERN: &str = r"^[\t\n\x0b\x0c\r ]*([0-9]+\.?[0-9]*|\.[0-9]+)[\t\n\x0b\x0c\r ]*(ms|s|sec|m|min|h)?[\t\n\x0b\x0c\r ]*$";
+        const SIZE_PATTERN: &str = r"^[\t\n\x0b\x0c\r ]*([0-9]+\.?[0-9]*|\.[0-9]+)[\t\n\x0b\x0c\r ]*([bB]([yY][tT][eE][sS]?)?|[kKmMgGtT]([iI]?[bB])?)?[\t\n\x0b\x0c\r ]*$";
         match self {
             Kind::Time => json!({
                 "description": format!("{doc} Seconds (a number), or a string with a unit: ms, s, m, h (\"500ms\", \"2m\")."),
@@ -532,7 +534,7 @@ impl<'de> Visitor<'de> for ValueVisitor {
             // A whole number written as a float (Python's json.dumps(64.0) is "64.0", and JSON
             // Schema's "integer" includes it) is that number.
             Kind::Bytes | Kind::Count
-                if v.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&v) =>
+                if v.fract() == 0.0 && (0.0..u64::MAX as f64).contains(&v) =>
             {
                 Ok(Some(v as u64))
             }
@@ -1058,7 +1060,7 @@ mod tests {
         let (duration, size) = (pattern("timeout"), pattern("memory"));
         for s in [
             "30", "2.5", ".5", "1.", "500ms", "2 m", " 10s ", "1h", "3min", "4sec", "", " ", ".",
-            "1..2", "1e3", "-1", "5d", "ms", "1 2",
+            "1..2", "1e3", "-1", "5d", "ms", "1 2", "\u{1c}5s", "\t5s\r\n",
         ] {
             assert_eq!(
                 duration.is_match(s),

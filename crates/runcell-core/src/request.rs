@@ -51,7 +51,7 @@ impl InputFile {
         // "." components before the first real one, then any of "", "." or real ones: relative,
         // never "..", at least one real component.
         let path = format!(r"^(\.(/\.?)*/)?{R}(/(\.?|{R}))*$");
-        const BASE64: &str = r"^\s*([A-Za-z0-9+/]{4})*([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?\s*$";
+        const BASE64: &str = r"^[\t\n\x0b\x0c\r ]*([A-Za-z0-9+/]{4})*([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?[\t\n\x0b\x0c\r ]*$";
         json!({
             "type": "object",
             "description": "A file for /workspace: `path` is relative to it; the content is given \
@@ -60,7 +60,8 @@ impl InputFile {
             "properties": {
                 "path": {
                     "type": "string",
-                    "description": "Path relative to /workspace, e.g. data.csv or input/a.txt.",
+                    "description": "Path relative to /workspace, e.g. data.csv or input/a.txt: at \
+                        most 1024 bytes, each name at most 255 bytes (UTF-8), no `..`.",
                     "minLength": 1,
                     "maxLength": runcell_jail::MAX_PATH_BYTES,
                     "pattern": path,
@@ -469,8 +470,20 @@ mod tests {
         }
         let b64 = pattern("content_base64");
         for v in [
-            "", "AAE=", "QQ==", "QUJD", " QUJD\n", "QR==", "QUJ", "QUJE=", "Q===", "====", "QU=D",
-            "Zm9vYg==", "Zm9vYmE=",
+            "",
+            "AAE=",
+            "QQ==",
+            "QUJD",
+            " QUJD\n",
+            "QR==",
+            "QUJ",
+            "QUJE=",
+            "Q===",
+            "====",
+            "QU=D",
+            "Zm9vYg==",
+            "Zm9vYmE=",
+            "\u{1c}QUJD",
         ] {
             let ok = base64::engine::general_purpose::STANDARD
                 .decode(v.trim())

@@ -28,7 +28,7 @@ use crate::engine::{
     sandbox_failure, sandbox_files, sandbox_spec, Engine, RunIn, ValidRequest,
     INTERPRETER_START_TIMEOUT, NO_INTERPRETER,
 };
-use crate::limits::{LimitOverrides, Limits, Millis};
+use crate::limits::{Limit, LimitOverrides, Limits, Millis};
 use crate::request::{workspace_path, ExecRequest, InputFile};
 use crate::verdict::{ErrorCategory, Verdict};
 
@@ -337,6 +337,21 @@ pub struct Session {
 impl Engine {
     /// Check a session request against the policy (its limits, its files).
     pub fn validate_session(&self, req: &SessionRequest) -> Result<ValidRequest, SessionError> {
+        // Refused, never dropped: code that expects a destination or a package must learn it
+        // has none.
+        let asks_network = req
+            .exec
+            .network
+            .as_ref()
+            .is_some_and(|n| !n.allow.is_empty());
+        if asks_network || !req.exec.packages.is_empty() {
+            return Err(SessionError::Invalid(
+                "A session's code runs offline with the pre-installed packages: network by \
+                 permission and package installs are for one-shot runs. Leave out \"network\" \
+                 and \"packages\", or run this code without a session."
+                    .into(),
+            ));
+        }
         let v = self
             .validate(&req.exec)
             .map_err(|e| SessionError::Invalid(e.to_string()))?;
@@ -436,35 +451,31 @@ impl Session {
             Ok(Some(outcome)) => {
                 self.sandbox = None;
                 // The session's own limits can be too small for its interpreter (a node with
-                // one process, a memory limit below Python's): that is the request's to fix.
+                // one process, a memory limit below Python's): that is the request's to fix,
+                // when the request set the limit it hit. A start that takes too long, or a
+                // default too small, is the host's (the operator's) to fix.
                 let (_, error) =
                     crate::verdict::classify(&outcome, &self.limits, crate::verdict::Phase::Run);
-                let limit_hit = error.as_ref().filter(|e| {
-                    matches!(
-                        e.category,
-                        ErrorCategory::MemoryLimit
-                            | ErrorCategory::ProcessLimit
-                            | ErrorCategory::OutputLimit
-                            | ErrorCategory::DiskLimit
-                            | ErrorCategory::Timeout
-                    )
+                let limit_hit = error.as_ref().and_then(|e| {
+                    let limit = match e.category {
+                        ErrorCategory::MemoryLimit => Limit::Memory,
+                        ErrorCategory::ProcessLimit => Limit::Pids,
+                        ErrorCategory::OutputLimit => Limit::Output,
+                        ErrorCategory::DiskLimit => Limit::Disk,
+                        _ => return None,
+                    };
+                    self.overrides.get(limit).is_some().then_some((e, limit))
                 });
                 let stderr = String::from_utf8_lossy(&outcome.stderr);
                 let said = crate::request::prefix(stderr.trim(), 200);
                 Err(Box::new(match limit_hit {
-                    Some(e) => Verdict::failed(
+                    Some((e, limit)) => Verdict::failed(
                         ErrorCategory::InvalidRequest,
                         format!(
                             "The session's interpreter could not start within the session's \
                              limits: it hit its `{}` limit ({}){}. Create the session with a \
                              larger one, or without it for the default.",
-                            match e.category {
-                                ErrorCategory::MemoryLimit => "memory",
-                                ErrorCategory::ProcessLimit => "pids",
-                                ErrorCategory::OutputLimit => "output",
-                                ErrorCategory::DiskLimit => "disk",
-                                _ => "timeout",
-                            },
+                            limit.name(),
                             e.category.as_str(),
                             if said.is_empty() {
                                 String::new()
@@ -709,9 +720,8 @@ impl Session {
             mode: 0o644,
             content: data.to_vec(),
         };
-        let sandbox = self
-            .ensure_sandbox(engine)
-            .map_err(|v| invalid(message(v)))?;
+        // A sandbox that cannot be rebuilt is the host's failure, not the request's.
+        let sandbox = self.ensure_sandbox(engine).map_err(SessionError::Failed)?;
         sandbox.put_files(&[file]).map_err(|e| {
             let chain = crate::error::chain(&e);
             if chain.contains("No space") || chain.contains("Disk quota") {
@@ -723,7 +733,10 @@ impl Session {
                     "{rel}: a directory is in the way (or a file where a directory should be)."
                 ))
             } else {
-                invalid(format!("The file could not be written: {chain}."))
+                SessionError::Failed(Box::new(Verdict::failed(
+                    ErrorCategory::SandboxFailure,
+                    format!("The file could not be written: {chain}."),
+                )))
             }
         })
     }

@@ -221,9 +221,19 @@ pub(crate) fn served(
                 ttl["maximum"] = json!(sessions.max_ttl.as_secs_f64());
             }
         }
-        let tiers = engine.policy.file_table_tiers();
+        let mut tiers = engine.policy.file_table_tiers();
+        if tiers.is_empty() {
+            // No pids and open_files fit in the file table a run may hold: nothing is valid.
+            tiers.push(json!({"not": {}}));
+        }
         if let Some(request) = doc.pointer_mut(&format!("/components/schemas/{schema}")) {
             request["anyOf"] = json!(tiers);
+            // Its example in the numeric form the bounded limits take.
+            request["examples"] = if schema == "ExecRequest" {
+                json!([{"language": "python", "code": "print(6 * 7)", "timeout": 10, "memory": 268435456}])
+            } else {
+                json!([{"language": "python", "ttl": 600, "memory": 536870912}])
+            };
         }
         let Some(props) = doc
             .pointer_mut(&format!("/components/schemas/{schema}/properties"))
@@ -231,17 +241,22 @@ pub(crate) fn served(
         else {
             continue;
         };
+        if let Some(files) = props.get_mut("files") {
+            files["maxItems"] = json!(engine.policy.max_input_files);
+        }
+        // Sessions run offline with the pre-installed packages, whatever the policy.
+        let offline = schema == "SessionRequest";
         if let Some(allow) = props
             .get_mut("network")
             .and_then(|n| n.pointer_mut("/properties/allow"))
         {
             allow["items"] = network_items.clone();
-            if network.is_empty() {
+            if network.is_empty() || offline {
                 allow["maxItems"] = json!(0);
             }
         }
         if let Some(p) = props.get_mut("packages") {
-            if packages.allow.is_empty() && !packages.allow_any {
+            if (packages.allow.is_empty() && !packages.allow_any) || offline {
                 p["maxItems"] = json!(0);
                 p["description"] =
                     json!("This server installs no packages: the list must be empty.");
@@ -259,6 +274,7 @@ pub(crate) fn served(
         doc.pointer_mut("/components/schemas/CellRequest/properties"),
     ) {
         cell["timeout"] = t.clone();
+        cell["files"]["maxItems"] = json!(engine.policy.max_input_files);
     }
     // An upload without a body writes an empty file (HTTP cannot tell a missing body from an
     // empty one).

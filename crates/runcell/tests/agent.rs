@@ -720,6 +720,48 @@ fn without_an_upstream_the_agents_route_says_how_to_configure_one() {
     );
 }
 
+/// The request's files are checked before any model call: a path that leaves /workspace, and
+/// a file where one of the offered tools writes its code, are 400s that name them, and the
+/// model is never asked.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn the_files_are_checked_before_the_model_is_called() {
+    let up = ScriptedUpstream::start("openai", json!([]));
+    let s = up.serve("openai", &[]);
+    let tools = json!([{"type": "runcell_tool", "name": "code_exec_python"},
+                       {"type": "runcell_tool", "name": "code_exec_bash"}]);
+    for (path, named) in [("../etc/x", "leaves /workspace"), ("main.sh", "main.sh")] {
+        let (status, v) = agents(
+            &s,
+            ask(
+                "q",
+                json!({"tools": tools, "files": [{"path": path, "content": "x"}]}),
+            ),
+        );
+        assert_eq!(status, 400, "{path}: {v}");
+        assert_eq!(v["error"]["category"], "invalid_request", "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(named),
+            "{v}"
+        );
+    }
+    assert!(
+        up.requests().is_empty(),
+        "a refused request reached the model"
+    );
+    // A file named like another language's source is fine when that tool is not offered (the
+    // model is asked; this one has nothing scripted, so the answer is a 502).
+    let (status, v) = agents(
+        &s,
+        ask("q", json!({"files": [{"path": "main.sh", "content": "x"}]})),
+    );
+    assert_eq!(status, 502, "{v}");
+    assert!(!up.requests().is_empty());
+}
+
 /// schemathesis, pinned, drives the whole HTTP API of a live server from its OpenAPI document:
 /// every check (server errors, status codes, content types, response schemas, event-stream
 /// schemas, schema-valid requests accepted, schema-violating ones refused, stateful links),

@@ -749,7 +749,23 @@ fn a_session_too_small_for_its_interpreter_and_an_invalid_streamed_call_are_400s
             "{v}"
         );
     }
-    let id = create(&s, KEY_A, json!({"language": "bash"}));
+    // A session runs offline: asking for network or packages is refused, never dropped.
+    for asked in [
+        json!({"network": {"allow": ["example.com:443"]}}),
+        json!({"packages": ["tabulate"]}),
+    ] {
+        let mut body = json!({"language": "python"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(asked.as_object().unwrap().clone());
+        let (st, v) = call(&s, KEY_A, reqwest::Method::POST, "/v1/sessions", Some(body));
+        assert_eq!(st, 400, "{v}");
+    }
+    let id = create(
+        &s,
+        KEY_A,
+        json!({"language": "bash", "network": {"allow": []}}),
+    );
     let res = client()
         .post(s.url(&format!("/v1/sessions/{id}/execute")))
         .header("authorization", format!("Bearer {KEY_A}"))

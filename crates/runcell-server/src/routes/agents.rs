@@ -216,16 +216,36 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
             unknown.join(", ")
         )));
     }
-    // The files go into every run: checked now, against each offered tool's language (whose
-    // source file they must not replace), rather than in front of the model.
-    for tool in &valid.tools {
-        let Some(language) = tool.strip_prefix("code_exec_") else {
-            continue;
-        };
-        let mut probe = runcell_core::ExecRequest::new(language, "");
-        probe.files = valid.files.clone();
-        if let Err(e) = state.engine().validate(&probe) {
-            return Err(ApiError::invalid(format!("files: {e}")));
+    // The files go into every run: checked now rather than in front of the model, once (off
+    // the async threads: it decodes them), and then against each other offered tool's
+    // language, whose source file they must not replace.
+    let languages: Vec<runcell_core::Language> = valid
+        .tools
+        .iter()
+        .filter_map(|t| runcell_core::Language::parse(t.strip_prefix("code_exec_")?))
+        .collect();
+    if let (Some(&first), false) = (languages.first(), valid.files.is_empty()) {
+        let engine = state.engine().clone();
+        let files = valid.files.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            let mut probe = runcell_core::ExecRequest::new(first.name(), "");
+            probe.files = files;
+            engine
+                .validate(&probe)
+                .map(|v| v.files().iter().map(|f| f.path.clone()).collect::<Vec<_>>())
+        })
+        .await
+        .map_err(|_| ApiError::internal("The files could not be checked."))?;
+        let paths = checked.map_err(|e| ApiError::invalid(format!("files: {e}")))?;
+        for language in &languages[1..] {
+            let source = std::path::Path::new(runcell_core::WORKSPACE).join(language.source_file());
+            if paths.contains(&source) {
+                return Err(ApiError::invalid(format!(
+                    "files: {} is where the {} tool writes its code; give the file another name.",
+                    language.source_file(),
+                    language.name()
+                )));
+            }
         }
     }
     let upstream = AuditedModel {

@@ -184,23 +184,35 @@ pub(crate) async fn execute(
     let bytes = read_body(body, &parts.headers, state.inner.max_body_bytes, None).await?;
     let cell: CellRequest =
         parse_body(&bytes).inspect_err(|e: &ApiError| state.inner.metrics.rejected(e.category))?;
-    // The session must exist for this key, and the call be valid for it, before anything
-    // waits (a streamed answer can only say so in an event).
+    // The session must exist for this key before anything waits.
     let who = owner(&caller);
     let info = state.sessions().get(who.as_deref(), &id)?;
-    state
-        .sessions()
-        .check_call(who.as_deref(), &id, &cell)
-        .inspect_err(|e| {
-            state
-                .inner
-                .metrics
-                .rejected(ApiError::from(e.clone()).category)
-        })?;
     let mut req = ExecRequest::new(info.language, cell.code);
     req.stdin = cell.stdin;
     req.files = cell.files;
     req.limits.timeout = cell.timeout;
+    if wants_events(&parts.headers) {
+        // A streamed answer could only say "invalid" in an event: the call is checked first
+        // (off the async threads: it decodes the files), refused as `session_call` would.
+        let cell = CellRequest {
+            code: req.code.clone(),
+            stdin: req.stdin.clone(),
+            files: req.files.clone(),
+            timeout: req.limits.timeout,
+        };
+        let sessions = state.sessions().clone();
+        let id2 = id.clone();
+        if let Err(e) = blocking(move || sessions.check_call(who.as_deref(), &id2, &cell)).await {
+            state.inner.metrics.rejected(e.category);
+            let mut audit = AuditRequest::from(&req);
+            audit.session_id = Some(id);
+            state
+                .inner
+                .audit
+                .record(&caller, &audit, Err(e.category), 0.0);
+            return Err(e);
+        }
+    }
     let target = SessionTarget::Id(id);
     if !wants_events(&parts.headers) {
         let v = session_call(state, reservation, caller, target, req, Box::new(NoSink)).await?;
