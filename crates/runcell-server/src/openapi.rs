@@ -161,6 +161,17 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         .into_openapi()
 }
 
+/// The rules of a request's `files` beside their items' schema.
+fn files_rule(files: &mut serde_json::Value, max: u64) {
+    files["uniqueItems"] = serde_json::json!(true);
+    let said = files["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    files["description"] =
+        serde_json::json!(format!("{said} At most {max} files, each path once."));
+}
+
 /// The document as this server serves it: the generated one with what this server's policy
 /// bounds written into the request schemas (the limits' ranges, a session's idle TTL, the
 /// destinations and packages runs may ask for), so that a request the document calls valid
@@ -242,7 +253,10 @@ pub(crate) fn served(
             continue;
         };
         if let Some(files) = props.get_mut("files") {
-            files["maxItems"] = json!(engine.policy.max_input_files);
+            // At most `max_input_files`, each path once: said in words, not as `maxItems`,
+            // since a fuzzer's longest array repeats one path (a duplicate is refused).
+            // Identical entries are a duplicate in either reading.
+            files_rule(files, engine.policy.max_input_files);
         }
         // Sessions run offline with the pre-installed packages, whatever the policy.
         let offline = schema == "SessionRequest";
@@ -274,7 +288,7 @@ pub(crate) fn served(
         doc.pointer_mut("/components/schemas/CellRequest/properties"),
     ) {
         cell["timeout"] = t.clone();
-        cell["files"]["maxItems"] = json!(engine.policy.max_input_files);
+        files_rule(&mut cell["files"], engine.policy.max_input_files);
     }
     // An upload without a body writes an empty file (HTTP cannot tell a missing body from an
     // empty one).
