@@ -186,7 +186,12 @@ impl CellRequest {
             "type": "object",
             "properties": {
                 "code": p["code"],
-                "stdin": p["stdin"],
+                "stdin": {
+                    "type": ["string", "null"],
+                    "description": "Text fed to the call's standard input. Not in a node \
+                        session (its interpreter cannot take a new standard input per call): \
+                        pass such data as a file.",
+                },
                 "files": p["files"],
                 "timeout": p["timeout"],
             },
