@@ -183,13 +183,26 @@ pub(crate) fn served(
     sessions: &runcell_core::SessionPolicy,
     agent: Option<&runcell_agent::api::AgentPolicy>,
 ) -> serde_json::Value {
-    use serde_json::{json, Value};
     let mut doc = serde_json::to_value(openapi()).unwrap_or_default();
     // utoipa's object schema has no `oneOf` beside `properties`: the component is written as
     // JSON Schema has it, with its "exactly one content" rule.
     if let Some(file) = doc.pointer_mut("/components/schemas/InputFile") {
         *file = runcell_core::InputFile::schema_value();
     }
+    request_schemas(&mut doc, engine, sessions);
+    session_files(&mut doc);
+    agent_schemas(&mut doc, agent);
+    event_streams(&mut doc);
+    doc
+}
+
+/// The run and session requests within this server's policy.
+fn request_schemas(
+    doc: &mut serde_json::Value,
+    engine: &runcell_core::EngineConfig,
+    sessions: &runcell_core::SessionPolicy,
+) {
+    use serde_json::{json, Value};
     let limits = engine.policy.bounded_limit_properties();
     let network = &engine.network.allow;
     let network_items = if network.is_empty() {
@@ -272,8 +285,11 @@ pub(crate) fn served(
         if let Some(p) = props.get_mut("packages") {
             if (packages.allow.is_empty() && !packages.allow_any) || offline {
                 p["maxItems"] = json!(0);
-                p["description"] =
-                    json!("This server installs no packages: the list must be empty.");
+                p["description"] = json!(if offline {
+                    "A session installs no packages: the list must be empty."
+                } else {
+                    "This server installs no packages: the list must be empty."
+                });
             } else {
                 p["maxItems"] = json!(packages.max_requirements);
                 if !packages.allow_any {
@@ -290,6 +306,11 @@ pub(crate) fn served(
         cell["timeout"] = t.clone();
         files_rule(&mut cell["files"], engine.policy.max_input_files);
     }
+}
+
+/// A session file's upload and download.
+fn session_files(doc: &mut serde_json::Value) {
+    use serde_json::json;
     // An upload without a body writes an empty file (HTTP cannot tell a missing body from an
     // empty one).
     if let Some(body) =
@@ -308,6 +329,11 @@ pub(crate) fn served(
             "description": "The file just written",
         }});
     }
+}
+
+/// The agent loop's request and answer.
+fn agent_schemas(doc: &mut serde_json::Value, agent: Option<&runcell_agent::api::AgentPolicy>) {
+    use serde_json::json;
     // The agent loop's request within this server's bounds (a server without a model answers
     // 503 whatever is sent: its defaults are shown).
     let default_agent;
@@ -334,6 +360,11 @@ pub(crate) fn served(
             });
         }
     }
+}
+
+/// The events of a streamed run.
+fn event_streams(doc: &mut serde_json::Value) {
+    use serde_json::{json, Value};
     // A run's events (Open API 3.1: the schema of an event stream describes one event).
     let json_data = |schema: Value| json!({"type": "string", "contentMediaType": "application/json", "contentSchema": schema});
     let output =
@@ -355,5 +386,4 @@ pub(crate) fn served(
             *schema = run_event.clone();
         }
     }
-    doc
 }
