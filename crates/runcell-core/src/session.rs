@@ -342,21 +342,7 @@ pub struct Session {
 impl Engine {
     /// Check a session request against the policy (its limits, its files).
     pub fn validate_session(&self, req: &SessionRequest) -> Result<ValidRequest, SessionError> {
-        // Refused, never dropped: code that expects a destination or a package must learn it
-        // has none.
-        let asks_network = req
-            .exec
-            .network
-            .as_ref()
-            .is_some_and(|n| !n.allow.is_empty());
-        if asks_network || !req.exec.packages.is_empty() {
-            return Err(SessionError::Invalid(
-                "A session's code runs offline with the pre-installed packages: network by \
-                 permission and package installs are for one-shot runs. Leave out \"network\" \
-                 and \"packages\", or run this code without a session."
-                    .into(),
-            ));
-        }
+        offline_only(&req.exec).map_err(SessionError::Invalid)?;
         let v = self
             .validate(&req.exec)
             .map_err(|e| SessionError::Invalid(e.to_string()))?;
@@ -494,7 +480,7 @@ impl Session {
                         format!(
                             "The session's interpreter ended while starting ({:?}): {}",
                             outcome.end,
-                            String::from_utf8_lossy(&outcome.stderr).trim_end()
+                            stderr.trim_end()
                         ),
                     ),
                 }))
@@ -780,6 +766,23 @@ impl SessionTarget {
 }
 
 /// A live session in the table.
+/// A session's code runs offline with the pre-installed packages: a request that asks for
+/// destinations or packages is refused, never dropped (code that expects them must learn it
+/// has none). For a session's creation and for each of its calls.
+pub fn offline_only(req: &ExecRequest) -> Result<(), String> {
+    let asks_network = req.network.as_ref().is_some_and(|n| !n.allow.is_empty());
+    if asks_network || !req.packages.is_empty() {
+        return Err(
+            "Invalid request: network by permission and package installs are for \
+                    one-shot runs; a session's code runs offline with the pre-installed \
+                    packages. Leave out \"network\" and \"packages\", or run this code \
+                    without a session."
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// Validate one call of a session of `language` created with `overrides` (the call's own
 /// timeout replaces the session's).
 fn validate_call(

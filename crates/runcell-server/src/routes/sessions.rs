@@ -235,14 +235,8 @@ pub(crate) async fn session_call(
     sink: Box<dyn OutputSink + Send>,
 ) -> Result<Verdict, ApiError> {
     let s = &state.inner;
-    if req.network.is_some() || !req.packages.is_empty() {
-        // Refused, never dropped: code that expects a destination or a package must learn
-        // it has none.
-        let e = ApiError::invalid(
-            "Invalid request: network by permission and package installs are for one-shot \
-             runs; a session's code runs offline with the pre-installed packages. Leave out \
-             \"network\" and \"packages\", or run this code without a session.",
-        );
+    if let Err(message) = runcell_core::session::offline_only(&req) {
+        let e = ApiError::invalid(message);
         s.metrics.rejected(e.category);
         s.audit
             .record(&caller, &AuditRequest::from(&req), Err(e.category), 0.0);
