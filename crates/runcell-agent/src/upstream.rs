@@ -3,6 +3,8 @@
 //! are retried with backoff a bounded number of times (honouring `Retry-After` within the
 //! request's budget); anything else that is wrong is a [`ModelError`] with what happened. The
 //! API key is sent to the upstream only: it is never in an error, a log line or a response.
+//! What the upstream says about itself (an error body, a library's message about its answer)
+//! enters a [`ModelError`] only through [`untrusted_text`]: one line, bounded.
 
 use std::time::{Duration, Instant};
 
@@ -150,13 +152,11 @@ impl Upstream {
     }
 
     fn parse(&self, v: &Value) -> Result<Turn, ModelError> {
-        match self.wire {
-            Wire::Anthropic => crate::anthropic::parse_response(v)
-                .map_err(|e| ModelError::Malformed(e.to_string())),
-            Wire::OpenAi => {
-                crate::openai::parse_response(v).map_err(|e| ModelError::Malformed(e.to_string()))
-            }
-        }
+        let turn = match self.wire {
+            Wire::Anthropic => crate::anthropic::parse_response(v).map_err(|e| e.to_string()),
+            Wire::OpenAi => crate::openai::parse_response(v).map_err(|e| e.to_string()),
+        };
+        turn.map_err(|e| ModelError::Malformed(untrusted_text(&e)))
     }
 
     async fn attempt(
@@ -209,9 +209,11 @@ impl Upstream {
             ));
         }
         let detail = || {
-            let text = String::from_utf8_lossy(&bytes);
-            let text: String = text.chars().take(300).collect();
-            format!("HTTP {}: {}", status.as_u16(), text.trim())
+            format!(
+                "HTTP {}: {}",
+                status.as_u16(),
+                untrusted_text(&String::from_utf8_lossy(&bytes))
+            )
         };
         if status.as_u16() == 429 {
             return Err((ModelError::RateLimited(detail()), retry_after));
@@ -222,18 +224,72 @@ impl Upstream {
         if !status.is_success() {
             return Err((ModelError::Refused(detail()), None));
         }
-        serde_json::from_slice(&bytes)
-            .map_err(|e| (ModelError::Malformed(format!("not JSON: {e}")), None))
+        serde_json::from_slice(&bytes).map_err(|e| {
+            let e = untrusted_text(&e.to_string());
+            (ModelError::Malformed(format!("not JSON: {e}")), None)
+        })
     }
 }
 
-/// A reqwest error's text without the URL (which is the operator's, not the client's).
+/// A reqwest error's text without the URL (which is the operator's, not the client's), made
+/// safe like any text about the upstream's answer.
 fn without_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(url) = e.url() {
         s = s.replace(url.as_str(), "the upstream");
     }
-    s
+    untrusted_text(&s)
+}
+
+/// The most characters [`untrusted_text`] keeps (an ellipsis says it cut).
+pub const UNTRUSTED_TEXT_CHARS: usize = 300;
+
+/// Text that the upstream chose (an error body, a header, a message about its answer), made
+/// fit for an error, a log line or a response, once, where it enters a [`ModelError`]: one
+/// line, no terminal control, bounded. Whitespace at either end is dropped; `\n`, `\r` and
+/// `\t` are written as those escapes, every other control character (C0, DEL, C1, which
+/// includes NEL), the line and paragraph separators (U+2028, U+2029) and the bidirectional
+/// controls (U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069: "Trojan Source",
+/// CVE-2021-42574) as `\u{..}`; past [`UNTRUSTED_TEXT_CHARS`] characters (escapes counted as
+/// written, never cut in two) it ends with `…`. A newline in a model API's error text would
+/// otherwise forge a line in the server's text log, and an escape sequence drive the terminal
+/// of whoever reads it.
+pub fn untrusted_text(s: &str) -> String {
+    let mut out = String::new();
+    let mut used = 0;
+    for c in s.trim().chars() {
+        let escaped = match c {
+            '\n' => Some("\\n".to_string()),
+            '\r' => Some("\\r".to_string()),
+            '\t' => Some("\\t".to_string()),
+            c if c.is_control()
+                || matches!(
+                    c,
+                    '\u{2028}'
+                        | '\u{2029}'
+                        | '\u{061c}'
+                        | '\u{200e}'
+                        | '\u{200f}'
+                        | '\u{202a}'..='\u{202e}'
+                        | '\u{2066}'..='\u{2069}'
+                ) =>
+            {
+                Some(format!("\\u{{{:x}}}", c as u32))
+            }
+            _ => None,
+        };
+        let width = escaped.as_ref().map_or(1, |e| e.len());
+        if used + width > UNTRUSTED_TEXT_CHARS {
+            out.push('…');
+            break;
+        }
+        used += width;
+        match escaped {
+            Some(e) => out.push_str(&e),
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 impl Model for Upstream {
@@ -285,7 +341,7 @@ mod tests {
     /// A scripted HTTP server: answers each connection with the next canned response (status,
     /// extra headers, body), records the requests.
     async fn scripted(
-        answers: Vec<(u16, &'static str, String)>,
+        answers: Vec<(u16, String, String)>,
     ) -> (String, tokio::task::JoinHandle<Vec<String>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -344,8 +400,12 @@ mod tests {
     #[tokio::test]
     async fn a_429_is_retried_and_the_key_goes_only_upstream() {
         let (base, task) = scripted(vec![
-            (429, "retry-after: 0\r\n", r#"{"error":"slow down"}"#.into()),
-            (200, "", OPENAI_OK.into()),
+            (
+                429,
+                "retry-after: 0\r\n".into(),
+                r#"{"error":"slow down"}"#.into(),
+            ),
+            (200, String::new(), OPENAI_OK.into()),
         ])
         .await;
         let up = Upstream::new(
@@ -370,7 +430,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_5xx_every_time_garbage_a_refusal_and_a_hang_are_errors() {
-        let five = (500, "", "oops".to_string());
+        let five = (500, String::new(), "oops".to_string());
         let (base, _t) = scripted(vec![five.clone(), five.clone(), five]).await;
         let mut up = Upstream::new(Wire::Anthropic, Some(&base), Some("k".into()), "m".into());
         up.attempts = 3;
@@ -383,21 +443,22 @@ mod tests {
             "{e}"
         );
 
-        let (base, _t) = scripted(vec![(200, "", r#"{"content": 5}"#.into())]).await;
+        let (base, _t) = scripted(vec![(200, String::new(), r#"{"content": 5}"#.into())]).await;
         let up = Upstream::new(Wire::Anthropic, Some(&base), None, "m".into());
         assert!(matches!(
             up.complete(&conv(), &[], Duration::from_secs(5)).await,
             Err(ModelError::Malformed(_))
         ));
 
-        let (base, _t) = scripted(vec![(401, "", r#"{"error":"bad key"}"#.into())]).await;
+        let (base, _t) =
+            scripted(vec![(401, String::new(), r#"{"error":"bad key"}"#.into())]).await;
         let up = Upstream::new(Wire::OpenAi, Some(&base), Some("k".into()), "m".into());
         assert!(matches!(
             up.complete(&conv(), &[], Duration::from_secs(5)).await,
             Err(ModelError::Refused(_))
         ));
 
-        let (base, _t) = scripted(vec![(0, "", String::new())]).await;
+        let (base, _t) = scripted(vec![(0, String::new(), String::new())]).await;
         let up = Upstream::new(Wire::OpenAi, Some(&base), None, "m".into());
         let started = Instant::now();
         let e = up
@@ -406,5 +467,64 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, ModelError::Timeout(_)), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn untrusted_text_is_one_line_without_controls() {
+        let t = untrusted_text("\nERROR forged line\r\n\x1b[2J\u{2028}next\u{202e}\u{85}\u{7f}\t");
+        assert_eq!(
+            t,
+            r"ERROR forged line\r\n\u{1b}[2J\u{2028}next\u{202e}\u{85}\u{7f}"
+        );
+        assert_eq!(t.lines().count(), 1);
+        assert!(!t.chars().any(char::is_control));
+        // Text that is fine stays as it is, backslashes and all.
+        assert_eq!(
+            untrusted_text(r#"{"error": "bad key", "path": "C:\x"}"#),
+            r#"{"error": "bad key", "path": "C:\x"}"#
+        );
+        assert_eq!(untrusted_text("  "), "");
+    }
+
+    #[test]
+    fn untrusted_text_is_cut_on_a_character_and_an_escape() {
+        let t = untrusted_text(&"é".repeat(10_000));
+        assert_eq!(t.chars().count(), UNTRUSTED_TEXT_CHARS + 1);
+        assert!(t.ends_with("é…"));
+        let exact = "x".repeat(UNTRUSTED_TEXT_CHARS);
+        assert_eq!(untrusted_text(&exact), exact);
+        // An escape that does not fit is left out whole.
+        let t = untrusted_text(&format!("{}\x1b", "x".repeat(UNTRUSTED_TEXT_CHARS - 3)));
+        assert!(t.ends_with("xxx…"), "{t}");
+        let t = untrusted_text(&"\x1b".repeat(10_000));
+        assert!(t.chars().count() <= UNTRUSTED_TEXT_CHARS + 1);
+        assert!(t.ends_with("\\u{1b}…"), "{t}");
+    }
+
+    /// Regression: the model API's error text went raw into the ModelError, so into the
+    /// server's text log and the 502 body, where a newline forges a log line and an escape
+    /// sequence drives the operator's terminal.
+    #[tokio::test]
+    async fn an_upstreams_error_text_cannot_forge_a_log_line() {
+        let body = format!(
+            "{{\"error\":\"bad\"}}\nERROR forged line\r\n\x1b[2J\u{2028}\u{202e}\u{85}{}",
+            "x".repeat(10_000)
+        );
+        let (base, _t) = scripted(vec![(400, String::new(), body)]).await;
+        let up = Upstream::new(Wire::OpenAi, Some(&base), Some("k".into()), "m".into());
+        let e = up
+            .complete(&conv(), &[], Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, ModelError::Refused(_)), "{m}");
+        assert!(m.contains("ERROR forged line"), "{m}");
+        assert!(
+            !m.chars().any(|c| c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}')),
+            "{m:?}"
+        );
+        assert_eq!(m.lines().count(), 1, "{m:?}");
+        assert!(m.chars().count() < 500, "{} chars", m.chars().count());
     }
 }
