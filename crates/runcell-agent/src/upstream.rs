@@ -5,6 +5,13 @@
 //! API key is sent to the upstream only: it is never in an error, a log line or a response.
 //! What the upstream says about itself (an error body, a library's message about its answer)
 //! enters a [`ModelError`] only through [`untrusted_text`]: one line, bounded.
+//!
+//! No redirect is followed. A 307 or 308 would resend the key and the conversation (the
+//! user's data) to wherever the `Location` points, and reqwest drops only `Authorization`
+//! (not Anthropic's `x-api-key`) when the host changes; a 301, 302 or 303 would turn the POST
+//! into a GET that still carries the key header. Even a redirect within the origin says the
+//! configured base URL is not where the API answers (the path after it is fixed), so every
+//! 3xx is a refusal that names where it points, for the operator to configure.
 
 use std::time::{Duration, Instant};
 
@@ -104,8 +111,12 @@ impl Upstream {
             top_p: None,
             client: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
-                .unwrap_or_default(),
+                // Only a TLS backend that cannot start fails here, and then `Client::default()`
+                // (the fallback this replaced) panics too; a client built without this policy
+                // would follow redirects.
+                .expect("the HTTP client of the model's API"),
         }
     }
 
@@ -159,6 +170,26 @@ impl Upstream {
         turn.map_err(|e| ModelError::Malformed(untrusted_text(&e)))
     }
 
+    /// Where a redirect points, for the operator: its scheme, host, port and path, resolved
+    /// against the endpoint (a query, a fragment or credentials in it are left out).
+    fn redirect_target(&self, headers: &reqwest::header::HeaderMap) -> String {
+        let Some(to) = headers.get(reqwest::header::LOCATION) else {
+            return String::new();
+        };
+        let to = String::from_utf8_lossy(to.as_bytes());
+        let shown = match reqwest::Url::parse(&self.endpoint()).and_then(|e| e.join(&to)) {
+            Ok(mut url) => {
+                url.set_query(None);
+                url.set_fragment(None);
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                url.to_string()
+            }
+            Err(_) => to.split(['?', '#']).next().unwrap_or_default().to_string(),
+        };
+        format!(" to {}", untrusted_text(&shown))
+    }
+
     async fn attempt(
         &self,
         body: &Value,
@@ -196,6 +227,18 @@ impl Upstream {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(|s| Duration::from_secs_f64(s.min(MAX_RETRY_AFTER.as_secs_f64())));
+        if status.is_redirection() {
+            return Err((
+                ModelError::Refused(format!(
+                    "HTTP {}: a redirect{}, which is not followed: the API key and the \
+                     conversation go to the configured base URL only; configure the URL the \
+                     API answers at",
+                    status.as_u16(),
+                    self.redirect_target(res.headers())
+                )),
+                None,
+            ));
+        }
         let bytes = res.bytes().await.map_err(|e| {
             (
                 ModelError::Unavailable(format!("the answer broke off: {}", without_url(&e))),
@@ -336,6 +379,8 @@ impl Model for Upstream {
 mod tests {
     use super::*;
     use crate::conversation::Item;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A scripted HTTP server: answers each connection with the next canned response (status,
@@ -386,6 +431,57 @@ mod tests {
             seen
         });
         (base, task)
+    }
+
+    /// Another origin (another port), served from a plain thread: counts every connection it
+    /// accepts, records what it is sent, and answers a turn that both wires parse, so that a
+    /// client that follows a redirect there gets an answer (and the test sees the leak).
+    fn other_origin() -> (String, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (a, s) = (accepted.clone(), seen.clone());
+        std::thread::spawn(move || {
+            for sock in listener.incoming() {
+                let Ok(mut sock) = sock else { continue };
+                a.fetch_add(1, Ordering::SeqCst);
+                let mut got = Vec::new();
+                let mut buf = [0u8; 1 << 14];
+                loop {
+                    let n = sock.read(&mut buf).unwrap_or(0);
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_string();
+                    let done = text.find("\r\n\r\n").is_some_and(|i| {
+                        let len = text[..i]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .and_then(|v| v.trim().parse::<usize>().ok())
+                            })
+                            .unwrap_or(0);
+                        got.len() >= i + 4 + len
+                    });
+                    if done || n == 0 {
+                        break;
+                    }
+                }
+                s.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&got).to_string());
+                let body = r#"{"content":[{"type":"text","text":"leaked"}],"choices":[{"message":{"content":"leaked"}}]}"#;
+                let _ = sock.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        });
+        (base, accepted, seen)
     }
 
     fn conv() -> Conversation {
@@ -467,6 +563,77 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, ModelError::Timeout(_)), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// Regression: the Anthropic client followed redirects with `x-api-key` and the
+    /// conversation, and the OpenAI one (which reqwest strips `Authorization` for) still sent
+    /// the conversation to the new origin. No redirect is followed, to another origin or not.
+    #[tokio::test]
+    async fn a_redirect_moves_neither_the_key_nor_the_conversation_to_another_origin() {
+        let (elsewhere, accepted, seen_elsewhere) = other_origin();
+        for wire in [Wire::Anthropic, Wire::OpenAi] {
+            for status in [301u16, 302, 303, 307, 308] {
+                let path = match wire {
+                    Wire::Anthropic => "/v1/messages",
+                    Wire::OpenAi => "/chat/completions",
+                };
+                let (base, task) = scripted(vec![(
+                    status,
+                    format!("location: {elsewhere}{path}?token=t\r\n"),
+                    String::new(),
+                )])
+                .await;
+                let up = Upstream::new(wire, Some(&base), Some("sk-secret-key".into()), "m".into());
+                let conv = Conversation {
+                    system: None,
+                    items: vec![Item::User("the user's private data".into())],
+                };
+                let r = up.complete(&conv, &[], Duration::from_secs(10)).await;
+                let what = format!("{wire:?} {status}");
+                // The configured origin got the one request; the other origin nothing at all.
+                assert_eq!(
+                    accepted.load(Ordering::SeqCst),
+                    0,
+                    "{what}: {:?}",
+                    seen_elsewhere.lock().unwrap()
+                );
+                let seen = task.await.unwrap();
+                assert_eq!(seen.len(), 1, "{what}");
+                assert!(
+                    seen[0].contains("the user's private data")
+                        && seen[0].contains("sk-secret-key"),
+                    "{what}"
+                );
+                let e = r.expect_err(&what);
+                assert!(matches!(e, ModelError::Refused(_)), "{what}: {e}");
+                let m = e.to_string();
+                assert!(
+                    m.contains(&format!("HTTP {status}"))
+                        && m.contains("not followed")
+                        && m.contains(&format!("{elsewhere}{path}"))
+                        && !m.contains("token="),
+                    "{what}: {m}"
+                );
+            }
+        }
+        // A redirect within the origin is not followed either: the endpoint is fixed, so a
+        // redirect says the base URL is wrong, and the operator is told to fix it.
+        let (base, task) = scripted(vec![(
+            308,
+            "location: /v1/messages/\r\n".into(),
+            String::new(),
+        )])
+        .await;
+        let up = Upstream::new(Wire::Anthropic, Some(&base), Some("k".into()), "m".into());
+        let e = up
+            .complete(&conv(), &[], Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("{base}/v1/messages/")),
+            "{e}"
+        );
+        assert_eq!(task.await.unwrap().len(), 1);
     }
 
     #[test]
