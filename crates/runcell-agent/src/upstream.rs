@@ -87,8 +87,11 @@ const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// The first pause between attempts, doubled each time, and the longest `Retry-After` waited.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(20);
-/// The most of an upstream's answer read (a model's answer is far smaller).
+/// The most of an upstream's answer read (a model's answer is far smaller); counted as it
+/// arrives, so that an answer without end stops there, not at the deadline.
 const MAX_ANSWER_BYTES: usize = 16 << 20;
+/// The most of an error answer's body read: its start is all its message shows.
+const MAX_ERROR_BODY_BYTES: usize = 8 << 10;
 
 impl Upstream {
     pub fn new(
@@ -239,17 +242,23 @@ impl Upstream {
                 None,
             ));
         }
-        let bytes = res.bytes().await.map_err(|e| {
+        let too_big = || {
             (
-                ModelError::Unavailable(format!("the answer broke off: {}", without_url(&e))),
+                ModelError::Malformed(format!("an answer of more than {MAX_ANSWER_BYTES} bytes")),
                 None,
             )
-        })?;
-        if bytes.len() > MAX_ANSWER_BYTES {
-            return Err((
-                ModelError::Malformed(format!("an answer of {} bytes", bytes.len())),
-                None,
-            ));
+        };
+        let limit = if status.is_success() {
+            if res.content_length().unwrap_or(0) > MAX_ANSWER_BYTES as u64 {
+                return Err(too_big());
+            }
+            MAX_ANSWER_BYTES
+        } else {
+            MAX_ERROR_BODY_BYTES
+        };
+        let (bytes, whole) = read_body(res, limit, within).await.map_err(|e| (e, None))?;
+        if status.is_success() && !whole {
+            return Err(too_big());
         }
         let detail = || {
             format!(
@@ -271,6 +280,42 @@ impl Upstream {
             let e = untrusted_text(&e.to_string());
             (ModelError::Malformed(format!("not JSON: {e}")), None)
         })
+    }
+}
+
+/// An answer's body, read up to `limit` bytes as it arrives: the bytes, and whether the body
+/// ended within them. The request's timeout (`within`) covers the body too (reqwest's total
+/// timeout), so an answer that drips ends there, as a timeout.
+async fn read_body(
+    mut res: reqwest::Response,
+    limit: usize,
+    within: Duration,
+) -> Result<(Vec<u8>, bool), ModelError> {
+    let mut body = Vec::new();
+    loop {
+        match res.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - body.len();
+                if chunk.len() > room {
+                    body.extend_from_slice(&chunk[..room]);
+                    return Ok((body, false));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok((body, true)),
+            Err(e) if e.is_timeout() => {
+                return Err(ModelError::Timeout(format!(
+                    "the answer did not end within {} s",
+                    within.as_secs()
+                )))
+            }
+            Err(e) => {
+                return Err(ModelError::Unavailable(format!(
+                    "the answer broke off: {}",
+                    without_url(&e)
+                )))
+            }
+        }
     }
 }
 
@@ -636,6 +681,43 @@ mod tests {
         assert_eq!(task.await.unwrap().len(), 1);
     }
 
+    /// A server for one connection that reads the request and then lets `answer` write what
+    /// it likes (and hang, or drip) on the socket.
+    async fn raw<F, Fut>(answer: F) -> String
+    where
+        F: FnOnce(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = sock.read(&mut buf).await.unwrap_or(0);
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).to_string();
+                let done = text.find("\r\n\r\n").is_some_and(|i| {
+                    let len = text[..i]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                        })
+                        .unwrap_or(0);
+                    got.len() >= i + 4 + len
+                });
+                if done || n == 0 {
+                    break;
+                }
+            }
+            answer(sock).await;
+        });
+        base
+    }
+
     #[test]
     fn untrusted_text_is_one_line_without_controls() {
         let t = untrusted_text("\nERROR forged line\r\n\x1b[2J\u{2028}next\u{202e}\u{85}\u{7f}\t");
@@ -693,5 +775,99 @@ mod tests {
         );
         assert_eq!(m.lines().count(), 1, "{m:?}");
         assert!(m.chars().count() < 500, "{} chars", m.chars().count());
+    }
+
+    /// Regression: an answer was read whole before its size was checked, so an upstream (or a
+    /// man in the middle of a plain-http base URL) that streams without end grew memory until
+    /// the deadline. Each of these ends at once, long before the call's budget.
+    #[tokio::test]
+    async fn an_answer_is_capped_while_it_is_read() {
+        async fn hang(mut sock: tokio::net::TcpStream) {
+            let _ = sock.flush().await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        // Chunked, more than the cap, and no end.
+        let over = raw(|mut sock| async move {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+            if sock.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk = format!("{:x}\r\n{}\r\n", 1 << 16, " ".repeat(1 << 16));
+            for _ in 0..(MAX_ANSWER_BYTES >> 16) + 2 {
+                if sock.write_all(chunk.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            hang(sock).await
+        })
+        .await;
+        // A length past the cap, announced and never sent.
+        let announced = raw(|mut sock| async move {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1099511627776\r\n\r\n{";
+            let _ = sock.write_all(head.as_bytes()).await;
+            hang(sock).await
+        })
+        .await;
+        for (base, says) in [(over, "more than"), (announced, "more than")] {
+            let up = Upstream::new(Wire::Anthropic, Some(&base), None, "m".into());
+            let e = up
+                .complete(&conv(), &[], Duration::from_secs(20))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(e, ModelError::Malformed(ref m) if m.contains(says)),
+                "{e}"
+            );
+        }
+        // An error's body is read only as far as the error message needs.
+        let endless_error = raw(|mut sock| async move {
+            let head = "HTTP/1.1 400 Bad Request\r\ntransfer-encoding: chunked\r\n\r\n";
+            let text = "no ".repeat(1 << 14);
+            let chunk = format!("{:x}\r\n{text}\r\n", text.len());
+            if sock.write_all(head.as_bytes()).await.is_err()
+                || sock.write_all(chunk.as_bytes()).await.is_err()
+            {
+                return;
+            }
+            hang(sock).await
+        })
+        .await;
+        let up = Upstream::new(Wire::OpenAi, Some(&endless_error), None, "m".into());
+        let e = up
+            .complete(&conv(), &[], Duration::from_secs(20))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, ModelError::Refused(ref m) if m.contains("HTTP 400: no no")),
+            "{e}"
+        );
+    }
+
+    /// Regression: an answer that drips (headers, then a byte now and then) ran into the
+    /// call's deadline as "the answer broke off", an unavailable upstream (502), where it is a
+    /// timeout (504) like an answer that never starts.
+    #[tokio::test]
+    async fn a_dripping_answer_ends_at_the_deadline_as_a_timeout() {
+        let base = raw(|mut sock| async move {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n";
+            if sock.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            loop {
+                if sock.write_all(b" ").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        let up = Upstream::new(Wire::OpenAi, Some(&base), None, "m".into());
+        let started = Instant::now();
+        let e = up
+            .complete(&conv(), &[], Duration::from_millis(800))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ModelError::Timeout(_)), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 }
