@@ -92,6 +92,10 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(20);
 const MAX_ANSWER_BYTES: usize = 16 << 20;
 /// The most of an error answer's body read: its start is all its message shows.
 const MAX_ERROR_BODY_BYTES: usize = 8 << 10;
+/// The most tool calls an answer may make. Models make a few at a time; the loop refuses or
+/// runs each in turn, and every later request echoes each with its result, so an answer with
+/// hundreds of thousands of them (they fit in the answer's cap) is refused as a whole.
+const MAX_TOOL_CALLS_PER_ANSWER: usize = 128;
 
 impl Upstream {
     pub fn new(
@@ -170,7 +174,14 @@ impl Upstream {
             Wire::Anthropic => crate::anthropic::parse_response(v).map_err(|e| e.to_string()),
             Wire::OpenAi => crate::openai::parse_response(v).map_err(|e| e.to_string()),
         };
-        turn.map_err(|e| ModelError::Malformed(untrusted_text(&e)))
+        let turn = turn.map_err(|e| ModelError::Malformed(untrusted_text(&e)))?;
+        if turn.calls.len() > MAX_TOOL_CALLS_PER_ANSWER {
+            return Err(ModelError::Malformed(format!(
+                "an answer with {} tool calls (at most {MAX_TOOL_CALLS_PER_ANSWER} are taken)",
+                turn.calls.len()
+            )));
+        }
+        Ok(turn)
     }
 
     /// Where a redirect points, for the operator: its scheme, host, port and path, resolved
@@ -869,5 +880,33 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, ModelError::Timeout(_)), "{e}");
         assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    /// Regression: an answer could carry any number of tool calls (hundreds of thousands fit
+    /// in the answer cap), each refused or run in turn and echoed, with its result, in every
+    /// later request of the loop.
+    #[tokio::test]
+    async fn an_answer_with_too_many_tool_calls_is_malformed() {
+        let call = r#"{"type":"tool_use","id":"t","name":"code_exec_python","input":{"code":"1"}}"#;
+        let calls = vec![call; MAX_TOOL_CALLS_PER_ANSWER + 1].join(",");
+        let body = format!(r#"{{"content":[{calls}],"stop_reason":"tool_use"}}"#);
+        let (base, _t) = scripted(vec![(200, String::new(), body)]).await;
+        let up = Upstream::new(Wire::Anthropic, Some(&base), None, "m".into());
+        let r = up.complete(&conv(), &[], Duration::from_secs(10)).await;
+        assert!(
+            matches!(r, Err(ModelError::Malformed(ref m)) if m.contains("tool calls")),
+            "{:?}",
+            r.map(|t| t.calls.len())
+        );
+        // As many as the cap are taken.
+        let calls = vec![call; MAX_TOOL_CALLS_PER_ANSWER].join(",");
+        let body = format!(r#"{{"content":[{calls}],"stop_reason":"tool_use"}}"#);
+        let (base, _t) = scripted(vec![(200, String::new(), body)]).await;
+        let up = Upstream::new(Wire::Anthropic, Some(&base), None, "m".into());
+        let t = up
+            .complete(&conv(), &[], Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(t.calls.len(), MAX_TOOL_CALLS_PER_ANSWER);
     }
 }
