@@ -276,9 +276,10 @@ async fn one_call(
     };
     if !offered.iter().any(|t| t.name == call.name) {
         let names: Vec<&str> = offered.iter().map(|t| t.name.as_str()).collect();
+        // The name is the model's: quoted, and only its start (it may be megabytes long).
         return refuse(format!(
-            "There is no tool named {:?}. The tools are: {}.",
-            call.name,
+            "There is no tool named {}. The tools are: {}.",
+            short(&format!("{:?}", call.name)),
             names.join(", ")
         ));
     }
@@ -653,5 +654,23 @@ mod tests {
         };
         let r = run_agent(&Hangs, &FakeRunner, &tools(), conv(), &b, &|_| {}).await;
         assert_eq!(r.unwrap_err().category, "timeout");
+    }
+
+    /// Regression: the refusal of an unknown tool quoted its whole name, so a model (or
+    /// whoever answers in its place) could make the loop copy megabytes into the conversation
+    /// and the events for each such call.
+    #[tokio::test]
+    async fn the_refusal_of_an_unknown_tool_quotes_a_bounded_name() {
+        let mut t = call("1", "x");
+        t.calls[0].name = "n".repeat(1 << 20);
+        let m = Scripted::new(vec![Ok(t), Ok(answer("ok"))]);
+        let (r, events) = go(&m, &Bounds::default()).await;
+        r.unwrap();
+        let (content, is_error) = last_result(&m);
+        assert!(is_error && content.contains("no tool named"), "{content}");
+        assert!(content.len() < 1000, "{} bytes", content.len());
+        assert!(events
+            .iter()
+            .all(|e| !matches!(e, Event::Refused { message, .. } if message.len() >= 1000)));
     }
 }
