@@ -909,4 +909,30 @@ mod tests {
             .unwrap();
         assert_eq!(t.calls.len(), MAX_TOOL_CALLS_PER_ANSWER);
     }
+
+    /// JSON nested past serde_json's recursion limit (128) is an answer that is not JSON, not
+    /// a stack overflow, for both wires (OpenAI's arguments are a second JSON text).
+    #[tokio::test]
+    async fn deeply_nested_json_is_malformed_not_a_crash() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let (base, _t) = scripted(vec![(200, String::new(), deep.clone())]).await;
+        let up = Upstream::new(Wire::Anthropic, Some(&base), None, "m".into());
+        let e = up
+            .complete(&conv(), &[], Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ModelError::Malformed(_)), "{e}");
+        let args = serde_json::to_string(&deep).unwrap();
+        let body = format!(
+            r#"{{"choices":[{{"message":{{"content":null,"tool_calls":[{{"id":"c","type":"function","function":{{"name":"code_exec_python","arguments":{args}}}}}]}}}}]}}"#
+        );
+        let (base, _t) = scripted(vec![(200, String::new(), body)]).await;
+        let up = Upstream::new(Wire::OpenAi, Some(&base), None, "m".into());
+        let t = up
+            .complete(&conv(), &[], Duration::from_secs(10))
+            .await
+            .unwrap();
+        // Kept as the string it is, for the loop to answer that the arguments are invalid.
+        assert!(t.calls[0].arguments.is_string());
+    }
 }
