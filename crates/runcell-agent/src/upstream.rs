@@ -75,7 +75,7 @@ impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
             .field("wire", &self.wire)
-            .field("base_url", &self.base_url)
+            .field("base_url", &self.shown_base_url())
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("model", &self.model)
             .finish()
@@ -124,6 +124,21 @@ impl Upstream {
                 // (the fallback this replaced) panics too; a client built without this policy
                 // would follow redirects.
                 .expect("the HTTP client of the model's API"),
+        }
+    }
+
+    /// The base URL as errors and `Debug` show it: without the user and password a URL may
+    /// carry (`https://user:secret@host`, which reqwest sends as basic authentication: a
+    /// credential like the API key).
+    pub fn shown_base_url(&self) -> String {
+        match reqwest::Url::parse(&self.base_url) {
+            Ok(mut url) if !url.username().is_empty() || url.password().is_some() => {
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                url.to_string().trim_end_matches('/').to_string()
+            }
+            Ok(_) => self.base_url.clone(),
+            Err(_) => "the configured base URL".to_string(),
         }
     }
 
@@ -227,7 +242,7 @@ impl Upstream {
             } else {
                 ModelError::Unavailable(format!(
                     "cannot reach {}: {}",
-                    self.base_url,
+                    self.shown_base_url(),
                     without_url(&e)
                 ))
             };
@@ -934,5 +949,33 @@ mod tests {
             .unwrap();
         // Kept as the string it is, for the loop to answer that the arguments are invalid.
         assert!(t.calls[0].arguments.is_string());
+    }
+
+    /// Regression: a base URL's user and password (a credential reqwest sends as basic
+    /// authentication) were in the "cannot reach" error, so in the 502 body and the log.
+    #[tokio::test]
+    async fn a_base_urls_credentials_are_in_no_error() {
+        // A port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let base = format!("http://user:s3cret@127.0.0.1:{port}/v1");
+        let mut up = Upstream::new(Wire::OpenAi, Some(&base), None, "m".into());
+        up.attempts = 1;
+        let e = up
+            .complete(&conv(), &[], Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, ModelError::Unavailable(_)), "{m}");
+        assert!(
+            m.contains(&format!("cannot reach http://127.0.0.1:{port}/v1"))
+                && !m.contains("s3cret"),
+            "{m}"
+        );
+        assert!(!format!("{up:?}").contains("s3cret"));
+        assert_eq!(up.base_url, base);
     }
 }
