@@ -67,14 +67,17 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
+/// The counts are the upstream's numbers (any u64), so they saturate rather than overflow.
 impl Usage {
     pub fn add(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
     }
 
     pub fn total(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 }
 
@@ -87,4 +90,24 @@ pub struct Turn {
     pub usage: Usage,
     /// The model that answered, as the upstream named it.
     pub model: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: token counts are the upstream's numbers (any u64); adding them overflowed,
+    /// a panic in a debug build and a count that wraps to near zero in a release one.
+    #[test]
+    fn token_counts_from_the_upstream_saturate() {
+        let huge = Usage {
+            prompt_tokens: u64::MAX,
+            completion_tokens: u64::MAX,
+        };
+        assert_eq!(huge.total(), u64::MAX);
+        let mut sum = Usage::default();
+        sum.add(huge);
+        sum.add(huge);
+        assert_eq!(sum, huge);
+    }
 }
