@@ -189,7 +189,9 @@ impl Upstream {
             Wire::Anthropic => crate::anthropic::parse_response(v).map_err(|e| e.to_string()),
             Wire::OpenAi => crate::openai::parse_response(v).map_err(|e| e.to_string()),
         };
-        let turn = turn.map_err(|e| ModelError::Malformed(untrusted_text(&e)))?;
+        let mut turn = turn.map_err(|e| ModelError::Malformed(untrusted_text(&e)))?;
+        // The name the upstream gives its model goes into the audit log and the answer.
+        turn.model = turn.model.map(|m| untrusted_text(&m));
         if turn.calls.len() > MAX_TOOL_CALLS_PER_ANSWER {
             return Err(ModelError::Malformed(format!(
                 "an answer with {} tool calls (at most {MAX_TOOL_CALLS_PER_ANSWER} are taken)",
@@ -977,5 +979,26 @@ mod tests {
         );
         assert!(!format!("{up:?}").contains("s3cret"));
         assert_eq!(up.base_url, base);
+    }
+
+    /// Regression: the model's name, as the upstream gives it, went raw and unbounded into
+    /// each audit line of a model call and into the answer's `model`.
+    #[tokio::test]
+    async fn the_upstreams_model_name_is_one_bounded_line() {
+        let name = format!("m\nINFO forged\x1b[2J{}", "x".repeat(100_000));
+        let body = serde_json::json!({
+            "model": name,
+            "choices": [{"message": {"role": "assistant", "content": "hi"}}],
+        });
+        let (base, _t) = scripted(vec![(200, String::new(), body.to_string())]).await;
+        let up = Upstream::new(Wire::OpenAi, Some(&base), None, "m".into());
+        let t = up
+            .complete(&conv(), &[], Duration::from_secs(10))
+            .await
+            .unwrap();
+        let m = t.model.unwrap();
+        assert!(m.starts_with(r"m\nINFO forged\u{1b}[2J"), "{m}");
+        assert!(!m.chars().any(char::is_control));
+        assert!(m.chars().count() <= UNTRUSTED_TEXT_CHARS + 1);
     }
 }
