@@ -47,6 +47,30 @@ pub struct Conversation {
     pub items: Vec<Item>,
 }
 
+impl Conversation {
+    /// About how many bytes the conversation holds (its texts, calls and results).
+    pub fn approx_bytes(&self) -> usize {
+        let items: usize = self
+            .items
+            .iter()
+            .map(|i| match i {
+                Item::User(t) => t.len(),
+                Item::Assistant { text, calls } => {
+                    text.as_ref().map_or(0, String::len)
+                        + calls
+                            .iter()
+                            .map(|c| c.id.len() + c.name.len() + c.arguments.to_string().len())
+                            .sum::<usize>()
+                }
+                Item::ToolResult {
+                    call_id, content, ..
+                } => call_id.len() + content.len(),
+            })
+            .sum();
+        items + self.system.as_ref().map_or(0, String::len)
+    }
+}
+
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {

@@ -18,5 +18,9 @@ pub mod tools;
 pub mod upstream;
 
 pub use conversation::{Conversation, Item, StopReason, ToolCall, ToolSpec, Turn, Usage};
-pub use run::{run_agent, AgentError, Bounds, Event, Model, ModelError, Outcome, Step, Tools};
+pub use run::{
+    run_agent, step_verdict, AgentError, Bounds, Event, Model, ModelError, Outcome, Step, Tools,
+    STEP_OUTPUT_BYTES,
+};
+pub use tools::{offered, ServiceTools};
 pub use upstream::{Upstream, Wire};

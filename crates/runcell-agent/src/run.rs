@@ -58,10 +58,13 @@ pub trait Model: Send + Sync {
 /// Where the code runs: one call of a `code_exec_*` tool (its language from the name) with its
 /// arguments; the verdict, or why nothing ran (a refusal in words).
 pub trait Tools: Send + Sync {
+    /// Run one call within `within` (what is left of the request's budget): the run's own
+    /// timeout is cut to it.
     fn run<'a>(
         &'a self,
         tool: &'a str,
         arguments: &'a Value,
+        within: Duration,
     ) -> BoxFuture<'a, Result<Verdict, String>>;
 
     /// The text the model gets for a verdict (the MCP server's trimmed text).
@@ -80,8 +83,11 @@ pub struct Bounds {
     pub default_max_calls: u32,
     /// Consecutive failed runs after which the model is told to answer with what it has.
     pub max_code_retries: u32,
-    /// The whole request's wall-clock budget.
+    /// The whole request's wall-clock budget: model calls and runs together.
     pub deadline: Duration,
+    /// The most the conversation may hold (the model's texts and calls, the tool results):
+    /// the loop's memory is bounded whatever the model answers.
+    pub max_conversation_bytes: usize,
 }
 
 impl Default for Bounds {
@@ -92,6 +98,7 @@ impl Default for Bounds {
             default_max_calls: 10,
             max_code_retries: 3,
             deadline: Duration::from_secs(300),
+            max_conversation_bytes: 8 << 20,
         }
     }
 }
@@ -106,7 +113,7 @@ pub enum Event {
     Text { text: String },
     /// A run starts.
     RunStarted { tool: String, code: String },
-    /// A run ended.
+    /// A run ended (its verdict as a step records it: see [`Step`]).
     RunFinished {
         tool: String,
         code: String,
@@ -116,12 +123,51 @@ pub enum Event {
     Refused { tool: String, message: String },
 }
 
-/// One run of the loop.
+/// One run of the loop. Its verdict is kept bounded: stdout and stderr cut to
+/// [`STEP_OUTPUT_BYTES`] each, the files' contents left out (their names, sizes and digests
+/// kept), so that an answer's steps never hold every run's whole output.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Step {
     pub tool: String,
     pub code: String,
     pub verdict: Verdict,
+}
+
+/// The most of each of stdout and stderr a step keeps (the model is given its own trimmed
+/// text of the whole).
+pub const STEP_OUTPUT_BYTES: usize = 16 * 1024;
+
+/// A verdict as a step keeps it (see [`Step`]).
+pub fn step_verdict(mut v: Verdict) -> Verdict {
+    let mut cut = false;
+    for (text, truncated) in [
+        (&mut v.stdout, &mut v.stdout_truncated),
+        (&mut v.stderr, &mut v.stderr_truncated),
+    ] {
+        if text.len() > STEP_OUTPUT_BYTES {
+            let mut end = STEP_OUTPUT_BYTES;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            *truncated = true;
+            cut = true;
+        }
+    }
+    for f in &mut v.files {
+        if f.content_base64.take().is_some() {
+            f.truncated = true;
+            cut = true;
+        }
+    }
+    if cut {
+        v.warnings.push(format!(
+            "In the agent's steps, stdout and stderr are cut to {} KiB each and files are \
+             listed without their content.",
+            STEP_OUTPUT_BYTES / 1024
+        ));
+    }
+    v
 }
 
 /// How the loop ended well: with an answer (or the last words it got when a bound stopped it).
@@ -223,21 +269,36 @@ pub async fn run_agent(
             calls: turn.calls.clone(),
         });
         for call in &turn.calls {
+            let left = bounds.deadline.saturating_sub(started.elapsed());
             let (content, is_error) = one_call(
                 call,
                 runner,
                 offered,
                 bounds,
+                left,
                 &mut calls_by_tool,
                 &mut failed_in_a_row,
                 &mut steps,
                 events,
             )
-            .await;
+            .await
+            .ok_or_else(|| timeout(bounds, model_calls))?;
             conv.items.push(Item::ToolResult {
                 call_id: call.id.clone(),
                 content,
                 is_error,
+            });
+        }
+        let held = conv.approx_bytes();
+        if held > bounds.max_conversation_bytes {
+            return Err(AgentError {
+                category: "conversation_too_large",
+                message: format!(
+                    "The conversation grew to {held} bytes, more than the {} this request may \
+                     hold: ask for less output, or a shorter task.",
+                    bounds.max_conversation_bytes
+                ),
+                model_calls,
             });
         }
     }
@@ -254,25 +315,27 @@ fn timeout(bounds: &Bounds, model_calls: u32) -> AgentError {
     }
 }
 
-/// Handle one tool call: refuse it with a message the model can act on, or run it. The
-/// tool result's text and whether it is an error.
+/// Handle one tool call: refuse it with a message the model can act on, or run it within
+/// `left` of the request's budget. The tool result's text and whether it is an error; `None`
+/// when the budget ran out while it ran.
 #[allow(clippy::too_many_arguments)] // (the loop's state, lent for one call)
 async fn one_call(
     call: &ToolCall,
     runner: &dyn Tools,
     offered: &[ToolSpec],
     bounds: &Bounds,
+    left: Duration,
     calls_by_tool: &mut BTreeMap<String, u32>,
     failed_in_a_row: &mut u32,
     steps: &mut Vec<Step>,
     events: &(dyn Fn(Event) + Send + Sync),
-) -> (String, bool) {
+) -> Option<(String, bool)> {
     let refuse = |message: String| {
         events(Event::Refused {
             tool: call.name.clone(),
             message: message.clone(),
         });
-        (message, true)
+        Some((message, true))
     };
     if !offered.iter().any(|t| t.name == call.name) {
         let names: Vec<&str> = offered.iter().map(|t| t.name.as_str()).collect();
@@ -314,9 +377,16 @@ async fn one_call(
         tool: call.name.clone(),
         code: code.to_string(),
     });
-    let verdict = match runner.run(&call.name, &call.arguments).await {
-        Ok(v) => v,
-        Err(message) => {
+    if left.is_zero() {
+        return None;
+    }
+    // The run's timeout is cut to `left` by the run service; this bounds the rest (waiting
+    // for a slot, building a session).
+    let ran = tokio::time::timeout(left, runner.run(&call.name, &call.arguments, left)).await;
+    let verdict = match ran {
+        Err(_) => return None,
+        Ok(Ok(v)) => v,
+        Ok(Err(message)) => {
             *failed_in_a_row += 1;
             return refuse(format!("The code did not run: {message}"));
         }
@@ -330,6 +400,7 @@ async fn one_call(
              Give your best answer with what you have, and say what did not work."
         ));
     }
+    let verdict = step_verdict(verdict);
     events(Event::RunFinished {
         tool: call.name.clone(),
         code: code.to_string(),
@@ -340,7 +411,7 @@ async fn one_call(
         code: code.to_string(),
         verdict,
     });
-    (text, failed)
+    Some((text, failed))
 }
 
 fn short(s: &str) -> String {
@@ -397,6 +468,7 @@ mod tests {
             &'a self,
             _tool: &'a str,
             args: &'a Value,
+            _within: Duration,
         ) -> BoxFuture<'a, Result<Verdict, String>> {
             let code = args["code"].as_str().unwrap_or_default().to_string();
             Box::pin(async move {

@@ -1,14 +1,19 @@
 //! The code tools of one agent request: the MCP server's `code_exec_*` tools (same
-//! descriptions, same input schemas, without `session_id`: the loop keeps the state itself),
-//! run in one session per language, so that each step builds on the previous ones. The
-//! sessions belong to the request's caller and end with the request.
+//! descriptions), with the input schema the intake gives a model (the code, its files, a
+//! timeout: a model never sizes its own sandbox), run through runcell's one run service in one
+//! session per language, so that each step builds on the previous ones. The sessions belong
+//! to the request's caller and end with the request; every run holds the request's place in
+//! line and is cut to what is left of the request's time budget.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
+use runcell_core::intake::{self, SchemaContext, Source, TargetKind};
 use runcell_core::{
-    ExecRequest, InputFile, KillSwitch, Language, NoSink, SessionTarget, Sessions, Verdict,
+    Call, Caller, EngineConfig, InputFile, Language, NoSink, RunService, Target, Ticket, Verdict,
 };
 use runcell_mcp::Catalog;
 use serde_json::Value;
@@ -18,25 +23,26 @@ use crate::run::Tools;
 
 /// The tools offered to the model for these tool names (those this host has; others are
 /// left out, and `unknown` says which).
-pub fn offered(catalog: &Catalog, names: &[String]) -> (Vec<ToolSpec>, Vec<String>) {
+pub fn offered(
+    catalog: &Catalog,
+    config: &EngineConfig,
+    names: &[String],
+) -> (Vec<ToolSpec>, Vec<String>) {
     let mut specs = Vec::new();
     let mut unknown = Vec::new();
     for name in names {
         match catalog.tools().iter().find(|t| &t.name == name) {
             Some(def) => {
-                let mut schema = Value::Object((*def.input_schema).clone());
-                if let Some(props) = schema["properties"].as_object_mut() {
-                    props.remove("session_id");
-                    // The loop's runs share a session, and sessions run offline, with the
-                    // pre-installed packages.
-                    props.remove("network");
-                    props.remove("packages");
-                }
+                // The loop keeps the state itself (a session per language): its schema is a
+                // call's, for a model.
+                let ctx = SchemaContext::new(Source::Model, TargetKind::NewSession)
+                    .with_policy(config, Duration::ZERO)
+                    .for_language(def.language);
                 specs.push(ToolSpec {
                     name: def.name.clone(),
                     // The sentence about `session_id` does not apply: calls share their state.
                     description: def.description.clone(),
-                    input_schema: schema,
+                    input_schema: intake::request_schema(&ctx),
                 });
             }
             None => unknown.push(name.clone()),
@@ -45,101 +51,142 @@ pub fn offered(catalog: &Catalog, names: &[String]) -> (Vec<ToolSpec>, Vec<Strin
     (specs, unknown)
 }
 
-/// Runs the calls of one agent request in sessions of `owner`.
-pub struct SessionTools {
-    sessions: Arc<Sessions>,
-    owner: Option<String>,
+/// Runs the calls of one agent request through the run service, in sessions of its caller.
+pub struct ServiceTools {
+    service: RunService,
+    caller: Caller,
+    /// The request's place in line: every run of the request holds it.
+    ticket: Ticket,
     /// Files present in every run (written into each session when it starts).
     files: Vec<InputFile>,
     /// Language -> its session's id, once created.
-    ids: Mutex<BTreeMap<Language, String>>,
-    /// Stops the running call when the request is abandoned.
-    kill: KillSwitch,
+    ids: Arc<Mutex<BTreeMap<Language, String>>>,
+    /// The request's time budget ends here.
+    deadline: Instant,
+    /// Runs asked for (admitted or not), for the runs-per-request histogram.
+    runs: AtomicU32,
 }
 
-impl SessionTools {
+impl ServiceTools {
     pub fn new(
-        sessions: Arc<Sessions>,
-        owner: Option<String>,
+        service: RunService,
+        caller: Caller,
+        ticket: Ticket,
         files: Vec<InputFile>,
-        kill: KillSwitch,
-    ) -> SessionTools {
-        SessionTools {
-            sessions,
-            owner,
+        deadline: Instant,
+    ) -> ServiceTools {
+        ServiceTools {
+            service,
+            caller,
+            ticket,
             files,
-            ids: Mutex::new(BTreeMap::new()),
-            kill,
+            ids: Arc::default(),
+            deadline,
+            runs: AtomicU32::new(0),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Language, String>> {
-        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    /// The runs asked for so far.
+    pub fn runs(&self) -> u32 {
+        self.runs.load(Ordering::Relaxed)
     }
 
-    /// End the request's sessions (blocking: their sandboxes are torn down).
+    fn take_ids(&self) -> Vec<String> {
+        std::mem::take(&mut *self.ids.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_values()
+            .collect()
+    }
+
+    /// End the request's sessions now (blocking: their sandboxes are torn down).
     pub fn close(&self) {
-        let ids: Vec<String> = std::mem::take(&mut *self.lock()).into_values().collect();
-        for id in ids {
-            let _ = self.sessions.delete(self.owner.as_deref(), &id);
+        let sessions = self.service.sessions().clone();
+        for id in self.take_ids() {
+            let _ = sessions.delete(self.caller.key_id.as_deref(), &id);
         }
     }
 }
 
-/// A code tool's call as a request for a session: the language (from the tool's name), the
-/// request (its arguments as the MCP tool's), and where it runs: the session `existing` names
-/// for that language, or a new one, whose first run also gets `files` (the agent request's).
-pub fn prepare_call(
-    tool: &str,
-    arguments: &Value,
-    files: &[InputFile],
-    existing: impl FnOnce(Language) -> Option<String>,
-) -> Result<(Language, ExecRequest, SessionTarget), String> {
-    let language = tool
-        .strip_prefix("code_exec_")
-        .and_then(Language::parse)
-        .ok_or_else(|| format!("{tool} is not a code tool"))?;
-    let mut args = arguments.clone();
-    if let Some(o) = args.as_object_mut() {
-        o.insert("language".into(), Value::String(language.name().into()));
-    }
-    let mut req: ExecRequest =
-        serde_json::from_value(args).map_err(|e| format!("invalid arguments: {e}"))?;
-    let target = match existing(language) {
-        Some(id) => SessionTarget::Id(id),
-        None => {
-            let mut all = files.to_vec();
-            all.append(&mut req.files);
-            req.files = all;
-            SessionTarget::New
+/// The request's sessions end with it, also when it is abandoned (a client that went away
+/// drops the loop mid-run): their sandboxes are torn down off the async threads.
+impl Drop for ServiceTools {
+    fn drop(&mut self) {
+        let ids = self.take_ids();
+        if ids.is_empty() {
+            return;
         }
-    };
-    Ok((language, req, target))
+        let sessions = self.service.sessions().clone();
+        let owner = self.caller.key_id.clone();
+        let close = move || {
+            for id in ids {
+                let _ = sessions.delete(owner.as_deref(), &id);
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(close);
+            }
+            Err(_) => close(),
+        }
+    }
 }
 
-impl Tools for SessionTools {
+impl Tools for ServiceTools {
     fn run<'a>(
         &'a self,
         tool: &'a str,
         arguments: &'a Value,
+        within: Duration,
     ) -> BoxFuture<'a, Result<Verdict, String>> {
         Box::pin(async move {
-            let (language, req, target) = prepare_call(tool, arguments, &self.files, |l| {
-                self.lock().get(&l).cloned()
-            })?;
-            let new = target == SessionTarget::New;
-            let sessions = self.sessions.clone();
-            let owner = self.owner.clone();
-            let kill = self.kill.clone();
-            let verdict = tokio::task::spawn_blocking(move || {
-                sessions.run_request(owner.as_deref(), &target, &req, &mut NoSink, Some(&kill))
-            })
-            .await
-            .map_err(|_| "the run failed unexpectedly".to_string())?
-            .map_err(|e| e.to_string())?;
+            self.runs.fetch_add(1, Ordering::Relaxed);
+            let language = tool
+                .strip_prefix("code_exec_")
+                .and_then(Language::parse)
+                .ok_or_else(|| format!("{tool} is not a code tool"))?;
+            let existing = self
+                .ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&language)
+                .cloned();
+            let target = match existing {
+                Some(id) => Target::Session(id),
+                None => Target::NewSession,
+            };
+            // The model's arguments, as the intake lets a model send them: nothing that sizes
+            // the sandbox.
+            let mut req = intake::parse_value(
+                arguments.clone(),
+                Source::Model,
+                target.kind(),
+                self.service.offers(),
+            )
+            .map_err(|e| format!("{}: {}", e.category(), e.message))?;
+            req.language = Some(language.name().to_string());
+            if target == Target::NewSession {
+                // The request's files are in every run: written when its session starts.
+                let mut all = self.files.clone();
+                all.append(&mut req.files);
+                req.files = all;
+            }
+            let new = target == Target::NewSession;
+            let mut call = Call::new(self.caller.clone(), Source::Model, target, req);
+            call.deadline = Some(self.deadline.min(Instant::now() + within));
+            let admitted = self
+                .service
+                .admit(self.ticket.clone(), call)
+                .await
+                .map_err(|e| format!("{}: {}", e.category(), e.message))?;
+            let verdict = admitted
+                .run(Box::new(NoSink))
+                .await
+                .map_err(|e| format!("{}: {}", e.category(), e.message))?;
             if new {
                 if let Some(id) = &verdict.session_id {
-                    self.lock().insert(language, id.clone());
+                    self.ids
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(language, id.clone());
                 }
             }
             Ok(verdict)

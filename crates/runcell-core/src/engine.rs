@@ -358,21 +358,23 @@ impl Engine {
     /// Check a request against the policy without running anything: the language, the sizes
     /// of code and stdin, every limit, and the input files (decoded here, once).
     pub fn validate(&self, req: &ExecRequest) -> Result<ValidRequest, ValidationError> {
-        let language = Language::parse(&req.language).ok_or_else(|| {
-            let mut name = crate::request::prefix(&req.language, 64).to_string();
-            if name.len() < req.language.len() {
+        let asked = req.language();
+        let language = Language::parse(asked).ok_or_else(|| {
+            let mut name = crate::request::prefix(asked, 64).to_string();
+            if name.len() < asked.len() {
                 name.push('…');
             }
             ValidationError::UnknownLanguage(name)
         })?;
         let p = &self.config.policy;
-        if req.code.len() as u64 > p.max_code_bytes {
+        let code = req.code();
+        if code.len() as u64 > p.max_code_bytes {
             return Err(ValidationError::CodeTooLarge {
-                bytes: req.code.len() as u64,
+                bytes: code.len() as u64,
                 max: p.max_code_bytes,
             });
         }
-        if req.code.contains('\0') {
+        if code.contains('\0') {
             return Err(ValidationError::CodeHasNul);
         }
         if let Some(s) = &req.stdin {
@@ -409,7 +411,7 @@ impl Engine {
         Ok(ValidRequest {
             language,
             limits,
-            code: req.code.clone(),
+            code: code.to_string(),
             stdin: req.stdin.clone().map(String::into_bytes),
             files,
             network,

@@ -50,6 +50,149 @@ pub fn os_error(e: &(dyn Error + 'static)) -> Option<OsError> {
     })
 }
 
+/// What kind of refusal or failure a request met before (or instead of) a verdict: one table
+/// of categories, statuses and retry hints that every door renders (HTTP as a status and an
+/// error body, MCP as an `isError` result, the agent loop as a tool error, the CLI as an exit
+/// code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The request is malformed or outside the operator's policy.
+    InvalidRequest,
+    /// No such session (or resource) for this caller.
+    NotFound,
+    /// The session is running another call.
+    SessionBusy,
+    /// What is in the session's workspace conflicts with the operation.
+    Conflict,
+    /// No room: the line, the caller's share of it, the body budget, a cap on sessions.
+    RateLimited,
+    /// The server is shutting down, or cannot start a run right now.
+    Unavailable,
+    /// The request body is larger than the server's cap.
+    PayloadTooLarge,
+    /// The request body did not arrive in time.
+    RequestTimeout,
+    /// A person denied the run's network access.
+    ApprovalDenied,
+    /// Nobody decided on the run's network access in time.
+    ApprovalTimeout,
+    /// The language's runtime is not installed (where no verdict carries it: a session).
+    RuntimeUnavailable,
+    /// The host could not build or keep the sandbox.
+    SandboxFailure,
+    /// Something failed that should not have.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind, for documentation and tests.
+    pub const ALL: &'static [ErrorKind] = &[
+        ErrorKind::InvalidRequest,
+        ErrorKind::NotFound,
+        ErrorKind::SessionBusy,
+        ErrorKind::Conflict,
+        ErrorKind::RateLimited,
+        ErrorKind::Unavailable,
+        ErrorKind::PayloadTooLarge,
+        ErrorKind::RequestTimeout,
+        ErrorKind::ApprovalDenied,
+        ErrorKind::ApprovalTimeout,
+        ErrorKind::RuntimeUnavailable,
+        ErrorKind::SandboxFailure,
+        ErrorKind::Internal,
+    ];
+
+    /// The machine-readable category (the HTTP API's `error.category`, MCP's result
+    /// category).
+    pub fn category(self) -> &'static str {
+        self.row().0
+    }
+
+    /// The HTTP status it is answered with.
+    pub fn status(self) -> u16 {
+        self.row().1
+    }
+
+    /// Whether the same request may succeed later as it is (`Retry-After` for HTTP).
+    pub fn retry_after(self) -> Option<u32> {
+        self.row().2
+    }
+
+    fn row(self) -> (&'static str, u16, Option<u32>) {
+        match self {
+            ErrorKind::InvalidRequest => ("invalid_request", 400, None),
+            ErrorKind::NotFound => ("not_found", 404, None),
+            ErrorKind::SessionBusy => ("session_busy", 409, None),
+            ErrorKind::Conflict => ("conflict", 409, None),
+            ErrorKind::RateLimited => ("rate_limited", 429, Some(1)),
+            ErrorKind::Unavailable => ("unavailable", 503, Some(1)),
+            ErrorKind::PayloadTooLarge => ("payload_too_large", 413, None),
+            ErrorKind::RequestTimeout => ("request_timeout", 408, None),
+            ErrorKind::ApprovalDenied => ("approval_denied", 403, None),
+            ErrorKind::ApprovalTimeout => ("approval_timeout", 504, None),
+            ErrorKind::RuntimeUnavailable => ("runtime_unavailable", 400, None),
+            ErrorKind::SandboxFailure => ("sandbox_failure", 500, None),
+            ErrorKind::Internal => ("internal", 500, None),
+        }
+    }
+}
+
+/// A request refused, or a service step that failed, before any verdict: the kind (category,
+/// status, retry hint), a message a model or a person can act on, and the limit it is about.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct RunError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The limit (as a request names it) the error is about.
+    pub limit: Option<crate::limits::Limit>,
+}
+
+impl RunError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> RunError {
+        RunError {
+            kind,
+            message: message.into(),
+            limit: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> RunError {
+        RunError::new(ErrorKind::InvalidRequest, message)
+    }
+
+    pub fn rate_limited(message: impl Into<String>) -> RunError {
+        RunError::new(ErrorKind::RateLimited, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> RunError {
+        RunError::new(ErrorKind::Unavailable, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> RunError {
+        RunError::new(ErrorKind::Internal, message)
+    }
+
+    pub fn with_limit(mut self, limit: crate::limits::Limit) -> RunError {
+        self.limit = Some(limit);
+        self
+    }
+
+    pub fn category(&self) -> &'static str {
+        self.kind.category()
+    }
+}
+
+impl From<crate::engine::ValidationError> for RunError {
+    fn from(e: crate::engine::ValidationError) -> RunError {
+        RunError {
+            kind: ErrorKind::InvalidRequest,
+            limit: e.limit(),
+            message: e.to_string(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +204,17 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("creating the cgroup")]
     struct Outer(#[source] Step);
+
+    #[test]
+    fn every_kind_has_one_category_and_a_client_or_server_status() {
+        let mut seen = std::collections::HashSet::new();
+        for &k in ErrorKind::ALL {
+            assert!(seen.insert(k.category()), "{k:?}");
+            assert!((400..600).contains(&k.status()), "{k:?}");
+            // Only what may succeed later as it is says when to retry.
+            assert_eq!(k.retry_after().is_some(), matches!(k.status(), 429 | 503), "{k:?}");
+        }
+    }
 
     #[test]
     fn the_chain_is_printed_once_and_the_errno_found() {

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod intake;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -18,12 +19,19 @@ pub mod packages;
 pub mod pool;
 pub mod request;
 pub mod schema;
+pub mod service;
 pub mod session;
 pub mod stream;
 pub mod units;
 pub mod verdict;
 
 pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationError};
+pub use error::{ErrorKind, RunError};
+pub use intake::{Offers, SessionSettings, Source, Target, TargetKind};
+pub use service::{
+    AdmissionPolicy, Admitted, Call, Caller, Hold, Observer, RunService, RunSummary,
+    ServiceConfig, Ticket,
+};
 pub use exec::ExecutionFailed;
 pub use limits::{Limit, LimitOverrides, Limits, Policy};
 pub use network::{NetworkError, NetworkPolicy};
@@ -31,10 +39,7 @@ pub use packages::PackagePolicy;
 pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::NetworkRequest;
 pub use request::{ExecRequest, InputFile};
-pub use session::{
-    CellRequest, Session, SessionError, SessionInfo, SessionPolicy, SessionRequest, SessionStats,
-    SessionTarget, Sessions, WorkspaceListing,
-};
+pub use session::{Session, SessionInfo, SessionPolicy, SessionStats, Sessions, WorkspaceListing};
 pub use verdict::{
     ErrorCategory, NetworkConnection, NetworkReport, PackagesReport, Verdict, VerdictError,
 };

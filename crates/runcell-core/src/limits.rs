@@ -118,7 +118,7 @@ impl Kind {
     }
 
     /// What a request may send for a limit of this kind (JSON Schema, also valid OpenAPI 3.1).
-    fn request_schema(self, doc: &str) -> Value {
+    pub(crate) fn request_schema(self, doc: &str) -> Value {
         // What `units::parse_duration` and `units::parse_size` read.
         // Blanks as `str::trim` strips them and every regex engine reads them alike (`\s`
         // differs between Python's and ECMA's).
@@ -191,14 +191,26 @@ fn cores_to_raw(c: f64) -> Option<u64> {
     (c.is_finite() && c > 0.0).then(|| (c * 1000.0).round().max(1.0) as u64)
 }
 
+/// When a limit takes effect, which decides where a request may set it and which warm
+/// sandbox can serve it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Fixed when the sandbox (or its interpreter) is built: its cgroup, its scratch disk, the
+    /// interpreter's rlimits. A warm sandbox serves a request only when every such limit is
+    /// the one it was built with, and a call in a session cannot change it.
+    Sandbox,
+    /// Applied to each program (or session call) anew: its clocks and its output caps.
+    Program,
+}
+
 /// Declares every limit. Each entry: doc comment, enum variant, field name (the wire name),
 /// value type, the name verdicts used before the names were unified (still written, for one
-/// release), the default and the minimum. See the module documentation.
+/// release), the default, the minimum and its [`Scope`]. See the module documentation.
 macro_rules! limits {
     ($(
         $(#[doc = $doc:literal])+
         $variant:ident $field:ident: $ty:ident, legacy $legacy:literal,
-            default $default:expr, minimum $min:expr;
+            default $default:expr, minimum $min:expr, $scope:ident;
     )+) => {
         /// One limit of a run.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -232,6 +244,11 @@ macro_rules! limits {
 
             pub fn from_name(name: &str) -> Option<Limit> {
                 match name { $(stringify!($field) => Some(Limit::$variant),)+ _ => None }
+            }
+
+            /// When the limit takes effect.
+            pub fn scope(self) -> Scope {
+                match self { $(Limit::$variant => Scope::$scope),+ }
             }
         }
 
@@ -282,39 +299,39 @@ macro_rules! limits {
 limits! {
     /// Wall-clock time of the program.
     Timeout timeout: Millis, legacy "timeout_ms",
-        default Millis::secs(30), minimum Millis(10);
+        default Millis::secs(30), minimum Millis(10), Program;
     /// Wall-clock time of the compile step (Go).
     CompileTimeout compile_timeout: Millis, legacy "compile_timeout_ms",
-        default Millis::secs(60), minimum Millis(100);
+        default Millis::secs(60), minimum Millis(100), Program;
     /// Memory, swap included.
     Memory memory: Bytes, legacy "memory_bytes",
-        default Bytes(256 << 20), minimum Bytes(16 << 20);
+        default Bytes(256 << 20), minimum Bytes(16 << 20), Sandbox;
     /// CPU bandwidth.
     Cpus cpus: MilliCpus, legacy "cpu_millis",
-        default MilliCpus(1000), minimum MilliCpus(10);
+        default MilliCpus(1000), minimum MilliCpus(10), Sandbox;
     /// Processes and threads.
     Pids pids: Count, legacy "pids",
-        default Count(64), minimum Count(1);
+        default Count(64), minimum Count(1), Sandbox;
     /// Disk space of /tmp, /workspace and /dev/shm together.
     Disk disk: Bytes, legacy "disk_bytes",
-        default Bytes(64 << 20), minimum Bytes(1 << 20);
+        default Bytes(64 << 20), minimum Bytes(1 << 20), Sandbox;
     /// Cap of each of stdout and stderr.
     Output output: Bytes, legacy "output_bytes",
-        default Bytes(1 << 20), minimum Bytes(1);
+        default Bytes(1 << 20), minimum Bytes(1), Program;
     /// Open file descriptors per process.
     OpenFiles open_files: Count, legacy "open_files",
-        default Count(1024), minimum Count(16);
+        default Count(1024), minimum Count(16), Sandbox;
     /// Output files returned in the verdict's `files`; the rest are counted in
     /// `files_omitted`.
     OutputFiles output_files: Count, legacy "output_files",
-        default Count(100), minimum Count(0);
+        default Count(100), minimum Count(0), Program;
     /// Bytes per second read from the host's disk (the host files a run reads that are not
     /// in the page cache). The default depends on the disk.
     IoRead io_read: Bytes, legacy "io_read",
-        default Bytes(256 << 20), minimum Bytes(1 << 20);
+        default Bytes(256 << 20), minimum Bytes(1 << 20), Sandbox;
     /// Bytes per second written to the host's disk.
     IoWrite io_write: Bytes, legacy "io_write",
-        default Bytes(128 << 20), minimum Bytes(1 << 20);
+        default Bytes(128 << 20), minimum Bytes(1 << 20), Sandbox;
 }
 
 impl fmt::Display for Limit {

@@ -23,47 +23,42 @@ use std::time::{Duration, Instant};
 use runcell_jail::Sandbox;
 use runcell_runtimes::Language;
 
-use crate::limits::Limits;
+use crate::limits::{Limit, Limits, Scope};
 
-/// What a sandbox is built with: requests equal in this get identical sandboxes.
+/// What a sandbox is built with: requests equal in this get identical sandboxes. Derived from
+/// the limits table: every limit of [`Scope::Sandbox`] (its cgroup, its disk, the warm
+/// interpreter's rlimits), so that a limit added there is part of the key by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SandboxKey {
     pub language: Language,
-    pub memory: u64,
-    pub pids: u64,
-    pub cpus: u64,
-    pub disk: u64,
-    pub io_read: u64,
-    pub io_write: u64,
-    /// Fixed when a warm interpreter starts (its open-files rlimit).
-    pub open_files: u64,
+    /// The raw value of each limit of [`Limit::ALL`] that is [`Scope::Sandbox`]; zero for the
+    /// others (which never differ between keys).
+    values: [u64; MAX_LIMITS],
 }
+
+/// Room for every limit of the table (checked by a test).
+const MAX_LIMITS: usize = 16;
 
 impl SandboxKey {
     /// `base` with this key's sandbox-level limits.
     pub fn apply(&self, base: Limits) -> Limits {
         let mut l = base;
-        l.memory.0 = self.memory;
-        l.pids.0 = self.pids;
-        l.cpus.0 = self.cpus;
-        l.disk.0 = self.disk;
-        l.io_read.0 = self.io_read;
-        l.io_write.0 = self.io_write;
-        l.open_files.0 = self.open_files;
+        for (i, &limit) in Limit::ALL.iter().enumerate() {
+            if limit.scope() == Scope::Sandbox {
+                l.set(limit, self.values[i]);
+            }
+        }
         l
     }
 
     pub fn new(language: Language, l: &Limits) -> SandboxKey {
-        SandboxKey {
-            language,
-            memory: l.memory.0,
-            pids: l.pids.0,
-            cpus: l.cpus.0,
-            disk: l.disk.0,
-            io_read: l.io_read.0,
-            io_write: l.io_write.0,
-            open_files: l.open_files.0,
+        let mut values = [0; MAX_LIMITS];
+        for (i, &limit) in Limit::ALL.iter().enumerate() {
+            if limit.scope() == Scope::Sandbox {
+                values[i] = l.get(limit);
+            }
         }
+        SandboxKey { language, values }
     }
 }
 
@@ -579,6 +574,22 @@ mod tests {
         );
         assert_eq!(PoolSizes::default_for(64, 8).0[&Language::Python], 4);
         assert_eq!(PoolSizes::default_for(8, 2).0[&Language::Python], 2);
+    }
+
+    #[test]
+    fn every_sandbox_limit_is_in_the_key() {
+        assert!(Limit::ALL.len() <= MAX_LIMITS);
+        let base = Limits::DEFAULT;
+        let key = SandboxKey::new(Language::Python, &base);
+        for &limit in Limit::ALL {
+            let mut other = base;
+            other.set(limit, base.get(limit) + 1);
+            let differs = SandboxKey::new(Language::Python, &other) != key;
+            assert_eq!(differs, limit.scope() == Scope::Sandbox, "{limit}");
+            // And a key gives back what it was made of.
+            assert_eq!(SandboxKey::new(Language::Python, &other).apply(base).get(limit),
+                if limit.scope() == Scope::Sandbox { other.get(limit) } else { base.get(limit) });
+        }
     }
 
     #[test]

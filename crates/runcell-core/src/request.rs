@@ -3,24 +3,31 @@
 //! do the same. Its limits are flattened into it under their wire names (`timeout`,
 //! `memory`, `cpus`, ...; see [`crate::limits`]).
 
+use serde::de::DeserializeSeed;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::limits::LimitOverrides;
+use crate::limits::{Limit, LimitOverrides};
 
-/// Run `code` in `language`. Unknown fields are rejected, so a typo in a limit name is an
-/// error rather than a silently ignored limit.
+/// The one request of runcell, as every door receives it: a one-shot run (`POST /v1/execute`,
+/// an MCP call, a model's tool call, `runcell run`), a session's creation (`POST
+/// /v1/sessions`) or a call in a session. Which fields a door may send, and which a target
+/// requires, is the intake's table ([`crate::intake`]); this type only holds what was sent.
+/// Its limits are flattened into it under their wire names (`timeout`, `memory`, ...).
 ///
 /// Deserialized by hand (see below), not with `#[serde(flatten)]`: flatten buffers every
 /// value it does not recognise before looking at it, so a body of megabytes of nested
 /// arrays under an unknown key would be held several times over in memory before it is
-/// refused. Here an unknown key or a value of the wrong shape stops the parser at once.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// refused. Here an unknown key, a key the door may not send, or a value of the wrong shape
+/// stops the parser at once, before its value is read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ExecRequest {
     /// python, node (or javascript), ruby, go, bash.
-    pub language: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
     /// The program's source.
-    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     /// Bytes fed to the program's standard input (otherwise it reads /dev/null).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
@@ -38,6 +45,121 @@ pub struct ExecRequest {
     /// operator's index before the run, within the operator's package policy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packages: Vec<String>,
+    /// A new session's idle time to live, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<f64>,
+}
+
+/// One field of [`ExecRequest`] as the wire names it: the request's own, and each limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Field {
+    Language,
+    Code,
+    Stdin,
+    Files,
+    Network,
+    Packages,
+    Ttl,
+    Limit(Limit),
+}
+
+/// The request's own fields, in the order documentation lists them.
+const OWN_FIELDS: [Field; 7] = [
+    Field::Language,
+    Field::Code,
+    Field::Stdin,
+    Field::Files,
+    Field::Network,
+    Field::Packages,
+    Field::Ttl,
+];
+
+impl Field {
+    /// Every field: the request's own, then the limits.
+    pub fn all() -> impl Iterator<Item = Field> {
+        OWN_FIELDS
+            .into_iter()
+            .chain(Limit::ALL.iter().map(|&l| Field::Limit(l)))
+    }
+
+    /// The key in a request body.
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Language => "language",
+            Field::Code => "code",
+            Field::Stdin => "stdin",
+            Field::Files => "files",
+            Field::Network => "network",
+            Field::Packages => "packages",
+            Field::Ttl => "ttl",
+            Field::Limit(l) => l.name(),
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Field> {
+        Field::all().find(|f| f.name() == name)
+    }
+
+    fn bit(self) -> u64 {
+        let i = match self {
+            Field::Limit(l) => OWN_FIELDS.len() + Limit::ALL.iter().position(|&x| x == l).unwrap_or(0),
+            own => OWN_FIELDS.iter().position(|&x| x == own).unwrap_or(0),
+        };
+        1 << i
+    }
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A set of [`Field`]s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FieldSet(u64);
+
+impl FieldSet {
+    pub const EMPTY: FieldSet = FieldSet(0);
+
+    pub fn all() -> FieldSet {
+        Field::all().collect()
+    }
+
+    pub fn contains(self, f: Field) -> bool {
+        self.0 & f.bit() != 0
+    }
+
+    pub fn with(self, f: Field) -> FieldSet {
+        FieldSet(self.0 | f.bit())
+    }
+
+    pub fn without(self, f: Field) -> FieldSet {
+        FieldSet(self.0 & !f.bit())
+    }
+
+    pub fn and(self, other: FieldSet) -> FieldSet {
+        FieldSet(self.0 & other.0)
+    }
+
+    pub fn minus(self, other: FieldSet) -> FieldSet {
+        FieldSet(self.0 & !other.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The fields, in documentation order.
+    pub fn iter(self) -> impl Iterator<Item = Field> {
+        Field::all().filter(move |f| self.contains(*f))
+    }
+}
+
+impl FromIterator<Field> for FieldSet {
+    fn from_iter<I: IntoIterator<Item = Field>>(it: I) -> FieldSet {
+        it.into_iter().fold(FieldSet::EMPTY, FieldSet::with)
+    }
 }
 
 impl InputFile {
@@ -155,72 +277,129 @@ pub struct InputFile {
     pub content_base64: Option<String>,
 }
 
-/// The request's own fields; every other key must be a limit.
-const FIELDS: &[&str] = &["language", "code", "stdin", "files", "network", "packages"];
-
 impl<'de> Deserialize<'de> for ExecRequest {
+    /// Every field accepted (the intake narrows it for each door: [`RequestSeed`]).
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(RequestVisitor)
+        RequestSeed::any().deserialize(d)
     }
 }
 
-struct RequestVisitor;
+/// Why a key the request may not carry is refused: as unknown (the door does not know the
+/// field at all), or with a reason (the door knows it, the target cannot take it).
+pub type Refusal = dyn Fn(Field) -> Option<String> + Sync;
 
-impl<'de> serde::de::Visitor<'de> for RequestVisitor {
+/// Deserializes an [`ExecRequest`] whose keys must be among `allowed`: any other key stops
+/// the parser before its value is read. A key that names a field outside `allowed` is
+/// refused with `refusal`'s message for it, or as an unknown field.
+pub struct RequestSeed<'a> {
+    pub allowed: FieldSet,
+    pub refusal: &'a Refusal,
+}
+
+impl RequestSeed<'static> {
+    /// Every field.
+    pub fn any() -> RequestSeed<'static> {
+        RequestSeed {
+            allowed: FieldSet::all(),
+            refusal: &|_| None,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for RequestSeed<'_> {
+    type Value = ExecRequest;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<ExecRequest, D::Error> {
+        d.deserialize_map(RequestVisitor(self))
+    }
+}
+
+struct RequestVisitor<'a>(RequestSeed<'a>);
+
+impl<'de> serde::de::Visitor<'de> for RequestVisitor<'_> {
     type Value = ExecRequest;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a request object with language and code")
+        f.write_str("a request object")
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ExecRequest, A::Error> {
         use serde::de::Error;
+        let RequestSeed { allowed, refusal } = self.0;
         let (mut language, mut code, mut stdin, mut files) = (None, None, None, None);
-        let mut network = None;
-        let mut packages = None;
+        let (mut network, mut packages, mut ttl) = (None, None, None);
         let mut limits = crate::limits::LimitsBuilder::default();
         while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "language" => set(&mut language, "language", map.next_value()?)?,
-                "code" => set(&mut code, "code", map.next_value()?)?,
-                "stdin" => set(&mut stdin, "stdin", map.next_value::<Option<String>>()?)?,
-                "files" => set(&mut files, "files", map.next_value::<Vec<InputFile>>()?)?,
-                "network" => set(
+            let field = Field::from_name(&key).filter(|f| allowed.contains(*f));
+            let Some(field) = field else {
+                if let Some(why) = Field::from_name(&key).and_then(refusal) {
+                    return Err(A::Error::custom(why));
+                }
+                return Err(A::Error::unknown_field(&key, expected_keys(allowed)));
+            };
+            match field {
+                Field::Language => set(&mut language, "language", map.next_value::<Option<String>>()?)?,
+                Field::Code => set(&mut code, "code", map.next_value::<Option<String>>()?)?,
+                Field::Stdin => set(&mut stdin, "stdin", map.next_value::<Option<String>>()?)?,
+                Field::Files => set(&mut files, "files", map.next_value::<Option<Vec<InputFile>>>()?)?,
+                Field::Network => set(
                     &mut network,
                     "network",
                     map.next_value::<Option<NetworkRequest>>()?,
                 )?,
-                "packages" => set(
+                Field::Packages => set(
                     &mut packages,
                     "packages",
                     map.next_value::<Option<Vec<String>>>()?,
                 )?,
-                other => match crate::limits::Limit::from_name(other) {
-                    Some(limit) => limits.next_value(limit, &mut map)?,
-                    None => return Err(A::Error::unknown_field(other, expected_keys())),
-                },
+                Field::Ttl => set(&mut ttl, "ttl", map.next_value::<Option<Ttl>>()?)?,
+                Field::Limit(limit) => limits.next_value(limit, &mut map)?,
             }
         }
         Ok(ExecRequest {
-            language: language.ok_or_else(|| A::Error::missing_field("language"))?,
-            code: code.ok_or_else(|| A::Error::missing_field("code"))?,
+            language: language.flatten(),
+            code: code.flatten(),
             stdin: stdin.flatten(),
-            files: files.unwrap_or_default(),
+            files: files.flatten().unwrap_or_default(),
             limits: limits.finish(),
             network: network.flatten(),
             packages: packages.flatten().unwrap_or_default(),
+            ttl: ttl.flatten().map(|t| t.0),
         })
     }
 }
 
-/// Every key a request may have, for the message of an unknown one.
-fn expected_keys() -> &'static [&'static str] {
-    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
-    KEYS.get_or_init(|| {
-        let mut keys = FIELDS.to_vec();
-        keys.extend(crate::limits::Limit::ALL.iter().map(|l| l.name()));
-        keys
-    })
+/// A session's idle time to live: a number of seconds.
+struct Ttl(f64);
+
+impl<'de> Deserialize<'de> for Ttl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match Value::deserialize(d)? {
+            Value::Number(n) => n
+                .as_f64()
+                .map(Ttl)
+                .ok_or_else(|| D::Error::custom("ttl must be a number of seconds")),
+            other => Err(D::Error::custom(format!(
+                "ttl must be a number of seconds, not {other}"
+            ))),
+        }
+    }
+}
+
+/// The keys a request may have here, for the message of an unknown one.
+fn expected_keys(allowed: FieldSet) -> &'static [&'static str] {
+    // A handful of distinct sets exist (one per door and target); each is built once.
+    static KEYS: std::sync::Mutex<Vec<(u64, &'static [&'static str])>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut known = KEYS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, keys)) = known.iter().find(|(set, _)| *set == allowed.0) {
+        return keys;
+    }
+    let keys: Vec<&'static str> = allowed.iter().map(Field::name).collect();
+    let keys: &'static [&'static str] = Box::leak(keys.into_boxed_slice());
+    known.push((allowed.0, keys));
+    keys
 }
 
 /// A field given twice is an error, as serde's derive makes it.
@@ -310,93 +489,32 @@ pub fn workspace_path(path: &str) -> Result<String, PathError> {
 impl ExecRequest {
     pub fn new(language: impl Into<String>, code: impl Into<String>) -> Self {
         ExecRequest {
-            language: language.into(),
-            code: code.into(),
+            language: Some(language.into()),
+            code: Some(code.into()),
             stdin: None,
             limits: LimitOverrides::default(),
             files: Vec::new(),
             network: None,
             packages: Vec::new(),
+            ttl: None,
         }
     }
 
-    /// The JSON Schema of a request, the limits' properties included.
+    /// The language as sent ("" when none was).
+    pub fn language(&self) -> &str {
+        self.language.as_deref().unwrap_or_default()
+    }
+
+    /// The code as sent ("" when none was).
+    pub fn code(&self) -> &str {
+        self.code.as_deref().unwrap_or_default()
+    }
+
+    /// The JSON Schema of a one-shot run's request through the HTTP API, the limits'
+    /// properties included (see [`crate::intake::request_schema`] for every door's).
     pub fn schema() -> Value {
-        let mut props = serde_json::Map::new();
-        props.insert(
-            "language".into(),
-            json!({
-                "type": "string",
-                "enum": ["python", "python3", "py", "node", "nodejs", "javascript", "js", "ruby",
-                    "rb", "go", "golang", "bash", "sh", "shell"],
-                "description": "python, node (or javascript), ruby, go or bash.",
-            }),
-        );
-        props.insert(
-            "code".into(),
-            json!({"type": "string", "description": "The program's source."}),
-        );
-        props.insert(
-            "stdin".into(),
-            json!({"type": ["string", "null"], "description": "Text fed to the program's standard input."}),
-        );
-        props.insert(
-            "files".into(),
-            json!({
-                "type": "array",
-                "items": InputFile::schema_value(),
-                "description": "Files placed in /workspace (the working directory) before the program starts.",
-            }),
-        );
-        props.insert("network".into(), NetworkRequest::schema_value());
-        props.insert(
-            "packages".into(),
-            json!({
-                "type": ["array", "null"],
-                "items": {"type": "string", "examples": ["tabulate==0.9.0"]},
-                "description": "Python only: packages the curated stack lacks, as requirements \
-                    (a name, optional extras and version specifiers), installed as binary \
-                    wheels from the operator's index before the run, within its policy.",
-            }),
-        );
-        props.extend(LimitOverrides::schema_properties());
-        json!({
-            "type": "object",
-            "properties": props,
-            "required": ["language", "code"],
-            "additionalProperties": false,
-        })
-    }
-}
-
-impl schemars::JsonSchema for ExecRequest {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "ExecRequest".into()
-    }
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::Schema::try_from(ExecRequest::schema()).unwrap_or_default()
-    }
-}
-
-impl utoipa::PartialSchema for ExecRequest {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        let mut s = ExecRequest::schema();
-        s["examples"] = json!([{"language": "python", "code": "print(6 * 7)", "timeout": 10, "memory": "256M"}]);
-        // The document lists InputFile once, as a component.
-        s["properties"]["files"]["items"] = json!({"$ref": "#/components/schemas/InputFile"});
-        crate::schema::openapi(s)
-    }
-}
-
-impl utoipa::ToSchema for ExecRequest {
-    fn schemas(
-        schemas: &mut Vec<(
-            String,
-            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-        )>,
-    ) {
-        use utoipa::PartialSchema;
-        schemas.push((InputFile::name().into_owned(), InputFile::schema()));
+        use crate::intake::{request_schema, SchemaContext, Source, TargetKind};
+        request_schema(&SchemaContext::new(Source::Api, TargetKind::OneShot))
     }
 }
 
@@ -551,7 +669,6 @@ mod tests {
     #[test]
     fn bad_requests_are_refused() {
         for body in [
-            r#"{"language":"python"}"#,
             r#"{"language":"python","code":"","timeot":5}"#,
             r#"{"language":"python","code":"","timeout_ms":5}"#,
             r#"{"language":"python","code":"","limits":{"timeout":5}}"#,
@@ -645,8 +762,7 @@ mod proptests {
 
     /// The keys a request body may have, and near misses.
     fn key() -> impl Strategy<Value = String> {
-        let mut names: Vec<String> = FIELDS.iter().map(|s| s.to_string()).collect();
-        names.extend(Limit::ALL.iter().map(|l| l.name().to_string()));
+        let mut names: Vec<String> = Field::all().map(|f| f.name().to_string()).collect();
         names.extend(Limit::ALL.iter().map(|l| l.legacy_name().to_string()));
         names.extend(
             [

@@ -12,20 +12,27 @@ use runcell_core::limits::Limits;
 use runcell_core::units::{format_duration, format_size};
 #[cfg(test)]
 use runcell_core::InputFile;
-use runcell_core::{python_stack, Engine, ExecRequest, Language, Policy, RuntimeStatus, Verdict};
+use runcell_core::intake::{self, SchemaContext, Source, TargetKind};
+use runcell_core::request::Field;
+use runcell_core::{
+    python_stack, Engine, EngineConfig, ExecRequest, Language, Offers, Policy, RuntimeStatus,
+    SessionPolicy, Verdict,
+};
 use serde_json::{json, Value};
 
-/// The arguments a `code_exec_*` tool takes: these fields of the engine's request (the
-/// language is the tool's). Other limits stay the operator's defaults: a model is not the
-/// party that should size its own sandbox.
-pub const ARGUMENTS: [&str; 6] = [
-    "code",
-    "timeout",
-    "files",
-    "network",
-    "packages",
-    "session_id",
-];
+/// The arguments a `code_exec_*` tool may take: the intake's fields for an MCP client (see
+/// [`runcell_core::intake`]'s capability table: the code, its files, a timeout, and network
+/// and packages where the operator offers them), and `session_id`. A model is not the party
+/// that should size its own sandbox: the other limits stay the operator's defaults.
+pub fn arguments(offers: Offers) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> =
+        intake::allowed(Source::Mcp, TargetKind::OneShot, offers)
+            .iter()
+            .map(Field::name)
+            .collect();
+    names.push("session_id");
+    names
+}
 
 /// An installed runtime, as the catalog describes it.
 pub type RuntimeInfo = RuntimeStatus;
@@ -48,8 +55,10 @@ pub struct Catalog {
     tools: Vec<ToolDef>,
     output_schema: Arc<JsonObject>,
     /// Network approval: a call that asks for network runs only once the client's user
-    /// accepted (elicitation), asked within this time. `None`: no approval needed.
+    /// accepted (elicitation), asked within this time. `None`: no approval asked here.
     approval: Option<std::time::Duration>,
+    /// What the operator's policy offers beyond the basics (network, packages).
+    offers: Offers,
 }
 
 /// The tool name of a language.
@@ -91,14 +100,14 @@ const SESSION_ID_HELP: &str = "Omit for a fresh, isolated run. \"new\" starts a 
 /// Take `session_id` out of a call's arguments: where the call runs.
 pub fn session_target(
     arguments: &mut Option<JsonObject>,
-) -> Result<Option<runcell_core::SessionTarget>, String> {
+) -> Result<Option<runcell_core::Target>, String> {
     let Some(args) = arguments.as_mut() else {
         return Ok(None);
     };
     match args.remove("session_id") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if !s.is_empty() && s.len() <= 128 => {
-            Ok(Some(runcell_core::SessionTarget::parse(&s)))
+            Ok(Some(runcell_core::Target::session(&s)))
         }
         Some(other) => Err(format!(
             "session_id must be \"new\" or the id of a session, not {other}."
@@ -106,13 +115,14 @@ pub fn session_target(
     }
 }
 
-/// The input schema of one tool: the request's schema cut to [`ARGUMENTS`], the
-/// descriptions and bounds from this language and this operator's policy.
-fn input_schema(language: Language, policy: &Policy) -> JsonObject {
-    let mut schema = object(ExecRequest::schema());
+/// The input schema of one tool: the intake's schema for an MCP client's one-shot run
+/// within this operator's policy, with this language's words, and `session_id`.
+fn input_schema(language: Language, config: &EngineConfig, sessions: &SessionPolicy) -> JsonObject {
+    let ctx = SchemaContext::new(Source::Mcp, TargetKind::OneShot)
+        .with_policy(config, sessions.max_ttl)
+        .for_language(language);
+    let mut schema = object(intake::request_schema(&ctx));
     if let Some(Value::Object(props)) = schema.get_mut("properties") {
-        // `network` is offered only where the operator allows some (Catalog::for_host).
-        props.retain(|k, _| ARGUMENTS.contains(&k.as_str()) && k != "network" && k != "packages");
         props.insert(
             "session_id".into(),
             json!({
@@ -120,61 +130,12 @@ fn input_schema(language: Language, policy: &Policy) -> JsonObject {
                 "description": SESSION_ID_HELP,
             }),
         );
-    }
-    schema.insert("required".into(), json!(["code"]));
-    let code = match language {
-        Language::Python => "The complete Python program. Print what you want to see.",
-        Language::Node => "The complete JavaScript program (a CommonJS script run by node).",
-        Language::Ruby => "The complete Ruby program.",
-        Language::Go => "The complete Go program: package main with a func main().",
-        Language::Bash => "The bash script.",
-    };
-    let max_s = policy.max.timeout.0 as f64 / 1000.0;
-    if let Some(Value::Object(props)) = schema.get_mut("properties") {
-        if let Some(Value::Object(p)) = props.get_mut("code") {
-            p.insert("description".into(), json!(code));
-        }
-        props.insert(
-            "timeout".into(),
-            json!({
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "maximum": if max_s.fract() == 0.0 { json!(policy.max.timeout.0 / 1000) } else { json!(max_s) },
-                "description": format!(
-                    "Wall-clock time limit in seconds (default {}, at most {}).",
-                    policy.defaults.timeout.0 as f64 / 1000.0,
-                    max_s
-                ),
-            }),
-        );
-        if let Some(Value::Object(files)) = props.get_mut("files") {
-            files.insert(
-                "description".into(),
-                json!(format!(
-                    "Files to write into /workspace (the working directory) before the program \
-                     starts, at most {} files of up to {} each. Give each either `content` \
-                     (UTF-8 text) or `content_base64` (binary), not both.",
-                    policy.max_input_files,
-                    format_size(policy.max_input_file_bytes)
-                )),
-            );
-            if let Some(Value::Object(items)) = files.get_mut("items") {
-                items.remove("description");
-                if let Some(Value::Object(fp)) = items.get_mut("properties") {
-                    let describe = |fp: &mut serde_json::Map<String, Value>, k: &str, d: &str| {
-                        if let Some(Value::Object(p)) = fp.get_mut(k) {
-                            p.insert("description".into(), json!(d));
-                        }
-                    };
-                    describe(
-                        fp,
-                        "path",
-                        "Path relative to /workspace, e.g. data.csv or input/a.txt.",
-                    );
-                    describe(fp, "content", "The file's content as UTF-8 text.");
-                    describe(fp, "content_base64", "The file's content, base64-encoded.");
-                }
-            }
+        if let Some(Value::Object(items)) = props
+            .get_mut("files")
+            .and_then(|f| f.get_mut("items"))
+        {
+            // The item's own words: its fields are described where a model reads them.
+            items.remove("description");
         }
     }
     schema
@@ -326,92 +287,39 @@ fn description(rt: &RuntimeInfo, policy: &Policy) -> (String, String) {
 }
 
 impl Catalog {
-    /// The tools for these runtimes under this policy. Pure: the same inputs give the same
-    /// catalog.
-    pub fn new(policy: &Policy, runtimes: &[RuntimeInfo]) -> Catalog {
+    /// The tools for these runtimes under this configuration. Pure: the same inputs give the
+    /// same catalog.
+    pub fn new(config: &EngineConfig, runtimes: &[RuntimeInfo]) -> Catalog {
+        let sessions = SessionPolicy::default();
         let tools = runtimes
             .iter()
             .filter(|rt| rt.unavailable.is_none())
             .map(|rt| {
-                let (title, description) = description(rt, policy);
+                let (title, description) = description(rt, &config.policy);
                 ToolDef {
                     name: tool_name(rt.language),
                     language: rt.language,
                     title,
                     description,
-                    input_schema: Arc::new(input_schema(rt.language, policy)),
+                    input_schema: Arc::new(input_schema(rt.language, config, &sessions)),
                 }
             })
             .collect();
         Catalog {
             tools,
             output_schema: Arc::new(output_schema()),
-            approval: None,
+            approval: config
+                .network
+                .approval
+                .then_some(config.network.approval_timeout),
+            offers: Offers::of(config),
         }
     }
 
-    /// The catalog of this host: the runtimes it has and the engine's policy. Runs the
+    /// The catalog of this host: the runtimes it has and the engine's configuration. Runs the
     /// runtimes' binaries: call it from a blocking context.
     pub fn for_host(engine: &Engine) -> Catalog {
-        let mut c = Catalog::new(engine.policy(), &engine.runtimes());
-        c.offer_network(&engine.config().network);
-        c.offer_packages(&engine.config().packages);
-        c
-    }
-
-    /// Where the operator allows package installs, the Python tool takes `packages` too.
-    pub fn offer_packages(&mut self, policy: &runcell_core::PackagePolicy) {
-        if !policy.enabled() {
-            return;
-        }
-        let which = if policy.allow_any {
-            format!("any package from {}", policy.index_url)
-        } else {
-            policy.allow.join(", ")
-        };
-        let prop = json!({
-            "type": "array",
-            "items": {"type": "string"},
-            "description": format!(
-                "Only for a package the pre-installed stack lacks: requirements such as \
-                 tabulate==0.9.0, installed (binary wheels) before the code runs. Allowed here: \
-                 {which}."
-            ),
-        });
-        for t in self
-            .tools
-            .iter_mut()
-            .filter(|t| t.language == Language::Python)
-        {
-            let mut schema = (*t.input_schema).clone();
-            if let Some(Value::Object(props)) = schema.get_mut("properties") {
-                props.insert("packages".into(), prop.clone());
-            }
-            t.input_schema = Arc::new(schema);
-        }
-    }
-
-    /// Where the operator allows some network, each tool takes `network` too, with what may
-    /// be asked for in its description.
-    pub fn offer_network(&mut self, policy: &runcell_core::NetworkPolicy) {
-        if policy.allow.is_empty() {
-            return;
-        }
-        self.approval = policy.approval.then_some(policy.approval_timeout);
-        let mut prop = runcell_core::NetworkRequest::schema_value();
-        prop["description"] = json!(format!(
-            "Only when the code needs the network: the destinations it may reach (through an \
-             HTTP(S) proxy the sandbox is set up to use), as HOST[:PORT] entries within what \
-             this server allows: {}. Without it the code has no network.",
-            policy.describe()
-        ));
-        for t in &mut self.tools {
-            let mut schema = (*t.input_schema).clone();
-            if let Some(Value::Object(props)) = schema.get_mut("properties") {
-                props.insert("network".into(), prop.clone());
-            }
-            t.input_schema = Arc::new(schema);
-        }
+        Catalog::new(engine.config(), &engine.runtimes())
     }
 
     pub fn tools(&self) -> &[ToolDef] {
@@ -460,24 +368,18 @@ impl Catalog {
         self.tools.iter().map(|t| self.mcp_tool(t)).collect()
     }
 
-    /// Turn a call's arguments into an engine request, or the message of an
-    /// `invalid_request` result. Whether the values are within the policy is the engine's
-    /// validation, done by the executor.
+    /// Turn a call's arguments into the one request, for `target` (from `session_id`), or
+    /// the message of an `invalid_request` result. Whether the values are within the policy
+    /// is the run service's validation.
     pub fn request(
         &self,
         def: &ToolDef,
         arguments: Option<JsonObject>,
+        target: TargetKind,
     ) -> Result<ExecRequest, String> {
-        let mut args = arguments.unwrap_or_default();
+        let args = arguments.unwrap_or_default();
         const USAGE: &str = "Pass `code` (a string), and optionally `timeout` (seconds) and \
                              `files` ([{\"path\", \"content\"}] or [{\"path\", \"content_base64\"}]).";
-        if let Some(unknown) = args.keys().find(|k| !ARGUMENTS.contains(&k.as_str())) {
-            return Err(format!(
-                "Invalid arguments for {}: unknown field `{unknown}`, expected one of `code`, \
-                 `timeout`, `files`, `network`. {}",
-                def.name, USAGE
-            ));
-        }
         // The tool's schema says seconds, as a number; the HTTP API's strings with units
         // ("10s") are not part of it.
         match args.get("timeout") {
@@ -488,9 +390,17 @@ impl Catalog {
                 ))
             }
         }
-        args.insert("language".into(), json!(def.language.name()));
-        serde_json::from_value(Value::Object(args))
-            .map_err(|e| format!("Invalid arguments for {}: {e}. {USAGE}", def.name))
+        let mut req = intake::parse(Value::Object(args), Source::Mcp, target, self.offers)
+            .map_err(|e| format!("Invalid arguments for {}: {e}. {USAGE}", def.name))?;
+        req.language = Some(def.language.name().to_string());
+        intake::check(&req, target)
+            .map_err(|e| format!("Invalid arguments for {}: {}", def.name, e.message))?;
+        Ok(req)
+    }
+
+    /// What the operator's policy offers.
+    pub fn offers(&self) -> Offers {
+        self.offers
     }
 }
 
@@ -498,8 +408,12 @@ impl Catalog {
 mod tests {
     use super::*;
 
-    fn policy() -> Policy {
-        Policy::for_host(8 << 30, 2)
+    fn policy() -> EngineConfig {
+        let mut c = EngineConfig::for_host();
+        c.policy = Policy::for_host(8 << 30, 2);
+        c.network = Default::default();
+        c.packages = Default::default();
+        c
     }
 
     fn runtimes() -> Vec<RuntimeInfo> {
@@ -635,13 +549,13 @@ mod tests {
                 def,
                 obj(json!({"code": "print(1)", "timeout": 2.5,
                     "files": [{"path": "a.txt", "content": "hi"}]})),
+                TargetKind::OneShot,
             )
             .unwrap();
-        assert_eq!(req.language, "python");
+        assert_eq!(req.language.as_deref(), Some("python"));
         assert_eq!(req.limits.timeout, Some(runcell_core::limits::Millis(2500)));
         assert_eq!(req.files, vec![InputFile::text("a.txt", "hi")]);
-        let req = c
-            .request(def, obj(json!({"code": "x", "timeout": null})))
+        let req = c.request(def, obj(json!({"code": "x", "timeout": null})), TargetKind::OneShot)
             .unwrap();
         assert_eq!(req.limits.timeout, None);
     }
@@ -675,17 +589,13 @@ mod tests {
             ),
         ];
         for (args, want) in cases {
-            let e = c.request(def, args.clone()).unwrap_err();
+            let e = c.request(def, args.clone(), TargetKind::OneShot).unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
         }
         // Within the policy or not is the engine's call, made by the executor.
-        let req = c
-            .request(def, obj(json!({"code": "x", "timeout": 1e300})))
+        let req = c.request(def, obj(json!({"code": "x", "timeout": 1e300})), TargetKind::OneShot)
             .unwrap();
-        let engine = runcell_core::Engine::new(runcell_core::EngineConfig {
-            policy: policy(),
-            ..runcell_core::EngineConfig::for_host()
-        });
+        let engine = runcell_core::Engine::new(policy());
         let e = engine.validate(&req).unwrap_err();
         assert_eq!(e.limit(), Some(runcell_core::Limit::Timeout));
         assert!(e.to_string().contains("maximum of 60 min"), "{e}");

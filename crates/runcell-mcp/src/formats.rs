@@ -168,6 +168,14 @@ pub fn render(catalog: &Catalog, format: Format) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(policy: Policy) -> runcell_core::EngineConfig {
+        let mut c = runcell_core::EngineConfig::for_host();
+        c.policy = policy;
+        c.network = Default::default();
+        c.packages = Default::default();
+        c
+    }
     use crate::catalog::RuntimeInfo;
     use runcell_core::{Language, Policy};
 
@@ -182,7 +190,7 @@ mod tests {
                 unavailable: None,
             })
             .collect();
-        let c = Catalog::new(&Policy::for_host(1 << 30, 1), &rts);
+        let c = Catalog::new(&config(Policy::for_host(1 << 30, 1)), &rts);
         let mcp = render(&c, Format::Mcp);
         let anthropic = render(&c, Format::Anthropic);
         let openai = render(&c, Format::OpenAi);
@@ -202,7 +210,7 @@ mod tests {
     #[test]
     fn strict_schemas_close_every_object_and_make_optional_nullable() {
         let catalog = Catalog::new(
-            &Policy::for_host(8 << 30, 2),
+            &config(Policy::for_host(8 << 30, 2)),
             &[RuntimeInfo {
                 language: Language::Python,
                 version: Some("3.11".into()),

@@ -8,22 +8,22 @@
 //!   notifications, cancellation that kills the sandbox.
 //! * [`result`]: a verdict as a tool result (text, images, files, `structuredContent`,
 //!   `isError`).
-//! * [`executor`]: where programs run; `runcell serve` plugs in its admission control,
-//!   metrics and audit log, `runcell mcp` the plain [`LocalExecutor`].
+//! * [`context`]: who calls (over HTTP, what the server's middleware found out) and how a
+//!   refusal of the run service reads. Calls run through runcell's one run service.
 //! * [`transport`]: stdio and the Streamable HTTP tower service.
 //! * [`formats`]: the same tools as Anthropic and OpenAI tool definitions.
 #![forbid(unsafe_code)]
 
 pub mod catalog;
-pub mod executor;
+pub mod context;
 pub mod formats;
 pub mod progress;
 pub mod result;
 pub mod server;
 pub mod transport;
 
-pub use catalog::{Catalog, RuntimeInfo, ToolDef, ARGUMENTS};
-pub use executor::{session_rejection, Caller, Executor, LocalExecutor, Rejection, StreamClosed};
+pub use catalog::{arguments, Catalog, RuntimeInfo, ToolDef};
+pub use context::{caller, Rejection, StreamClosed};
 pub use formats::{render, Format};
 pub use server::McpServer;
 pub use tokio_util::sync::CancellationToken;

@@ -16,7 +16,7 @@ use runcell_core::units::format_size;
 use runcell_core::verdict::{ErrorCategory, OutputFile};
 use runcell_core::Verdict;
 
-use crate::executor::Rejection;
+use crate::context::Rejection;
 
 /// How much of stdout the text block shows: the start and, mostly, the end (where results
 /// and errors are).

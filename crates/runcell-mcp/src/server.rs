@@ -13,8 +13,10 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
+use runcell_core::{Call, RunError, RunService, RunSummary, Source, Target};
+
 use crate::catalog::Catalog;
-use crate::executor::{Caller, Executor};
+use crate::context::{caller, Rejection};
 use crate::progress;
 use crate::result;
 
@@ -24,30 +26,25 @@ const TOOLS_TTL_MS: u64 = 5 * 60 * 1000;
 
 /// runcell as an MCP server. Cheap to clone: the Streamable HTTP transport makes one per
 /// session.
-pub struct McpServer<E> {
-    inner: Arc<Inner<E>>,
+#[derive(Clone)]
+pub struct McpServer {
+    inner: Arc<Inner>,
 }
 
-struct Inner<E> {
-    executor: E,
+struct Inner {
+    service: RunService,
     catalog: Arc<Catalog>,
     /// `mcp-stdio` or `mcp-http`.
     interface: &'static str,
 }
 
-impl<E> Clone for McpServer<E> {
-    fn clone(&self) -> Self {
-        McpServer {
-            inner: self.inner.clone(),
-        }
-    }
-}
-
-impl<E: Executor> McpServer<E> {
-    pub fn new(executor: E, catalog: Arc<Catalog>, interface: &'static str) -> McpServer<E> {
+impl McpServer {
+    /// Tools from `catalog`, run through `service` (whose admission, audit and metrics
+    /// apply to every call, as for any other door).
+    pub fn new(service: RunService, catalog: Arc<Catalog>, interface: &'static str) -> McpServer {
         McpServer {
             inner: Arc::new(Inner {
-                executor,
+                service,
                 catalog,
                 interface,
             }),
@@ -81,57 +78,74 @@ impl<E: Executor> McpServer<E> {
         let language = def.language.name();
         let input_responses = request.input_responses;
         let mut arguments = request.arguments;
-        let caller = Caller {
-            interface: self.inner.interface,
-            http: ctx.extensions.get::<http::request::Parts>().cloned(),
+        let http = ctx.extensions.get::<http::request::Parts>().cloned();
+        let caller = caller(http.as_ref(), self.inner.interface);
+        let service = &self.inner.service;
+        let refuse = |e: RunError| {
+            service.refused(&caller, &RunSummary::of_language(language), &e);
+            e
         };
         let invalid = |message: String| {
-            self.inner
-                .executor
-                .refused(language, &caller, "invalid_request");
+            refuse(RunError::invalid(message.clone()));
             Ok(result::invalid_request(language, message).into())
         };
         let target = match crate::catalog::session_target(&mut arguments) {
-            Ok(t) => t,
+            Ok(t) => t.unwrap_or(Target::OneShot),
             Err(message) => return invalid(message),
         };
-        let req = match catalog.request(def, arguments) {
+        let req = match catalog.request(def, arguments, target.kind()) {
             Ok(req) => req,
             Err(message) => return invalid(message),
         };
-        // Network approval: the client's user decides (elicitation) before anything runs.
+        // Network approval by the client's user (where the operator chose so): asked before
+        // anything runs; otherwise the run service waits for the operator's approval.
         let asked: Vec<String> = req.network.iter().flat_map(|n| n.allow.clone()).collect();
+        let mut approved = false;
         if let (Some(within), false) = (catalog.approval(), asked.is_empty()) {
             match approve(&ctx, language, &asked, within, input_responses.as_ref()).await {
-                Approval::Granted => {}
+                Approval::Granted => approved = true,
                 Approval::Ask(input) => return Ok(CallToolResponse::InputRequired(input)),
                 Approval::Refused(message) => {
-                    self.inner
-                        .executor
-                        .refused(language, &caller, "approval_denied");
+                    refuse(RunError::new(
+                        runcell_core::ErrorKind::ApprovalDenied,
+                        message.clone(),
+                    ));
                     return Ok(result::approval_refused(language, message).into());
                 }
             }
         }
         // Over HTTP: the stream that would carry the result; once the client has closed it,
         // the call is cancelled.
-        let closed = caller
-            .http
+        let closed = http
             .as_ref()
-            .and_then(|p| p.extensions.get::<crate::executor::StreamClosed>())
+            .and_then(|p| p.extensions.get::<crate::context::StreamClosed>())
             .cloned()
             .unwrap_or_default()
             .0;
+        let hold = http
+            .as_ref()
+            .and_then(|p| p.extensions.get::<runcell_core::Hold>())
+            .cloned();
         let (sink, rx) = progress::channel();
         let token = ctx.meta.get_progress_token();
-        let run = match target {
-            Some(target) => {
-                self.inner
-                    .executor
-                    .execute_in_session(target, req, caller, Box::new(sink))
-            }
-            None => self.inner.executor.execute(req, caller, Box::new(sink)),
-        };
+        let mut call = Call::new(caller.clone(), Source::Mcp, target, req);
+        call.approved = approved;
+        // rmcp runs tool calls in its own tasks: the span carries the HTTP request's id into
+        // the run, as for `POST /v1/execute`.
+        let span = tracing::info_span!("mcp_call", id = %caller.request_id);
+        let run = tracing::Instrument::instrument(
+            async {
+                let ticket = service.reserve(&caller)?;
+                // The result travels in the response of the HTTP request that carried the
+                // call: the place in line is kept until it is delivered.
+                if let Some(hold) = &hold {
+                    hold.keep(&ticket);
+                }
+                let admitted = service.admit(ticket, call).await?;
+                admitted.run(Box::new(sink)).await
+            },
+            span,
+        );
         // The output goes to the client while the program runs, and all of it before the
         // result. Without a progress token it is only drained: the verdict has it anyway.
         let work = async {
@@ -148,12 +162,12 @@ impl<E: Executor> McpServer<E> {
             verdict
         };
         tokio::select! {
-            // Dropping `work` drops the executor's future, which kills the sandbox at once.
+            // Dropping `work` drops the run's future, which kills the sandbox at once.
             _ = ctx.ct.cancelled() => Ok(result::cancelled_result().into()),
             _ = closed.cancelled() => Ok(result::cancelled_result().into()),
             verdict = work => Ok(match verdict {
                 Ok(v) => result::verdict_result(&v),
-                Err(rejection) => result::rejection_result(language, &rejection),
+                Err(e) => result::rejection_result(language, &Rejection::from(e)),
             }.into()),
         }
     }
@@ -255,7 +269,7 @@ async fn approve(
     }
 }
 
-impl<E: Executor> ServerHandler for McpServer<E> {
+impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
         let names: Vec<&str> = self
             .inner

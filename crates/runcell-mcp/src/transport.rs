@@ -21,11 +21,10 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
-use runcell_core::Engine;
+use runcell_core::RunService;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::Catalog;
-use crate::executor::Executor;
 use crate::server::McpServer;
 
 /// Why the stdio server stopped with an error.
@@ -40,7 +39,7 @@ pub enum McpError {
 /// Serve MCP on stdin/stdout until the client closes stdin. Nothing else may write to stdout
 /// meanwhile. Calls still running when the client goes away are cancelled, which kills their
 /// sandboxes.
-pub async fn serve_stdio<E: Executor>(server: McpServer<E>) -> Result<(), McpError> {
+pub async fn serve_stdio(server: McpServer) -> Result<(), McpError> {
     let running = server
         .serve(rmcp::transport::io::stdio_pipes())
         .await
@@ -208,15 +207,15 @@ impl SessionManager for BoundedSessions {
 
 /// The Streamable HTTP endpoint as a tower service, to mount at `/mcp` behind the server's
 /// authentication.
-pub type HttpService<E> = StreamableHttpService<McpServer<E>, BoundedSessions>;
+pub type HttpService = StreamableHttpService<McpServer, BoundedSessions>;
 
 /// Build the endpoint. Cancelling `shutdown` ends every open session and stream (and with them
 /// the calls still running in them).
-pub fn http_service<E: Executor>(
-    server: McpServer<E>,
+pub fn http_service(
+    server: McpServer,
     options: &HttpOptions,
     shutdown: CancellationToken,
-) -> HttpService<E> {
+) -> HttpService {
     let mut config = StreamableHttpServerConfig::default()
         // Handshake-era clients need their Mcp-Session-Id; current ones are served
         // statelessly whatever this says.
@@ -244,39 +243,25 @@ pub fn http_service<E: Executor>(
 /// The Streamable HTTP endpoint with its tool catalog built on first use: finding the
 /// runtimes and asking their versions runs host programs, which belongs on a blocking thread
 /// and not in the synchronous construction of a router (nor in every test that builds one).
-pub struct HttpEndpoint<E> {
-    shared: Arc<Endpoint<E>>,
+#[derive(Clone)]
+pub struct HttpEndpoint {
+    shared: Arc<Endpoint>,
 }
 
-struct Endpoint<E> {
-    executor: E,
-    engine: Engine,
+struct Endpoint {
+    runs: RunService,
     options: HttpOptions,
     shutdown: CancellationToken,
-    service: tokio::sync::OnceCell<HttpService<E>>,
+    service: tokio::sync::OnceCell<HttpService>,
 }
 
-impl<E> Clone for HttpEndpoint<E> {
-    fn clone(&self) -> Self {
-        HttpEndpoint {
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<E: Executor + Clone> HttpEndpoint<E> {
-    /// Tools for the runtimes of the engine's host under its policy, run by `executor`
+impl HttpEndpoint {
+    /// Tools for the runtimes of the run service's host under its policy, run through it
     /// (interface `mcp-http`).
-    pub fn new(
-        executor: E,
-        engine: Engine,
-        options: HttpOptions,
-        shutdown: CancellationToken,
-    ) -> HttpEndpoint<E> {
+    pub fn new(runs: RunService, options: HttpOptions, shutdown: CancellationToken) -> HttpEndpoint {
         HttpEndpoint {
             shared: Arc::new(Endpoint {
-                executor,
-                engine,
+                runs,
                 options,
                 shutdown,
                 service: tokio::sync::OnceCell::new(),
@@ -284,22 +269,22 @@ impl<E: Executor + Clone> HttpEndpoint<E> {
         }
     }
 
-    async fn service(&self) -> HttpService<E> {
+    async fn service(&self) -> HttpService {
         let s = &self.shared;
         s.service
             .get_or_init(|| async {
-                let engine = s.engine.clone();
+                let engine = s.runs.engine().clone();
                 let mut catalog = tokio::task::spawn_blocking(move || Catalog::for_host(&engine))
                     .await
                     // Only a panic in the probe gets here: serve no tools rather than none
                     // of MCP.
-                    .unwrap_or_else(|_| Catalog::new(s.engine.policy(), &[]));
+                    .unwrap_or_else(|_| Catalog::new(s.runs.engine().config(), &[]));
                 // Over HTTP the client is the caller itself: its "user" approves only where
                 // the operator says so; otherwise approval is the server's admin queue.
-                if !s.engine.config().network.approval_by_client {
+                if !s.runs.engine().config().network.approval_by_client {
                     catalog.set_approval(None);
                 }
-                let server = McpServer::new(s.executor.clone(), Arc::new(catalog), "mcp-http");
+                let server = McpServer::new(s.runs.clone(), Arc::new(catalog), "mcp-http");
                 http_service(server, &s.options, s.shutdown.clone())
             })
             .await
@@ -307,15 +292,14 @@ impl<E: Executor + Clone> HttpEndpoint<E> {
     }
 }
 
-impl<E, B> tower::Service<http::Request<B>> for HttpEndpoint<E>
+impl<B> tower::Service<http::Request<B>> for HttpEndpoint
 where
-    E: Executor + Clone,
     B: Send + 'static,
-    HttpService<E>: tower::Service<http::Request<B>, Error = Infallible> + Send + 'static,
-    <HttpService<E> as tower::Service<http::Request<B>>>::Future: Send + 'static,
-    <HttpService<E> as tower::Service<http::Request<B>>>::Response: Send + 'static,
+    HttpService: tower::Service<http::Request<B>, Error = Infallible> + Send + 'static,
+    <HttpService as tower::Service<http::Request<B>>>::Future: Send + 'static,
+    <HttpService as tower::Service<http::Request<B>>>::Response: Send + 'static,
 {
-    type Response = <HttpService<E> as tower::Service<http::Request<B>>>::Response;
+    type Response = <HttpService as tower::Service<http::Request<B>>>::Response;
     type Error = Infallible;
     type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
 

@@ -7,15 +7,13 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use runcell_core::{ExecRequest, LimitOverrides, Limits, Verdict};
+use runcell_core::{Limits, Verdict};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 /// Where audit lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,58 +52,12 @@ impl std::fmt::Debug for AuditLog {
     }
 }
 
-/// Who asked for an execution.
-#[derive(Debug, Clone, Default)]
-pub struct Caller {
-    /// The request id (also sent back as `X-Request-Id`).
-    pub request_id: String,
-    /// The id of the API key used; `None` when the server runs without keys.
-    pub key_id: Option<String>,
-    /// `http`, `mcp-http` or `mcp-stdio`.
-    pub interface: &'static str,
-    pub peer: Option<SocketAddr>,
-}
+/// Who asked for an execution (the run service's notion).
+pub use runcell_core::Caller;
 
 /// What the audit log says about a request: never its code, files or stdin (they may hold the
-/// user's data), only their digest and sizes. Taken once, when the request arrives, so that
-/// the request itself need not be kept while it runs.
-#[derive(Debug, Clone)]
-pub struct AuditRequest {
-    language: &'static str,
-    code_sha256: String,
-    code_bytes: usize,
-    input_files: usize,
-    requested: LimitOverrides,
-    /// The session a call ran in.
-    pub(crate) session_id: Option<String>,
-}
-
-impl AuditRequest {
-    pub fn code_sha256(&self) -> &str {
-        &self.code_sha256
-    }
-
-    pub fn code_bytes(&self) -> usize {
-        self.code_bytes
-    }
-
-    pub fn language(&self) -> &'static str {
-        self.language
-    }
-}
-
-impl From<&ExecRequest> for AuditRequest {
-    fn from(req: &ExecRequest) -> Self {
-        AuditRequest {
-            language: crate::metrics::language_label(&req.language),
-            code_sha256: runcell_core::to_hex(&Sha256::digest(req.code.as_bytes())),
-            code_bytes: req.code.len(),
-            input_files: req.files.len(),
-            requested: req.limits,
-            session_id: None,
-        }
-    }
-}
+/// user's data), only their digest and sizes (the run service's summary).
+pub use runcell_core::RunSummary as AuditRequest;
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -286,6 +238,8 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 mod tests {
     use super::*;
     use runcell_core::verdict::ErrorCategory;
+    use runcell_core::ExecRequest;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn a_line_per_execution_without_code_or_key() {
@@ -298,15 +252,7 @@ mod tests {
             interface: "http",
             peer: Some("127.0.0.1:5000".parse().unwrap()),
         };
-        let req = ExecRequest {
-            language: "py".into(),
-            code: "print('secret')".into(),
-            stdin: None,
-            limits: Default::default(),
-            files: vec![],
-            network: None,
-            packages: vec![],
-        };
+        let req = ExecRequest::new("py", "print('secret')");
         let mut v = Verdict::failed(ErrorCategory::Timeout, "slow");
         v.exit_code = Some(124);
         v.limits = Some(Limits::DEFAULT);

@@ -14,14 +14,14 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::response::Response;
 use http_body_util::BodyExt;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
@@ -34,18 +34,8 @@ pub const MIN_RATE: u64 = 64 * 1024;
 pub const CHUNK: usize = 64 * 1024;
 
 /// Places in line kept until the response of the request that carries this (in its
-/// extensions) has been delivered or dropped.
-#[derive(Clone, Default)]
-pub struct Hold(Arc<Mutex<Vec<Arc<OwnedSemaphorePermit>>>>);
-
-impl Hold {
-    pub fn keep(&self, permit: Arc<OwnedSemaphorePermit>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(permit);
-    }
-}
+/// extensions) has been delivered or dropped: the run service's [`runcell_core::Hold`].
+pub use runcell_core::Hold;
 
 /// Wrap `res` so that a client that does not read it is cut off, keeping `hold` until the
 /// response is delivered (or dropped), and `closed` (dropped, it cancels what waits on the
@@ -151,8 +141,20 @@ impl HttpBody for Delivered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::Semaphore;
+    use runcell_core::service::{Admission, AdmissionPolicy};
     use tokio_util::sync::CancellationToken;
+
+    /// A line of one place, held by `hold`.
+    fn line_held_by(hold: &Hold) -> Admission {
+        let line = Admission::new(AdmissionPolicy {
+            max_concurrent: 1,
+            max_queue: 0,
+            max_body_bytes: 1,
+            keys: 1,
+        });
+        hold.keep(&line.reserve(None).unwrap());
+        line
+    }
 
     fn unwatched() -> DropGuard {
         CancellationToken::new().drop_guard()
@@ -164,17 +166,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_does_not_read_is_cut_off_and_frees_its_place() {
-        let line = Arc::new(Semaphore::new(1));
         let hold = Hold::default();
-        hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
+        let line = line_held_by(&hold);
         let res = guard(big(4 * CHUNK), hold, unwatched());
         assert_eq!(res.body().size_hint().exact(), Some(4 * CHUNK as u64));
         // Nobody reads: the place in line stays taken for a while ...
         tokio::time::sleep(STALL / 2).await;
-        assert_eq!(line.available_permits(), 0);
+        assert_eq!(line.stats().places, 1);
         // ... and is given back once the client has stalled for too long.
         tokio::time::sleep(STALL).await;
-        assert_eq!(line.available_permits(), 1);
+        assert_eq!(line.stats().places, 0);
         // What the client would still read ends in an error, never in a clean end.
         let mut body = res.into_body();
         let mut got = 0;
@@ -190,15 +191,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_reading_client_gets_everything_and_the_place_is_freed() {
-        let line = Arc::new(Semaphore::new(1));
         let hold = Hold::default();
-        hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
+        let line = line_held_by(&hold);
         let closed = CancellationToken::new();
         let res = guard(big(3 * CHUNK + 5), hold, closed.clone().drop_guard());
         assert!(!closed.is_cancelled());
         let bytes = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(bytes.len(), 3 * CHUNK + 5);
-        assert_eq!(line.available_permits(), 1);
+        assert_eq!(line.stats().places, 0);
         // Delivered: whatever waited on its reader is released.
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert!(closed.is_cancelled());
@@ -206,20 +206,19 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_response_frees_its_place_and_cancels_its_call() {
-        let line = Arc::new(Semaphore::new(1));
         let hold = Hold::default();
-        hold.keep(Arc::new(line.clone().try_acquire_owned().unwrap()));
+        let line = line_held_by(&hold);
         // A stream that never ends (an event stream of a run still going).
         let body =
             Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
         let closed = CancellationToken::new();
         let res = guard(Response::new(body), hold, closed.clone().drop_guard());
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(line.available_permits(), 0);
+        assert_eq!(line.stats().places, 1);
         assert!(!closed.is_cancelled(), "the stream is still open");
         drop(res);
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(line.available_permits(), 1);
+        assert_eq!(line.stats().places, 0);
         // The client closed the stream: what it carries (an MCP call) is cancelled.
         assert!(closed.is_cancelled());
     }

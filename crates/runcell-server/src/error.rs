@@ -13,6 +13,21 @@ impl From<runcell_core::ValidationError> for ApiError {
     }
 }
 
+/// The run service's typed error, rendered: its kind gives the status, the category and the
+/// retry hint (one table, in runcell-core), its limit the `limit` field.
+impl From<runcell_core::RunError> for ApiError {
+    fn from(e: runcell_core::RunError) -> Self {
+        let k = e.kind;
+        ApiError {
+            status: StatusCode::from_u16(k.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            category: k.category(),
+            message: e.message,
+            limit: e.limit.map(runcell_core::Limit::name),
+            retry_after: k.retry_after(),
+        }
+    }
+}
+
 /// An error answered to the client. Never carries an API key.
 #[derive(Debug, Clone)]
 pub struct ApiError {

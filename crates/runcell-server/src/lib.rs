@@ -7,22 +7,22 @@
 //! * `/mcp`: the MCP server (Streamable HTTP), behind the same keys and admission.
 //!
 //! Modules, in the order a request meets them: [`listener`] (accept loop, timeouts, graceful
-//! shutdown), [`middleware`] (request id, tracing span, delivery), [`auth`], [`routes`],
-//! [`admission`] (429 before the body is read, the policy checked once the request is known,
-//! then a slot), and [`state`] (what every handler shares). Every run executes on a blocking
-//! thread through the engine ([`runcell_core::Engine::execute_blocking`]); a run whose client
-//! goes away, and every run still going when the shutdown grace period ends, is killed
-//! through its kill switch.
+//! shutdown), [`middleware`] (request id, tracing span, delivery), [`auth`], [`extract`] (the
+//! caller, and a place in line before any body is read), [`routes`], and [`state`] (what
+//! every handler shares: the run service, metrics, the audit log). Every run goes through
+//! runcell-core's run service ([`runcell_core::RunService`]: admission, intake, approval, a
+//! slot, the engine or the session, audit and metrics); a run whose client goes away, and
+//! every run still going when the shutdown grace period ends, is killed through its kill
+//! switch.
 #![forbid(unsafe_code)]
 
-pub mod admission;
-pub mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod connections;
 pub mod deliver;
 pub mod error;
+pub mod extract;
 pub mod listener;
 pub mod mcp;
 pub mod metrics;
@@ -37,7 +37,6 @@ use std::time::Duration;
 use axum::Router;
 use runcell_core::EngineConfig;
 
-pub use crate::admission::{Admitted, Reservation};
 pub use crate::audit::{AuditLog, AuditTarget, Caller};
 pub use crate::auth::{ApiKey, KeyId};
 pub use crate::deliver::Hold;
@@ -46,7 +45,7 @@ pub use crate::listener::{serve, serve_connections, HEADER_READ_TIMEOUT, WRITE_S
 pub use crate::metrics::Metrics;
 pub use crate::middleware::RequestMeta;
 pub use crate::openapi::openapi;
-pub use crate::state::{AppState, RunEntry, RunRegistry, MAX_SLOTS};
+pub use crate::state::{AppState, Observe, MAX_SLOTS};
 
 /// How the server runs. `Debug` never shows the keys.
 #[derive(Clone)]

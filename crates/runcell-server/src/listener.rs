@@ -308,7 +308,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
         UNAUTHENTICATED_GRACE
     );
     let runs = state.runs().clone();
-    let sessions = state.sessions().clone();
+    let service = state.service().clone();
     let shutdown = state.shutdown_token();
     let metrics_state = state.clone();
     let refused = move |why: Refused| {
@@ -352,8 +352,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
     // Handlers wait for their runs, but a run whose client left is still being torn down.
     runs.kill_all();
     shutdown.cancel();
-    // Sessions end with the server: their sandboxes are torn down before it exits.
-    let _ = tokio::task::spawn_blocking(move || sessions.close_all()).await;
+    // No request waits for a slot any more, and sessions end with the server: their
+    // sandboxes are torn down before it exits.
+    let _ = tokio::task::spawn_blocking(move || service.shutdown()).await;
     let deadline = Instant::now() + TEARDOWN_WAIT;
     while runs.active() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

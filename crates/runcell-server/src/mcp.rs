@@ -13,106 +13,11 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any_service, MethodRouter};
-use futures_util::future::BoxFuture;
 use http_body_util::{BodyExt, Limited};
-use runcell_core::OutputSink;
-use runcell_core::{ExecRequest, Verdict};
-use runcell_mcp::{Executor, HttpEndpoint, HttpOptions, Rejection};
+use runcell_mcp::{HttpEndpoint, HttpOptions};
 
-use crate::middleware::caller_of;
-use crate::{ApiError, AppState, Caller, Hold};
-use tracing::Instrument;
-
-/// The server's notion of an MCP call's caller: what the middleware found out about the HTTP
-/// request that carried it (request id, peer, API key id), or just the interface (stdio).
-fn server_caller(caller: &runcell_mcp::Caller) -> Caller {
-    match &caller.http {
-        Some(parts) => caller_of(parts, caller.interface),
-        None => Caller {
-            interface: caller.interface,
-            ..Caller::default()
-        },
-    }
-}
-
-fn rejection(e: ApiError) -> Rejection {
-    Rejection::new(e.category, e.message)
-}
-
-impl Executor for AppState {
-    fn execute(
-        &self,
-        req: ExecRequest,
-        caller: runcell_mcp::Caller,
-        sink: Box<dyn OutputSink + Send>,
-    ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
-        // The HTTP request that carried the call holds what the middleware found out: the
-        // request id, the peer and the API key's id.
-        let hold = caller
-            .http
-            .as_ref()
-            .and_then(|p| p.extensions.get::<Hold>().cloned());
-        let caller = server_caller(&caller);
-        // rmcp runs tool calls in its own tasks: the span carries the HTTP request's id into
-        // the run, as for `POST /v1/execute`.
-        let span = tracing::info_span!("mcp_call", id = %caller.request_id);
-        let state = self.clone();
-        Box::pin(
-            async move {
-                let admitted = state.admit(req, caller).await.map_err(rejection)?;
-                // The result travels in the response of the HTTP request that carried the
-                // call: the place in line is kept until it is delivered.
-                if let Some(hold) = &hold {
-                    admitted.hold_until_delivered(hold);
-                }
-                admitted.run(sink).await.map_err(rejection)
-            }
-            .instrument(span),
-        )
-    }
-
-    fn execute_in_session(
-        &self,
-        target: runcell_core::SessionTarget,
-        req: ExecRequest,
-        caller: runcell_mcp::Caller,
-        sink: Box<dyn OutputSink + Send>,
-    ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
-        self.mcp_session_call(target, req, caller, sink)
-    }
-
-    fn refused(&self, language: &str, caller: &runcell_mcp::Caller, category: &'static str) {
-        let c = server_caller(caller);
-        self.inner.metrics.rejected(category);
-        let req = crate::audit::AuditRequest::from(&ExecRequest::new(language, ""));
-        self.inner.audit.record(&c, &req, Err(category), 0.0);
-    }
-}
-
-impl AppState {
-    /// Run an MCP call in a session, as `POST /v1/sessions/{id}/execute` runs one; the
-    /// session belongs to the caller's key.
-    fn mcp_session_call(
-        &self,
-        target: runcell_core::SessionTarget,
-        req: ExecRequest,
-        caller: runcell_mcp::Caller,
-        sink: Box<dyn OutputSink + Send>,
-    ) -> BoxFuture<'static, Result<Verdict, Rejection>> {
-        let caller = server_caller(&caller);
-        let span = tracing::info_span!("mcp_call", id = %caller.request_id);
-        let state = self.clone();
-        Box::pin(
-            async move {
-                let reservation = state.reserve().map_err(rejection)?;
-                crate::routes::sessions::session_call(state, reservation, caller, target, req, sink)
-                    .await
-                    .map_err(rejection)
-            }
-            .instrument(span),
-        )
-    }
-}
+use crate::extract::caller_of;
+use crate::{ApiError, AppState};
 
 /// The `/mcp` endpoint. Without API keys (loopback only) it accepts loopback `Host` names and
 /// `Origin`s only, against DNS rebinding; with keys the key is the guard. Its tools are those
@@ -125,12 +30,7 @@ pub fn endpoint(state: &AppState) -> MethodRouter<AppState> {
         HttpOptions::loopback(max_body)
     };
     let owners = SessionOwners::new(options.max_sessions, options.session_idle);
-    let mcp = HttpEndpoint::new(
-        state.clone(),
-        state.engine().clone(),
-        options,
-        state.shutdown_token(),
-    );
+    let mcp = HttpEndpoint::new(state.service().clone(), options, state.shutdown_token());
     any_service(mcp)
         .layer(middleware::map_response(json_error))
         .layer(middleware::from_fn_with_state(owners, owned_sessions))
@@ -236,24 +136,25 @@ async fn owned_sessions(State(owners): State<SessionOwners>, req: Request, next:
 
 /// A JSON-RPC message is read here, not by rmcp: with the same deadline as a body of
 /// `POST /v1/execute` (408), and within the server's budget for bodies being received (429),
-/// so that bodies trickled in (or never finished) cannot pile up in memory.
+/// so that bodies trickled in (or never finished) cannot pile up in memory. The caller (the
+/// request id, the peer, the key's id) goes with the request to the MCP server, whose tool
+/// calls the run service admits like any other run.
 async fn buffered(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if req.method() != Method::POST {
-        return next.run(req).await;
+    let (mut parts, body) = req.into_parts();
+    let caller = caller_of(&parts, "mcp-http");
+    parts.extensions.insert(caller.clone());
+    if parts.method != Method::POST {
+        return next.run(Request::from_parts(parts, body)).await;
     }
-    let (parts, body) = req.into_parts();
     let s = &state.inner;
-    match crate::routes::execute::read_body(
-        body,
-        &parts.headers,
-        s.max_body_bytes,
-        Some(&s.body_budget),
-    )
-    .await
-    {
+    let ticket = state.service().reserve_bytes(&caller);
+    match crate::extract::read_body(body, &parts.headers, s.max_body_bytes, &ticket).await {
         Ok(bytes) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
+            let res = next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
+            drop(ticket);
+            res
         }
         Err(e) => {
             s.metrics.rejected(e.category);

@@ -4,7 +4,7 @@
 //! names or `unknown`, the category one of the verdict's or the API's fixed categories, so a
 //! client cannot blow up the number of series.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+
 use std::sync::Mutex;
 
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
@@ -79,7 +79,6 @@ pub struct Metrics {
     network_bytes: Family<DirectionLabel, Counter>,
     running: Gauge,
     queued: Gauge,
-    queued_now: AtomicI64,
     /// `runcell_build_info`'s version and commit.
     build: (String, String),
 }
@@ -204,7 +203,6 @@ impl Metrics {
             network_bytes,
             running,
             queued,
-            queued_now: AtomicI64::new(0),
             build: (env!("CARGO_PKG_VERSION").into(), "unknown".into()),
         }
     }
@@ -277,22 +275,17 @@ impl Metrics {
         self.rejections.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// Counts an execution waiting for a slot until dropped.
-    pub fn queued(&self) -> QueuedGuard<'_> {
-        self.queued_now.fetch_add(1, Ordering::Relaxed);
-        QueuedGuard(self)
-    }
 
     /// The text exposition, with the gauges and the warm pool's figures read now.
     pub fn render(
         &self,
         running: usize,
+        queued: usize,
         pool: &[PoolStats],
         sessions: runcell_core::SessionStats,
     ) -> String {
         self.running.set(running as i64);
-        self.queued
-            .set(self.queued_now.load(Ordering::Relaxed).max(0));
+        self.queued.set(queued as i64);
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -558,14 +551,6 @@ fn pool_families(out: &mut String, pool: &[PoolStats]) {
     }
 }
 
-/// See [`Metrics::queued`].
-pub struct QueuedGuard<'a>(&'a Metrics);
-
-impl Drop for QueuedGuard<'_> {
-    fn drop(&mut self) {
-        self.0.queued_now.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -582,7 +567,6 @@ mod tests {
         v.language = Some("javascript".into());
         m.executed("mcp-http", &v, 0.02);
         m.rejected("rate_limited");
-        let _q = m.queued();
         let pool = [PoolStats {
             language: Some(Language::Python),
             target: 2,
@@ -593,7 +577,7 @@ mod tests {
             refill_seconds: 0.3,
             refill_failures: 2,
         }];
-        let text = m.render(1, &pool, runcell_core::SessionStats::default());
+        let text = m.render(1, 1, &pool, runcell_core::SessionStats::default());
         for needle in [
             "runcell_executions_total{language=\"python\",category=\"timeout\",interface=\"http\"} 1",
             "runcell_executions_total{language=\"node\",category=\"ok\",interface=\"mcp-http\"} 1",

@@ -9,8 +9,6 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-use crate::audit::Caller;
-use crate::auth::KeyId;
 use crate::deliver::{self, Hold};
 
 /// A request's id and peer, set by the outermost middleware.
@@ -52,13 +50,3 @@ pub(crate) async fn request_meta(mut req: Request, next: Next) -> Response {
     deliver::guard(res, hold, closed.drop_guard())
 }
 
-/// Who is calling, from the request's extensions.
-pub(crate) fn caller_of(parts: &axum::http::request::Parts, interface: &'static str) -> Caller {
-    let meta = parts.extensions.get::<RequestMeta>();
-    Caller {
-        request_id: meta.map(|m| m.request_id.clone()).unwrap_or_default(),
-        key_id: parts.extensions.get::<KeyId>().and_then(|k| k.0.clone()),
-        interface,
-        peer: meta.and_then(|m| m.peer),
-    }
-}

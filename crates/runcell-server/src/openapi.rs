@@ -1,6 +1,7 @@
 //! The OpenAPI document: generated from the handlers and the types they use, plus the
 //! security schemes and a hand-written entry for `/mcp`.
 
+use runcell_core::intake::{self, SchemaContext, Source, TargetKind};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 
@@ -161,19 +162,85 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         .into_openapi()
 }
 
-/// The rules of a request's `files` beside their items' schema.
-fn files_rule(files: &mut serde_json::Value, max: u64) {
-    files["uniqueItems"] = serde_json::json!(true);
-    let said = files["description"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    files["description"] =
-        serde_json::json!(format!("{said} At most {max} files, each path once."));
+/// The request bodies of the API, as the intake's tables describe them for the HTTP API:
+/// `POST /v1/execute` (a one-shot run), `POST /v1/sessions` (a session's creation) and
+/// `POST /v1/sessions/{id}/execute` (a call in a session). Each is a component of the document;
+/// [`served`] writes them again within this server's policy.
+const REQUEST_BODIES: [(&str, TargetKind); 3] = [
+    ("ExecRequest", TargetKind::OneShot),
+    ("SessionRequest", TargetKind::CreateSession),
+    ("CellRequest", TargetKind::Session),
+];
+
+/// One request body's schema: the intake's, with its files as `InputFile` components and an
+/// example of its own (in the numeric form a policy's bounds take, when there is one).
+fn request_body(
+    target: TargetKind,
+    policy: Option<(&runcell_core::EngineConfig, &runcell_core::SessionPolicy)>,
+) -> serde_json::Value {
+    use serde_json::json;
+    let mut ctx = SchemaContext::new(Source::Api, target);
+    if let Some((engine, sessions)) = policy {
+        ctx = ctx.with_policy(engine, sessions.max_ttl);
+    }
+    let mut s = intake::request_schema(&ctx);
+    if s["properties"]["files"].is_object() {
+        s["properties"]["files"]["items"] = json!({"$ref": "#/components/schemas/InputFile"});
+    }
+    let bounded = policy.is_some();
+    s["examples"] = match target {
+        TargetKind::OneShot if bounded => {
+            json!([{"language": "python", "code": "print(6 * 7)", "timeout": 10, "memory": 268435456}])
+        }
+        TargetKind::OneShot => {
+            json!([{"language": "python", "code": "print(6 * 7)", "timeout": 10, "memory": "256M"}])
+        }
+        TargetKind::CreateSession if bounded => {
+            json!([{"language": "python", "ttl": 600, "memory": 536870912}])
+        }
+        TargetKind::CreateSession => json!([{"language": "python", "ttl": 600, "memory": "512M"}]),
+        _ => json!([{"code": "x = 41\nprint(x + 1)", "timeout": 10}]),
+    };
+    s
 }
 
-/// The document as this server serves it: the generated one with what this server's policy
-/// bounds written into the request schemas (the limits' ranges, a session's idle TTL, the
+/// A request body as a type the handlers' descriptions name: its schema is
+/// [`REQUEST_BODIES`]' entry `N`.
+pub struct RequestBody<const N: usize>;
+
+impl<const N: usize> utoipa::PartialSchema for RequestBody<N> {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        runcell_core::schema::openapi(request_body(REQUEST_BODIES[N].1, None))
+    }
+}
+
+impl<const N: usize> utoipa::ToSchema for RequestBody<N> {
+    fn name() -> std::borrow::Cow<'static, str> {
+        REQUEST_BODIES[N].0.into()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        schemas.push((
+            "InputFile".into(),
+            runcell_core::schema::openapi(runcell_core::InputFile::schema_value()),
+        ));
+    }
+}
+
+/// `POST /v1/execute`'s body.
+pub type ExecRequest = RequestBody<0>;
+/// `POST /v1/sessions`' body.
+pub type SessionRequest = RequestBody<1>;
+/// `POST /v1/sessions/{id}/execute`'s body.
+pub type CellRequest = RequestBody<2>;
+
+/// The document as this server serves it: the generated one with its request bodies written
+/// by the intake within this server's policy (the limits' ranges, a session's idle TTL, the
 /// destinations and packages runs may ask for), so that a request the document calls valid
 /// is one this server accepts. Where a policy cannot be said exactly, the schema is the
 /// stricter side (numbers without the string forms, the policy's own entries), and the
@@ -189,123 +256,15 @@ pub(crate) fn served(
     if let Some(file) = doc.pointer_mut("/components/schemas/InputFile") {
         *file = runcell_core::InputFile::schema_value();
     }
-    request_schemas(&mut doc, engine, sessions);
+    for (name, target) in REQUEST_BODIES {
+        if let Some(schema) = doc.pointer_mut(&format!("/components/schemas/{name}")) {
+            *schema = request_body(target, Some((engine, sessions)));
+        }
+    }
     session_files(&mut doc);
     agent_schemas(&mut doc, agent);
     event_streams(&mut doc);
     doc
-}
-
-/// The run and session requests within this server's policy.
-fn request_schemas(
-    doc: &mut serde_json::Value,
-    engine: &runcell_core::EngineConfig,
-    sessions: &runcell_core::SessionPolicy,
-) {
-    use serde_json::{json, Value};
-    let limits = engine.policy.bounded_limit_properties();
-    let network = &engine.network.allow;
-    let network_items = if network.is_empty() {
-        json!({"type": "string", "description": "This server allows no network: the list must be empty."})
-    } else {
-        let entries: Vec<String> = network.iter().map(ToString::to_string).collect();
-        json!({
-            "type": "string",
-            "enum": entries,
-            "description": "An entry of this server's policy (an entry it covers is accepted \
-                            too: a subdomain of a *.domain entry, a port of an entry without \
-                            one; an API key may be narrowed further).",
-        })
-    };
-    let packages = &engine.packages;
-    for schema in ["ExecRequest", "SessionRequest"] {
-        let Some(props) = doc
-            .pointer_mut(&format!("/components/schemas/{schema}/properties"))
-            .and_then(Value::as_object_mut)
-        else {
-            continue;
-        };
-        let call_timeout = props
-            .get("timeout")
-            .and_then(|t| t.get("description"))
-            .cloned();
-        props.extend(limits.clone());
-        if let Some(files) = props.get_mut("open_files") {
-            files["description"] = json!(format!(
-                "{} With `pids`, within the host's file table: pids × open_files at most {}.",
-                files["description"].as_str().unwrap_or_default(),
-                engine.policy.max_open_files_per_run
-            ));
-        }
-        if schema == "SessionRequest" {
-            if let (Some(t), Some(d)) = (props.get_mut("timeout"), call_timeout) {
-                t["description"] = d;
-            }
-            if let Some(ttl) = props.get_mut("ttl") {
-                ttl["maximum"] = json!(sessions.max_ttl.as_secs_f64());
-            }
-        }
-        let mut tiers = engine.policy.file_table_tiers();
-        if tiers.is_empty() {
-            // No pids and open_files fit in the file table a run may hold: nothing is valid.
-            tiers.push(json!({"not": {}}));
-        }
-        if let Some(request) = doc.pointer_mut(&format!("/components/schemas/{schema}")) {
-            request["anyOf"] = json!(tiers);
-            // Its example in the numeric form the bounded limits take.
-            request["examples"] = if schema == "ExecRequest" {
-                json!([{"language": "python", "code": "print(6 * 7)", "timeout": 10, "memory": 268435456}])
-            } else {
-                json!([{"language": "python", "ttl": 600, "memory": 536870912}])
-            };
-        }
-        let Some(props) = doc
-            .pointer_mut(&format!("/components/schemas/{schema}/properties"))
-            .and_then(Value::as_object_mut)
-        else {
-            continue;
-        };
-        if let Some(files) = props.get_mut("files") {
-            // At most `max_input_files`, each path once: said in words, not as `maxItems`,
-            // since a fuzzer's longest array repeats one path (a duplicate is refused).
-            // Identical entries are a duplicate in either reading.
-            files_rule(files, engine.policy.max_input_files);
-        }
-        // Sessions run offline with the pre-installed packages, whatever the policy.
-        let offline = schema == "SessionRequest";
-        if let Some(allow) = props
-            .get_mut("network")
-            .and_then(|n| n.pointer_mut("/properties/allow"))
-        {
-            allow["items"] = network_items.clone();
-            if network.is_empty() || offline {
-                allow["maxItems"] = json!(0);
-            }
-        }
-        if let Some(p) = props.get_mut("packages") {
-            if (packages.allow.is_empty() && !packages.allow_any) || offline {
-                p["maxItems"] = json!(0);
-                p["description"] = json!(if offline {
-                    "A session installs no packages: the list must be empty."
-                } else {
-                    "This server installs no packages: the list must be empty."
-                });
-            } else {
-                p["maxItems"] = json!(packages.max_requirements);
-                if !packages.allow_any {
-                    p["items"]["enum"] = json!(packages.allow);
-                }
-            }
-        }
-    }
-    // A call's own timeout, within the same bounds as a run's.
-    if let (Some(t), Some(cell)) = (
-        limits.get("timeout"),
-        doc.pointer_mut("/components/schemas/CellRequest/properties"),
-    ) {
-        cell["timeout"] = t.clone();
-        files_rule(&mut cell["files"], engine.policy.max_input_files);
-    }
 }
 
 /// A session file's upload and download.

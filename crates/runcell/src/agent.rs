@@ -9,9 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use runcell_agent::api::AgentPolicy;
 use runcell_agent::conversation::{Conversation, Item};
-use runcell_agent::tools::{offered, SessionTools};
-use runcell_agent::{Bounds, Event, Upstream, Wire};
-use runcell_core::{Engine, InputFile, KillSwitch, Language, SessionPolicy, Sessions};
+use runcell_agent::{offered, Bounds, Event, ServiceTools, Upstream, Wire};
+use runcell_core::{Caller, Engine, InputFile, Language, RunService};
 
 pub struct AgentOptions {
     pub question: String,
@@ -48,7 +47,7 @@ pub fn agent(engine: Engine, o: AgentOptions) -> ExitCode {
     };
     let tool = format!("code_exec_{}", language.name());
     let catalog = runcell_mcp::Catalog::for_host(&engine);
-    let (tools, unknown) = offered(&catalog, std::slice::from_ref(&tool));
+    let (tools, unknown) = offered(&catalog, engine.config(), std::slice::from_ref(&tool));
     if !unknown.is_empty() {
         return usage(format!("{} is not available on this host", language.name()));
     }
@@ -70,11 +69,22 @@ pub fn agent(engine: Engine, o: AgentOptions) -> ExitCode {
         o.api_key.clone(),
         model.clone(),
     );
-    let sessions = Sessions::new(engine, SessionPolicy::default());
-    let Ok(kill) = KillSwitch::new() else {
-        return usage("cannot create a kill switch".into());
+    // The model's runs go through the run service as every door's: a model's source (it
+    // writes code, files and a timeout; the operator's defaults size the sandbox), one
+    // session per language, each run cut to what is left of the budget.
+    let service = RunService::local(engine);
+    let caller = Caller::local("agent");
+    let ticket = match service.reserve(&caller) {
+        Ok(t) => t,
+        Err(e) => return usage(e.message),
     };
-    let runner = SessionTools::new(sessions, None, o.files.clone(), kill);
+    let runner = ServiceTools::new(
+        service,
+        caller,
+        ticket,
+        o.files.clone(),
+        std::time::Instant::now() + bounds.deadline,
+    );
     let conv = Conversation {
         system: None,
         items: vec![Item::User(o.question.clone())],

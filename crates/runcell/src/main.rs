@@ -595,14 +595,15 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
     let files = read_file_args(&args.files, policy)?;
     let mut req = ExecRequest {
         files,
-        language,
-        code,
+        language: Some(language),
+        code: Some(code),
         stdin,
         limits: Default::default(),
         network: (!args.allow_net.is_empty()).then(|| runcell_core::NetworkRequest {
             allow: args.allow_net.clone(),
         }),
         packages: args.packages.clone(),
+        ttl: None,
     };
     for (limit, value) in args.limits() {
         if let Some(text) = value {
@@ -794,11 +795,12 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
     };
     let mut verdict = match checked.and_then(|()| build_request(&args, &engine.config().policy)) {
         Ok(req) => {
-            if args.json {
-                engine.execute(&req, &mut NoSink, None)
+            let sink: Box<dyn OutputSink + Send> = if args.json {
+                Box::new(NoSink)
             } else {
-                engine.execute(&req, &mut Passthrough, None)
-            }
+                Box::new(Passthrough)
+            };
+            run_one(engine, req, sink)
         }
         Err(message) => Verdict::failed(ErrorCategory::InvalidRequest, message),
     };
@@ -877,6 +879,29 @@ fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
         (Some((_, _, missing)), Some(0)) if *missing > 0 => ExitCode::from(125),
         _ => exit_code(&verdict),
     }
+}
+
+/// Run one request of the operator's through the run service (the same intake, admission and
+/// engine as every other door's), on a runtime of its own.
+fn run_one(engine: Engine, req: ExecRequest, sink: Box<dyn OutputSink + Send>) -> Verdict {
+    use runcell_core::{Call, Caller, RunService, Source, Target};
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return Verdict::failed(
+            ErrorCategory::SandboxFailure,
+            "runcell could not start its async runtime.",
+        );
+    };
+    let service = RunService::local(engine);
+    let caller = Caller::local("cli");
+    rt.block_on(async {
+        let ticket = service.reserve(&caller)?;
+        let call = Call::new(caller.clone(), Source::Operator, Target::OneShot, req);
+        service.admit(ticket, call).await?.run(sink).await
+    })
+    .unwrap_or_else(|e| runcell_core::service::refusal_verdict(&e))
 }
 
 /// runcell's exit code when the code did not compile (sysexits' EX_DATAERR).
@@ -1266,7 +1291,7 @@ enum ToolsFormat {
 /// `runcell mcp`: MCP on stdio until the client closes stdin. stdout carries only the protocol;
 /// everything else goes to stderr.
 fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
-    use runcell_mcp::{Catalog, LocalExecutor, McpServer};
+    use runcell_mcp::{Catalog, McpServer};
     let mut config = configured_engine(args.config.as_deref(), host)?;
     config.strict |= args.strict;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1290,11 +1315,24 @@ fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
             if strict { " (strict)" } else { "" },
             names.join(", ")
         );
-        let server = McpServer::new(
-            LocalExecutor::new(engine),
-            std::sync::Arc::new(catalog),
-            "mcp-stdio",
+        // Calls run through the run service as every door's: as many sandboxes at once as
+        // the host has cores, a bounded line behind them.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let admission = runcell_core::AdmissionPolicy {
+            max_concurrent: cores,
+            max_queue: 4 * cores,
+            max_body_bytes: runcell_server::default_max_body_bytes(engine.policy()) as u64,
+            keys: 1,
+        };
+        let service = runcell_core::RunService::new(
+            engine,
+            runcell_core::ServiceConfig {
+                admission,
+                ..runcell_core::ServiceConfig::local()
+            },
+            std::sync::Arc::new(runcell_core::service::Quiet),
         );
+        let server = McpServer::new(service, std::sync::Arc::new(catalog), "mcp-stdio");
         runcell_mcp::serve_stdio(server)
             .await
             .map_err(anyhow::Error::from)

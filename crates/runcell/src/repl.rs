@@ -12,7 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runcell_core::limits::LimitOverrides;
-use runcell_core::{CellRequest, Engine, ExecRequest, KillSwitch, Language, Verdict};
+use runcell_core::{
+    Call, Caller, Engine, ExecRequest, KillSwitch, Language, RunError, RunService, ServiceConfig,
+    SessionPolicy, Source, Target, Verdict,
+};
 
 /// How long a repl session may live (its interpreter's CPU time bound): a working day.
 const REPL_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -33,27 +36,53 @@ pub fn repl(engine: &Engine, options: ReplOptions) -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    let mut req = ExecRequest::new(language.name(), "");
+    // One session, through the run service as every door's: the operator's own, living as
+    // long as a working day.
+    let sessions = SessionPolicy {
+        default_ttl: REPL_LIFETIME,
+        max_ttl: REPL_LIFETIME,
+        max_lifetime: REPL_LIFETIME,
+        ..SessionPolicy::default()
+    };
+    let service = RunService::new(
+        engine.clone(),
+        ServiceConfig {
+            sessions,
+            ..ServiceConfig::local()
+        },
+        std::sync::Arc::new(runcell_core::service::Quiet),
+    );
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        eprintln!("runcell repl: cannot start the async runtime");
+        return ExitCode::from(1);
+    };
+    let caller = Caller::local("cli");
+    let mut req = ExecRequest {
+        code: None,
+        ..ExecRequest::new(language.name(), "")
+    };
     req.limits = options.limits;
-    let valid = match engine.validate(&req) {
-        Ok(v) => v,
-        Err(e) => {
+    let created = rt.block_on(async {
+        let ticket = service.reserve(&caller)?;
+        let call = Call::new(caller.clone(), Source::Operator, Target::CreateSession, req);
+        service.admit(ticket, call).await?.create().await
+    });
+    let info = match created {
+        Ok(info) => info,
+        Err(e) if e.kind == runcell_core::ErrorKind::InvalidRequest => {
             eprintln!("runcell repl: {e}");
             return ExitCode::from(2);
         }
-    };
-    let mut session = match engine.open_session(&valid, options.limits, REPL_LIFETIME) {
-        Ok(s) => s,
-        Err(v) => {
-            eprintln!(
-                "runcell repl: the session could not start: {}",
-                v.error.map(|e| e.message).unwrap_or_default()
-            );
+        Err(e) => {
+            eprintln!("runcell repl: the session could not start: {e}");
             return ExitCode::from(1);
         }
     };
     let interactive = std::io::IsTerminal::is_terminal(&std::io::stdin());
-    let limits = session.limits();
+    let limits = info.limits;
     if interactive {
         eprintln!(
             "runcell repl: {} in a sandbox ({} per input, {} of memory for the session). \
@@ -74,30 +103,33 @@ pub fn repl(engine: &Engine, options: ReplOptions) -> ExitCode {
         if block.trim().is_empty() {
             continue;
         }
-        let cell = CellRequest::new(block);
-        let valid = match session.validate(engine, &cell) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("{e}");
-                continue;
-            }
+        let call = ExecRequest {
+            language: None,
+            ..ExecRequest::new("", block)
         };
-        let ks = match KillSwitch::new() {
-            Ok(k) => k,
-            Err(e) => {
-                eprintln!("runcell repl: {e}");
-                break;
-            }
-        };
-        *lock(&running) = Some(ks.clone());
-        let verdict = session.execute(engine, &valid, &mut crate::Passthrough, Some(&ks));
-        *lock(&running) = None;
-        report(&verdict);
+        let ran = rt.block_on(async {
+            let ticket = service.reserve(&caller)?;
+            let call = Call::new(
+                caller.clone(),
+                Source::Operator,
+                Target::Session(info.id.clone()),
+                call,
+            );
+            let admitted = service.admit(ticket, call).await?;
+            *lock(&running) = Some(admitted.kill_switch());
+            let v = admitted.run(Box::new(crate::Passthrough)).await;
+            *lock(&running) = None;
+            v
+        });
+        match ran {
+            Ok(verdict) => report(&verdict),
+            Err(RunError { message, .. }) => eprintln!("{message}"),
+        }
     }
     if interactive {
         eprintln!();
     }
-    session.close();
+    let _ = rt.block_on(service.delete_session(&caller, info.id));
     ExitCode::SUCCESS
 }
 

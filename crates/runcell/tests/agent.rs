@@ -18,12 +18,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use runcell_agent::tools::{offered, SessionTools};
+use runcell_agent::tools::{offered, ServiceTools};
 use runcell_agent::{
     run_agent, Bounds, Conversation, Item, Model, ModelError, StopReason, ToolCall, ToolSpec, Turn,
     Usage,
 };
-use runcell_core::{Engine, EngineConfig, KillSwitch, SessionPolicy, Sessions};
+use runcell_core::{Caller, Engine, EngineConfig, RunService};
 use serde_json::{json, Value};
 
 struct Scripted {
@@ -64,11 +64,13 @@ async fn a_failed_import_is_fixed_in_the_same_session_and_answered() {
     c.helper_exe = common::runcell_bin();
     let engine = Engine::new(c);
     let catalog = runcell_mcp::Catalog::for_host(&engine);
-    let sessions = Sessions::new(engine, SessionPolicy::default());
     let (tools, unknown) = offered(
         &catalog,
+        engine.config(),
         &["code_exec_python".into(), "code_exec_cobol".into()],
     );
+    let service = RunService::local(engine);
+    let sessions = service.sessions().clone();
     assert_eq!(unknown, ["code_exec_cobol"]);
     assert!(tools[0].input_schema["properties"]
         .get("session_id")
@@ -95,11 +97,14 @@ async fn a_failed_import_is_fixed_in_the_same_session_and_answered() {
         turns: Mutex::new(turns),
         seen: Mutex::new(Vec::new()),
     };
-    let runner = SessionTools::new(
-        sessions.clone(),
-        None,
+    let caller = Caller::local("agent");
+    let ticket = service.reserve(&caller).unwrap();
+    let runner = ServiceTools::new(
+        service,
+        caller,
+        ticket,
         Vec::new(),
-        KillSwitch::new().unwrap(),
+        std::time::Instant::now() + Bounds::default().deadline,
     );
     let conv = Conversation {
         system: None,

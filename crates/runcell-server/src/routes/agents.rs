@@ -5,38 +5,23 @@
 //! the `runcell` extension (the steps, the counts). Each run is admitted, counted and audited
 //! like any execution.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::BoxFuture;
 use runcell_agent::api::AgentRequest;
-use runcell_agent::{Conversation, Model, ModelError, ToolSpec, Tools, Turn};
-use runcell_core::{InputFile, Language, NoSink, SessionTarget, Verdict};
+use runcell_agent::{Conversation, Model, ModelError, ServiceTools, ToolSpec, Turn};
+use runcell_core::Caller;
 use serde_json::Value;
 
-use super::execute::{parse_body, read_body};
-use super::sessions::session_call;
-use crate::audit::{Caller, ModelCall};
+use super::execute::parse_body;
+use crate::audit::ModelCall;
 use crate::error::{ApiError, ErrorBody};
-use crate::middleware::caller_of;
+use crate::extract::Reserved;
 use crate::state::AppState;
-
-/// The code tools of one agent request, run through the server's own admission, metrics and
-/// audit, in sessions of the caller.
-struct ServerTools {
-    state: AppState,
-    caller: Caller,
-    files: Vec<InputFile>,
-    ids: Mutex<BTreeMap<Language, String>>,
-    /// Runs started (admitted or not), for the runs-per-request histogram.
-    runs: AtomicU32,
-}
 
 /// The upstream, each of whose calls is counted and audited (also a call the loop abandons
 /// when the request's budget runs out).
@@ -112,70 +97,6 @@ impl Model for AuditedModel {
     }
 }
 
-impl ServerTools {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Language, String>> {
-        self.ids.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The request's sessions end with it, also when it is abandoned (a client that went away
-/// drops the loop mid-run): their sandboxes are torn down off the async threads.
-impl Drop for ServerTools {
-    fn drop(&mut self) {
-        let ids: Vec<String> = std::mem::take(&mut *self.lock()).into_values().collect();
-        if ids.is_empty() {
-            return;
-        }
-        let sessions = self.state.sessions().clone();
-        let owner = self.caller.key_id.clone();
-        let close = move || {
-            for id in ids {
-                let _ = sessions.delete(owner.as_deref(), &id);
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => {
-                h.spawn_blocking(close);
-            }
-            Err(_) => close(),
-        }
-    }
-}
-
-impl Tools for ServerTools {
-    fn run<'a>(
-        &'a self,
-        tool: &'a str,
-        arguments: &'a Value,
-    ) -> BoxFuture<'a, Result<Verdict, String>> {
-        Box::pin(async move {
-            self.runs.fetch_add(1, Ordering::Relaxed);
-            let (language, req, target) =
-                runcell_agent::tools::prepare_call(tool, arguments, &self.files, |l| {
-                    self.lock().get(&l).cloned()
-                })?;
-            let new = target == SessionTarget::New;
-            let reservation = self.state.reserve().map_err(|e| e.message)?;
-            let v = session_call(
-                self.state.clone(),
-                reservation,
-                self.caller.clone(),
-                target,
-                req,
-                Box::new(NoSink),
-            )
-            .await
-            .map_err(|e| format!("{}: {}", e.category, e.message))?;
-            if new {
-                if let Some(id) = &v.session_id {
-                    self.lock().insert(language, id.clone());
-                }
-            }
-            Ok(v)
-        })
-    }
-}
-
 /// Run the agent loop: the model answers, using the code tools, within the bounds.
 #[utoipa::path(post, path = "/v1/agents", tag = "agents", operation_id = "run_agent",
     request_body(content = Object, description = "Chat Completions shaped: `messages`, \
@@ -190,8 +111,10 @@ impl Tools for ServerTools {
         (status = 503, description = "No model is configured", body = ErrorBody),
         (status = 504, description = "The model's API or the request's budget ran out of time", body = ErrorBody),
     ))]
-pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
+pub(crate) async fn run(
+    State(state): State<AppState>,
+    mut req: Reserved,
+) -> Result<Response, ApiError> {
     let Some(settings) = state.inner.agent.clone() else {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -202,14 +125,26 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
              OpenAI-compatible server, --agent-base-url http://host:port/v1.",
         ));
     };
-    let caller = caller_of(&parts, "http");
-    let bytes = read_body(body, &parts.headers, state.inner.max_body_bytes, None).await?;
+    // The request holds its place in line from here to its answer (its runs take their slots
+    // through it), and its body's bytes of the budget.
+    let caller = req.caller.clone();
+    let bytes = req.read(None).await?;
     let request: AgentRequest = parse_body(&bytes)?;
+    drop(bytes);
     let valid = request
         .validate(&settings.policy)
         .map_err(ApiError::invalid)?;
-    let catalog = runcell_mcp::Catalog::for_host(state.engine());
-    let (offered, unknown) = runcell_agent::tools::offered(&catalog, &valid.tools);
+    // The conversation grows to at most this while the loop runs: held of the body budget.
+    req.ticket
+        .take_bytes(valid.bounds.max_conversation_bytes as u64)
+        .inspect_err(|e| state.metrics().rejected(e.category()))?;
+    let engine = state.engine().clone();
+    // Finding the runtimes and asking their versions runs host programs.
+    let catalog = tokio::task::spawn_blocking(move || runcell_mcp::Catalog::for_host(&engine))
+        .await
+        .map_err(|_| ApiError::internal("The tools could not be listed."))?;
+    let (offered, unknown) =
+        runcell_agent::tools::offered(&catalog, state.engine().config(), &valid.tools);
     if !unknown.is_empty() {
         return Err(ApiError::invalid(format!(
             "tools: this server has no {}.",
@@ -253,13 +188,13 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
         state: state.clone(),
         caller: caller.clone(),
     };
-    let tools = ServerTools {
-        state: state.clone(),
+    let tools = ServiceTools::new(
+        state.service().clone(),
         caller,
-        files: valid.files.clone(),
-        ids: Mutex::new(BTreeMap::new()),
-        runs: AtomicU32::new(0),
-    };
+        req.ticket.clone(),
+        valid.files.clone(),
+        Instant::now() + valid.bounds.deadline,
+    );
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -280,7 +215,7 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
         &|_| {},
     )
     .await;
-    let runs = tools.runs.load(Ordering::Relaxed);
+    let runs = tools.runs();
     drop(tools);
     record(&state, &outcome, runs);
     let o = outcome.map_err(agent_error)?;
@@ -303,7 +238,7 @@ pub(crate) async fn run(State(state): State<AppState>, req: Request) -> Result<R
     ))]
 pub(crate) async fn run_chat_completions(
     state: State<AppState>,
-    req: Request,
+    req: Reserved,
 ) -> Result<Response, ApiError> {
     run(state, req).await
 }
@@ -350,7 +285,7 @@ fn agent_error(e: runcell_agent::AgentError) -> ApiError {
 fn stream(
     state: AppState,
     upstream: AuditedModel,
-    tools: ServerTools,
+    tools: ServiceTools,
     offered: Vec<runcell_agent::ToolSpec>,
     valid: runcell_agent::api::ValidAgentRequest,
     id: String,
@@ -397,7 +332,7 @@ fn stream(
             &on_event,
         )
         .await;
-        let runs = tools.runs.load(Ordering::Relaxed);
+        let runs = tools.runs();
         drop(tools);
         record(&state2, &r, runs);
         match r {

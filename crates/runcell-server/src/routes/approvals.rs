@@ -3,15 +3,16 @@
 //! the TOML key entry, or `--admin-key`); a server without keys (loopback only) has no one to
 //! tell apart, and lets any caller decide.
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
+use runcell_core::service::PendingRun;
+use runcell_core::Caller;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::approvals::PendingRun;
 use crate::error::{ApiError, ErrorBody};
-use crate::middleware::caller_of;
+use crate::extract::{Requester, Unlined};
 use crate::state::AppState;
 
 /// `GET /v1/approvals`.
@@ -35,13 +36,13 @@ pub enum DecisionKind {
     Deny,
 }
 
-fn require_admin(state: &AppState, req: &Request) -> Result<(), ApiError> {
+fn require_admin(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
     if !state.inner.keys.is_empty() {
-        let key = req
-            .extensions()
-            .get::<crate::auth::KeyId>()
-            .and_then(|k| k.0.clone());
-        if !key.is_some_and(|k| state.inner.admin_keys.contains(&k)) {
+        if !caller
+            .key_id
+            .as_ref()
+            .is_some_and(|k| state.inner.admin_keys.contains(k))
+        {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -62,11 +63,11 @@ fn require_admin(state: &AppState, req: &Request) -> Result<(), ApiError> {
     ))]
 pub(crate) async fn list(
     State(state): State<AppState>,
-    req: Request,
+    Requester(caller): Requester,
 ) -> Result<Json<PendingRuns>, ApiError> {
-    require_admin(&state, &req)?;
+    require_admin(&state, &caller)?;
     Ok(Json(PendingRuns {
-        approvals: state.inner.approvals.list(),
+        approvals: state.service().approvals().list(),
     }))
 }
 
@@ -84,19 +85,18 @@ pub(crate) async fn list(
 pub(crate) async fn decide(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    req: Request,
+    Unlined(mut req): Unlined,
 ) -> Result<Json<DecisionBody>, ApiError> {
-    require_admin(&state, &req)?;
-    let (parts, body) = req.into_parts();
-    let caller = caller_of(&parts, "http");
-    let bytes = super::execute::read_body(body, &parts.headers, 4096, None).await?;
+    let caller = &req.caller;
+    require_admin(&state, caller)?;
+    let bytes = req.read(Some(4096)).await?;
     let d: DecisionBody = super::execute::parse_body(&bytes)?;
     if state
-        .inner
-        .approvals
+        .service()
+        .approvals()
         .decide(&id, d.decision == DecisionKind::Approve)
     {
-        tracing::info!(approval = %id, decision = ?d.decision, by = ?caller.key_id,
+        tracing::info!(approval = %id, decision = ?d.decision, by = ?req.caller.key_id,
             "network approval decided");
         Ok(Json(d))
     } else {

@@ -1,27 +1,23 @@
 //! `POST /v1/execute`: run code, answer the verdict as JSON or as server-sent events.
 
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::http::header::{HeaderValue, ACCEPT, CONTENT_LENGTH};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::header::{HeaderValue, ACCEPT};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::BoxFuture;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use runcell_core::intake;
 use runcell_core::stream::TextSink;
-use runcell_core::{ExecRequest, NoSink, Stream, Verdict};
+use runcell_core::{Call, ExecRequest, NoSink, Source, Stream, Target, TargetKind, Verdict};
 use serde_json::json;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::deliver::Hold;
 use crate::error::{ApiError, ErrorBody};
-use crate::middleware::caller_of;
+use crate::extract::Reserved;
 use crate::state::AppState;
 
 /// What the run sends to the response stream.
@@ -46,83 +42,21 @@ pub(crate) fn wants_events(headers: &HeaderMap) -> bool {
         })
 }
 
-/// How long a request body may take to arrive.
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Read a request body: 413 beyond `limit` (from `Content-Length` at once, otherwise once the
-/// cap is crossed), 408 if it takes longer than [`BODY_READ_TIMEOUT`]. With a `budget`, the
-/// bytes received take permits from it while the body is read; 429 when it is exhausted (many
-/// large bodies arriving at once, or trickling in).
-pub(crate) async fn read_body(
-    body: Body,
-    headers: &HeaderMap,
-    limit: usize,
-    budget: Option<&Arc<Semaphore>>,
-) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::too_large(limit));
-    }
-    let collect = async {
-        let mut body = Limited::new(body, limit);
-        let mut buf = Vec::new();
-        let mut held: Option<OwnedSemaphorePermit> = None;
-        while let Some(frame) = body.frame().await {
-            let frame = match frame {
-                Ok(f) => f,
-                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                    return Err(ApiError::too_large(limit))
-                }
-                Err(e) => {
-                    return Err(ApiError::invalid(format!(
-                        "The request body could not be read: {e}."
-                    )))
-                }
-            };
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            if let Some(budget) = budget {
-                let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
-                let permit = budget.clone().try_acquire_many_owned(n).map_err(|_| {
-                    ApiError::rate_limited(
-                        "The server is receiving too many request bodies at once. Retry shortly.",
-                    )
-                })?;
-                match &mut held {
-                    Some(h) => h.merge(permit),
-                    None => held = Some(permit),
-                }
-            }
-            buf.extend_from_slice(&data);
-        }
-        Ok(Bytes::from(buf))
-    };
-    // A body trickled in slowly would hold its place in line: it gets a deadline.
-    match tokio::time::timeout(BODY_READ_TIMEOUT, collect).await {
-        Ok(r) => r,
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            format!(
-                "The request body did not arrive within {} s.",
-                BODY_READ_TIMEOUT.as_secs()
-            ),
-        )),
-    }
+/// Parse a body as the one request, as the HTTP API sends it to `target`.
+pub(crate) fn parse_request(
+    state: &AppState,
+    bytes: &[u8],
+    target: TargetKind,
+) -> Result<ExecRequest, ApiError> {
+    intake::parse_json(bytes, Source::Api, target, state.service().offers()).map_err(|e| {
+        state.inner.metrics.rejected(e.category());
+        ApiError::from(e)
+    })
 }
 
+/// A small JSON body that is not a request (an approval's decision).
 pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        use serde_json::error::Category;
-        match e.classify() {
-            Category::Data => ApiError::invalid(format!("Invalid request: {e}.")),
-            _ => ApiError::invalid(format!("The request body is not valid JSON: {e}.")),
-        }
-    })
+    serde_json::from_slice(bytes).map_err(|e| ApiError::from(intake::json_error(e)))
 }
 
 /// Aborts the run's task (which kills its sandbox) when the event stream is dropped.
@@ -139,7 +73,7 @@ impl Drop for AbortOnDrop {
 /// `Accept: text/event-stream` the answer is a stream of server-sent events: `stdout` and
 /// `stderr` (`{"text": ...}`) as the program writes, then one `result` carrying the verdict
 /// (or `error` carrying an error body).
-#[utoipa::path(post, path = "/v1/execute", tag = "execute", request_body = ExecRequest,
+#[utoipa::path(post, path = "/v1/execute", tag = "execute", request_body = crate::openapi::ExecRequest,
     responses(
         (status = 200, description = "The verdict (JSON), or with `Accept: text/event-stream` \
             events `stdout`/`stderr` (`{\"text\": \"...\"}`) then `result` (the verdict)",
@@ -158,25 +92,28 @@ impl Drop for AbortOnDrop {
     ))]
 pub(crate) async fn execute(
     State(state): State<AppState>,
-    req: Request,
+    mut req: Reserved,
 ) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    let reservation = state.reserve()?;
-    let parsed = match read_body(body, &parts.headers, state.inner.max_body_bytes, None).await {
-        Ok(bytes) => parse_body::<ExecRequest>(&bytes),
-        Err(e) => Err(e),
-    };
-    let req = parsed.inspect_err(|e| state.inner.metrics.rejected(e.category))?;
-    let admitted = reservation.admit(req, caller_of(&parts, "http")).await?;
-    if let Some(hold) = parts.extensions.get::<Hold>() {
-        admitted.hold_until_delivered(hold);
-    }
+    let bytes = req.read(None).await?;
+    let request = parse_request(&state, &bytes, TargetKind::OneShot)?;
+    drop(bytes);
+    let call = Call::new(req.caller.clone(), Source::Api, Target::OneShot, request);
+    let admitted = state.service().admit(req.ticket.clone(), call).await?;
+    answer(&state, &req.headers, admitted).await
+}
 
-    if !wants_events(&parts.headers) {
+/// Answer an admitted run: its verdict as JSON, or as server-sent events when the client
+/// asked for them.
+pub(crate) async fn answer(
+    state: &AppState,
+    headers: &HeaderMap,
+    admitted: runcell_core::Admitted,
+) -> Result<Response, ApiError> {
+    if !wants_events(headers) {
         return Ok(Json(admitted.run(Box::new(NoSink)).await?).into_response());
     }
-    Ok(event_stream(&state, move |sink| {
-        Box::pin(async move { admitted.run(sink).await })
+    Ok(event_stream(state, move |sink| {
+        Box::pin(async move { admitted.run(sink).await.map_err(ApiError::from) })
     }))
 }
 

@@ -74,7 +74,7 @@ pub(crate) async fn openapi_json(State(state): State<AppState>) -> Response {
     // Built per request (cheap, a few hundred microseconds): the request schemas depend on
     // this server's policy, so it cannot be a process-wide static.
     let doc = crate::openapi::served(
-        state.inner.engine.config(),
+        state.engine().config(),
         state.sessions().policy(),
         state.inner.agent.as_ref().map(|a| &a.policy),
     );
@@ -98,7 +98,8 @@ pub(crate) async fn metrics(
 ) -> Response {
     let text = state.inner.metrics.render(
         state.runs().active(),
-        &state.inner.engine.pool_stats(),
+        state.service().admission().stats().waiting,
+        &state.engine().pool_stats(),
         state.sessions().stats(),
     );
     let accept = headers
@@ -132,7 +133,7 @@ pub(crate) async fn runtimes(
     State(state): State<AppState>,
 ) -> Result<Json<RuntimesResponse>, ApiError> {
     let list = state.runtimes().await?;
-    let p = state.inner.engine.policy().clone();
+    let p = state.engine().policy().clone();
     Ok(Json(RuntimesResponse {
         runtimes: list.as_ref().clone(),
         limits: LimitsInfo {

@@ -2,74 +2,22 @@
 //! an idle TTL; calls run in it with `POST /v1/sessions/{id}/execute` and keep the
 //! interpreter's state; its /workspace can be listed, read and written; it ends on `DELETE`, on
 //! expiry, or with the server. A session belongs to the API key that created it: any other key
-//! gets 404.
-
-use std::sync::Arc;
-use std::time::Instant;
+//! gets 404. Every handler goes through the run service: a place in line before its body is
+//! read, the intake's checks, a slot for anything that builds or runs a sandbox.
 
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use runcell_core::{
-    CellRequest, ExecRequest, KillSwitch, NoSink, OutputSink, SessionError, SessionInfo,
-    SessionRequest, SessionTarget, Verdict, WorkspaceListing,
-};
+use runcell_core::{Call, SessionInfo, Source, Target, TargetKind, WorkspaceListing};
 use serde::Serialize;
 
-use super::execute::{event_stream, parse_body, read_body, wants_events};
-use crate::audit::{AuditRequest, Caller};
+use super::execute::{answer, parse_request};
 use crate::error::{ApiError, ErrorBody};
-use crate::middleware::caller_of;
+use crate::extract::{Requester, Reserved};
 use crate::state::AppState;
-
-impl From<SessionError> for ApiError {
-    fn from(e: SessionError) -> Self {
-        match e {
-            SessionError::NotFound(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
-            }
-            SessionError::Busy => {
-                ApiError::new(StatusCode::CONFLICT, "session_busy", e.to_string())
-            }
-            SessionError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
-            SessionError::Invalid(m) => ApiError::invalid(m),
-            SessionError::TooMany(m) => ApiError::rate_limited(m),
-            SessionError::ShuttingDown => ApiError::unavailable(e.to_string()),
-            SessionError::Failed(v) => {
-                let category = v.category().map_or("internal", |c| c.as_str());
-                let message = v.error.map(|e| e.message).unwrap_or_default();
-                match category {
-                    "runtime_unavailable" | "invalid_request" => {
-                        ApiError::new(StatusCode::BAD_REQUEST, category, message)
-                    }
-                    _ => ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "sandbox_failure",
-                        message,
-                    ),
-                }
-            }
-        }
-    }
-}
-
-/// The caller's key (the owner of its sessions); `None` without authentication.
-fn owner(caller: &Caller) -> Option<String> {
-    caller.key_id.clone()
-}
-
-/// Run blocking session work off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, SessionError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|_| ApiError::internal("The session operation failed unexpectedly."))?
-        .map_err(ApiError::from)
-}
 
 /// The caller's live sessions.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -79,7 +27,7 @@ pub(crate) struct SessionList {
 
 /// Create a session: its sandbox is built and its interpreter started before this answers.
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "create_session",
-    request_body(content = SessionRequest, description = "`language`, `files`, `ttl` (idle \
+    request_body(content = crate::openapi::SessionRequest, description = "`language`, `files`, `ttl` (idle \
         seconds, default 600) and limits under their usual names: `timeout` is each call's \
         default, `memory`, `pids`, `disk`, `cpus` are the whole session's."),
     responses(
@@ -91,15 +39,14 @@ pub(crate) struct SessionList {
     ))]
 pub(crate) async fn create(
     State(state): State<AppState>,
-    req: Request,
+    mut req: Reserved,
 ) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    let caller = caller_of(&parts, "http");
-    let bytes = read_body(body, &parts.headers, state.inner.max_body_bytes, None).await?;
-    let request: SessionRequest = parse_body(&bytes)?;
-    let sessions = state.sessions().clone();
-    let who = owner(&caller);
-    let info = blocking(move || sessions.create(who.as_deref(), &request)).await?;
+    let bytes = req.read(None).await?;
+    let request = parse_request(&state, &bytes, TargetKind::CreateSession)?;
+    drop(bytes);
+    let call = Call::new(req.caller.clone(), Source::Api, Target::CreateSession, request);
+    let admitted = state.service().admit(req.ticket.clone(), call).await?;
+    let info = admitted.create().await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
@@ -109,11 +56,12 @@ pub(crate) async fn create(
         (status = 200, description = "The caller's sessions", body = SessionList),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
     ))]
-pub(crate) async fn list(State(state): State<AppState>, req: Request) -> Json<SessionList> {
-    let (parts, _) = req.into_parts();
-    let who = owner(&caller_of(&parts, "http"));
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    Requester(caller): Requester,
+) -> Json<SessionList> {
     Json(SessionList {
-        sessions: state.sessions().list(who.as_deref()),
+        sessions: state.service().sessions_of(&caller),
     })
 }
 
@@ -128,11 +76,9 @@ pub(crate) async fn list(State(state): State<AppState>, req: Request) -> Json<Se
 pub(crate) async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    req: Request,
+    Requester(caller): Requester,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    let (parts, _) = req.into_parts();
-    let who = owner(&caller_of(&parts, "http"));
-    Ok(Json(state.sessions().get(who.as_deref(), &id)?))
+    Ok(Json(state.service().session(&caller, &id)?))
 }
 
 /// End a session: its processes and sandbox are gone (a running call is killed first).
@@ -147,12 +93,9 @@ pub(crate) async fn get(
 pub(crate) async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    req: Request,
+    Requester(caller): Requester,
 ) -> Result<StatusCode, ApiError> {
-    let (parts, _) = req.into_parts();
-    let who = owner(&caller_of(&parts, "http"));
-    let sessions = state.sessions().clone();
-    blocking(move || sessions.delete(who.as_deref(), &id)).await?;
+    state.service().delete_session(&caller, id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -162,11 +105,11 @@ pub(crate) async fn delete(
 #[utoipa::path(post, path = "/v1/sessions/{id}/execute", tag = "sessions",
     operation_id = "execute_in_session",
     params(("id" = String, Path, description = "The session's id")),
-    request_body(content = CellRequest, description = "`code`, `stdin`, `files`, and the call's \
+    request_body(content = crate::openapi::CellRequest, description = "`code`, `stdin`, `files`, and the call's \
         own `timeout`."),
     responses(
         (status = 200, description = "The verdict (JSON), or events as for /v1/execute",
-            content((Verdict = "application/json"), (String = "text/event-stream"))),
+            content((runcell_core::Verdict = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "Invalid request", body = ErrorBody),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
         (status = 404, description = "No such session for this key", body = ErrorBody),
@@ -176,120 +119,16 @@ pub(crate) async fn delete(
 pub(crate) async fn execute(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    req: Request,
+    mut req: Reserved,
 ) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    let caller = caller_of(&parts, "http");
-    let reservation = state.reserve()?;
-    let bytes = read_body(body, &parts.headers, state.inner.max_body_bytes, None).await?;
-    let cell: CellRequest =
-        parse_body(&bytes).inspect_err(|e: &ApiError| state.inner.metrics.rejected(e.category))?;
-    // The session must exist for this key before anything waits.
-    let who = owner(&caller);
-    let info = state.sessions().get(who.as_deref(), &id)?;
-    let mut req = ExecRequest::new(info.language, cell.code);
-    req.stdin = cell.stdin;
-    req.files = cell.files;
-    req.limits.timeout = cell.timeout;
-    if wants_events(&parts.headers) {
-        // A streamed answer could only say "invalid" in an event: the call is checked first
-        // (off the async threads: it decodes the files), refused as `session_call` would.
-        let cell = CellRequest {
-            code: req.code.clone(),
-            stdin: req.stdin.clone(),
-            files: req.files.clone(),
-            timeout: req.limits.timeout,
-        };
-        let sessions = state.sessions().clone();
-        let id2 = id.clone();
-        if let Err(e) = blocking(move || sessions.check_call(who.as_deref(), &id2, &cell)).await {
-            state.inner.metrics.rejected(e.category);
-            let mut audit = AuditRequest::from(&req);
-            audit.session_id = Some(id);
-            state
-                .inner
-                .audit
-                .record(&caller, &audit, Err(e.category), 0.0);
-            return Err(e);
-        }
-    }
-    let target = SessionTarget::Id(id);
-    if !wants_events(&parts.headers) {
-        let v = session_call(state, reservation, caller, target, req, Box::new(NoSink)).await?;
-        return Ok(Json(v).into_response());
-    }
-    Ok(event_stream(&state.clone(), move |sink| {
-        Box::pin(session_call(state, reservation, caller, target, req, sink))
-    }))
-}
-
-/// One call in a session (an HTTP call, or an MCP call with `session_id`), admitted like any
-/// execution: it waits for a sandbox slot, runs on a blocking thread, is counted and audited
-/// (with its session's id). Dropping the future interrupts the call; the session survives.
-pub(crate) async fn session_call(
-    state: AppState,
-    reservation: crate::admission::Reservation,
-    caller: Caller,
-    target: SessionTarget,
-    req: ExecRequest,
-    sink: Box<dyn OutputSink + Send>,
-) -> Result<Verdict, ApiError> {
-    let s = &state.inner;
-    if let Err(message) = runcell_core::session::offline_only(&req) {
-        let e = ApiError::invalid(message);
-        s.metrics.rejected(e.category);
-        s.audit
-            .record(&caller, &AuditRequest::from(&req), Err(e.category), 0.0);
-        drop(reservation);
-        return Err(e);
-    }
-    let started = Instant::now();
-    let running = {
-        let _queued = s.metrics.queued();
-        s.running
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| ApiError::unavailable("The server is shutting down."))?
-    };
-    let ks = KillSwitch::new()
-        .map_err(|_| ApiError::unavailable("The server cannot start a run right now."))?;
-    let entry = s.runs.register(ks.clone());
-    let mut audit = AuditRequest::from(&req);
-    if let SessionTarget::Id(id) = &target {
-        audit.session_id = Some(id.clone());
-    }
-    let st = state.clone();
-    let owner = owner(&caller);
-    let finish = move |r: &Result<Verdict, SessionError>| {
-        let seconds = started.elapsed().as_secs_f64();
-        match r {
-            Ok(v) => {
-                audit.session_id = v.session_id.clone();
-                st.inner.metrics.executed(caller.interface, v, seconds);
-                st.inner.audit.record(&caller, &audit, Ok(v), seconds);
-            }
-            Err(e) => {
-                let e = ApiError::from(e.clone());
-                st.inner.metrics.rejected(e.category);
-                st.inner
-                    .audit
-                    .record(&caller, &audit, Err(e.category), seconds);
-            }
-        }
-    };
-    s.sessions
-        .run_request_blocking(
-            owner,
-            target,
-            req,
-            sink,
-            ks,
-            (reservation, running, entry),
-            finish,
-        )
-        .await
-        .map_err(ApiError::from)
+    let bytes = req.read(None).await?;
+    let request = parse_request(&state, &bytes, TargetKind::Session)?;
+    drop(bytes);
+    let call = Call::new(req.caller.clone(), Source::Api, Target::Session(id), request);
+    // Checked (the session exists for this key, the call fits it) before anything waits or a
+    // stream's 200 is sent.
+    let admitted = state.service().admit(req.ticket.clone(), call).await?;
+    answer(&state, &req.headers, admitted).await
 }
 
 /// The files of the session's /workspace (paths and sizes).
@@ -305,13 +144,13 @@ pub(crate) async fn session_call(
 pub(crate) async fn list_files(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    req: Request,
+    req: Reserved,
 ) -> Result<Json<WorkspaceListing>, ApiError> {
-    let (parts, _) = req.into_parts();
-    let who = owner(&caller_of(&parts, "http"));
-    let sessions = state.sessions().clone();
     Ok(Json(
-        blocking(move || sessions.list_files(who.as_deref(), &id)).await?,
+        state
+            .service()
+            .list_files(&req.ticket, &req.caller, id)
+            .await?,
     ))
 }
 
@@ -332,13 +171,12 @@ pub(crate) async fn list_files(
 pub(crate) async fn get_file(
     State(state): State<AppState>,
     Path((id, path)): Path<(String, String)>,
-    req: Request,
+    req: Reserved,
 ) -> Result<Response, ApiError> {
-    let (parts, _) = req.into_parts();
-    let who = owner(&caller_of(&parts, "http"));
-    let sessions = state.sessions().clone();
-    let p = path.clone();
-    let data = blocking(move || sessions.read_file(who.as_deref(), &id, &p)).await?;
+    let data = state
+        .service()
+        .read_file(&req.ticket, &req.caller, id, path.clone())
+        .await?;
     let Some(data) = data else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -377,20 +215,18 @@ pub(crate) async fn get_file(
 pub(crate) async fn put_file(
     State(state): State<AppState>,
     Path((id, path)): Path<(String, String)>,
-    req: Request,
+    mut req: Reserved,
 ) -> Result<StatusCode, ApiError> {
-    let (parts, body) = req.into_parts();
-    let who = owner(&caller_of(&parts, "http"));
+    // The session must exist for this key, and be free, before its body is read.
+    state.service().check_session_idle(&req.caller, &id)?;
     let cap = state.engine().policy().max_input_file_bytes;
-    let data = read_body(
-        body,
-        &parts.headers,
-        usize::try_from(cap).unwrap_or(usize::MAX),
-        None,
-    )
-    .await?;
-    let sessions: Arc<runcell_core::Sessions> = state.sessions().clone();
-    blocking(move || sessions.write_file(who.as_deref(), &id, &path, &data)).await?;
+    let data = req
+        .read(Some(usize::try_from(cap).unwrap_or(usize::MAX)))
+        .await?;
+    state
+        .service()
+        .write_file(&req.ticket, &req.caller, id, path, data.to_vec())
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -399,7 +235,7 @@ pub(crate) async fn put_file(
 pub(crate) async fn get_nested_file(
     state: State<AppState>,
     Path((id, dir, rest)): Path<(String, String, String)>,
-    req: Request,
+    req: Reserved,
 ) -> Result<Response, ApiError> {
     get_file(state, Path((id, format!("{dir}/{rest}"))), req).await
 }
@@ -408,7 +244,7 @@ pub(crate) async fn get_nested_file(
 pub(crate) async fn put_nested_file(
     state: State<AppState>,
     Path((id, dir, rest)): Path<(String, String, String)>,
-    req: Request,
+    req: Reserved,
 ) -> Result<StatusCode, ApiError> {
     put_file(state, Path((id, format!("{dir}/{rest}"))), req).await
 }

@@ -1,6 +1,8 @@
-//! Network approval over HTTP: with `--net-approval`, a run that asks for network waits,
-//! before it runs, until a person with an admin key approves or denies it
-//! (`GET /v1/approvals`, `POST /v1/approvals/{id}`), or until its deadline.
+//! Network approval by the operator: with `--net-approval`, a run that asks for network
+//! waits, before it runs, until a person with an admin key approves or denies it (over HTTP:
+//! `GET /v1/approvals`, `POST /v1/approvals/{id}`), or until its deadline. (An MCP client's
+//! user may approve instead, where the operator chose so: the MCP door asks, and the run
+//! comes here approved.)
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,6 +11,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use tokio::sync::oneshot;
+
+use crate::session::rfc3339;
 
 /// A run waiting for approval, as `GET /v1/approvals` lists it: who asks, for what, and
 /// which code (its digest and size; the code itself may hold the user's data).
@@ -75,10 +79,12 @@ impl Approvals {
     /// List `run` (its `id`, times filled in here) and wait up to `within` for a decision.
     pub async fn wait(self: &Arc<Self>, mut run: PendingRun, within: Duration) -> Decision {
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        run.id = format!("apr_{n}_{}", uuid::Uuid::new_v4().simple());
+        let mut random = [0u8; 16];
+        let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
+        run.id = format!("apr_{n}_{}", crate::to_hex(&random));
         let now = SystemTime::now();
-        run.requested_at = humantime::format_rfc3339_seconds(now).to_string();
-        run.expires_at = humantime::format_rfc3339_seconds(now + within).to_string();
+        run.requested_at = rfc3339(now);
+        run.expires_at = rfc3339(now + within);
         let (tx, rx) = oneshot::channel();
         let id = run.id.clone();
         {

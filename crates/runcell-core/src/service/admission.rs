@@ -1,0 +1,589 @@
+//! Admission: places in line, the memory of the bodies they carry, and the sandbox slots, each
+//! shared fairly between API keys.
+//!
+//! * A **place in line** ([`Ticket`]) is taken before anything of a request is read: at most
+//!   `max_concurrent + max_queue` exist, and one key holds at most its share of them (see
+//!   [`crate::session::owner_share`]: everything with one key, half each with two, room for
+//!   a newcomer with many). Beyond them, 429.
+//! * The **body budget**: the bytes a request holds in the server's memory (its body while it
+//!   is read and parsed, a waiting run's request, an agent request's conversation) are taken
+//!   from one budget of `places × max_body_bytes`, again shared between keys. A run waiting
+//!   for a person's approval gives its place back but keeps its bytes: the memory of waiting
+//!   runs is bounded too.
+//! * A **slot** is a sandbox running: `max_concurrent` at most. When one frees, it goes to the
+//!   waiting request of the key that runs the fewest sandboxes now (the oldest of its
+//!   requests), so that no key's runs wait behind another key's queue.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use crate::error::RunError;
+use crate::session::owner_share;
+
+/// How much the server admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionPolicy {
+    /// Sandboxes running at once.
+    pub max_concurrent: usize,
+    /// Requests waiting for a sandbox beyond those.
+    pub max_queue: usize,
+    /// The largest request body: each place in line may hold this much in memory.
+    pub max_body_bytes: u64,
+    /// The API keys that share the server (1 without keys).
+    pub keys: usize,
+}
+
+impl AdmissionPolicy {
+    /// One sandbox at a time, nobody else waiting: a command-line run.
+    pub fn single() -> AdmissionPolicy {
+        AdmissionPolicy {
+            max_concurrent: 1,
+            max_queue: 0,
+            max_body_bytes: u64::MAX / 4,
+            keys: 1,
+        }
+    }
+
+    fn places(&self) -> usize {
+        self.max_concurrent.saturating_add(self.max_queue).max(1)
+    }
+
+    fn body_budget(&self) -> u64 {
+        (self.places() as u64).saturating_mul(self.max_body_bytes)
+    }
+}
+
+/// Who holds a place: an API key's id (`None` without keys).
+type Owner = Option<String>;
+
+#[derive(Default)]
+struct State {
+    places: usize,
+    places_by: HashMap<Owner, usize>,
+    bytes: u64,
+    bytes_by: HashMap<Owner, u64>,
+    running: usize,
+    running_by: HashMap<Owner, usize>,
+    /// When each key last got a slot (a count of grants): among keys that run as few
+    /// sandboxes, the one served longest ago goes first.
+    last_grant: HashMap<Owner, u64>,
+    grants: u64,
+    waiting: Vec<Waiter>,
+    next_waiter: u64,
+    closed: bool,
+}
+
+/// A request waiting for a slot. A grant is counted as running when it is sent; the waiter
+/// turns it into a [`Slot`] (or gives it back, if it left meanwhile).
+struct Waiter {
+    id: u64,
+    owner: Owner,
+    grant: oneshot::Sender<()>,
+}
+
+fn add<K: Clone + Eq + std::hash::Hash>(m: &mut HashMap<K, usize>, k: &K, n: isize) {
+    let e = m.entry(k.clone()).or_default();
+    *e = e.saturating_add_signed(n);
+    if *e == 0 {
+        m.remove(k);
+    }
+}
+
+fn add_bytes(m: &mut HashMap<Owner, u64>, k: &Owner, n: u64, up: bool) {
+    let e = m.entry(k.clone()).or_default();
+    *e = if up {
+        e.saturating_add(n)
+    } else {
+        e.saturating_sub(n)
+    };
+    if *e == 0 {
+        m.remove(k);
+    }
+}
+
+/// Others than `owner` that hold something in `m`.
+fn others<V>(m: &HashMap<Owner, V>, owner: &Owner) -> usize {
+    m.keys().filter(|k| *k != owner).count()
+}
+
+struct Shared {
+    policy: AdmissionPolicy,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The server's admission. Cheap to clone.
+#[derive(Clone)]
+pub struct Admission(Arc<Shared>);
+
+/// What admission holds now, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdmissionStats {
+    /// Places in line held (running, waiting for a slot, being read, delivered).
+    pub places: usize,
+    /// Sandboxes running.
+    pub running: usize,
+    /// Requests waiting for a slot.
+    pub waiting: usize,
+    /// Bytes of the body budget held.
+    pub bytes: u64,
+}
+
+impl Admission {
+    pub fn new(policy: AdmissionPolicy) -> Admission {
+        Admission(Arc::new(Shared {
+            policy,
+            state: Mutex::default(),
+        }))
+    }
+
+    pub fn policy(&self) -> &AdmissionPolicy {
+        &self.0.policy
+    }
+
+    pub fn stats(&self) -> AdmissionStats {
+        let s = self.0.lock();
+        AdmissionStats {
+            places: s.places,
+            running: s.running,
+            waiting: s.waiting.len(),
+            bytes: s.bytes,
+        }
+    }
+
+    /// A place in line for `owner`, or 429: the server is full, or the key holds its share.
+    pub fn reserve(&self, owner: Option<&str>) -> Result<Ticket, RunError> {
+        let owner: Owner = owner.map(str::to_string);
+        take_place(&self.0, &owner)?;
+        Ok(Ticket(Arc::new(TicketInner {
+            shared: self.0.clone(),
+            owner,
+            held: Mutex::new(Held {
+                place: true,
+                bytes: 0,
+            }),
+        })))
+    }
+
+    /// A ticket that holds bytes of the body budget but no place in line: the body of a
+    /// request that is not a run (an MCP message, an approval's decision).
+    pub fn unlined(&self, owner: Option<&str>) -> Ticket {
+        Ticket(Arc::new(TicketInner {
+            shared: self.0.clone(),
+            owner: owner.map(str::to_string),
+            held: Mutex::new(Held {
+                place: false,
+                bytes: 0,
+            }),
+        }))
+    }
+
+    /// No new slot from now on: waiting requests are refused (shutdown).
+    pub fn close(&self) {
+        let waiting = {
+            let mut s = self.0.lock();
+            s.closed = true;
+            std::mem::take(&mut s.waiting)
+        };
+        // Their senders dropped: each waiter wakes with an error.
+        drop(waiting);
+    }
+}
+
+fn take_place(shared: &Shared, owner: &Owner) -> Result<(), RunError> {
+    let p = &shared.policy;
+    let mut s = shared.lock();
+    if s.places >= p.places() {
+        return Err(RunError::rate_limited(format!(
+            "The server is at capacity ({} executions running, {} waiting). Retry shortly.",
+            p.max_concurrent, p.max_queue
+        )));
+    }
+    let mine = s.places_by.get(owner).copied().unwrap_or(0);
+    let share = (owner_share(p.places() as u64, p.keys, others(&s.places_by, owner)) as usize)
+        .max(1);
+    if mine >= share {
+        return Err(RunError::rate_limited(format!(
+            "This API key has {mine} requests in line, its share of the server's {} places \
+             (shared with the other keys). Retry when one of them has finished.",
+            p.places()
+        )));
+    }
+    s.places += 1;
+    add(&mut s.places_by, owner, 1);
+    Ok(())
+}
+
+struct Held {
+    place: bool,
+    bytes: u64,
+}
+
+struct TicketInner {
+    shared: Arc<Shared>,
+    owner: Owner,
+    held: Mutex<Held>,
+}
+
+impl TicketInner {
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for TicketInner {
+    fn drop(&mut self) {
+        let held = self.held();
+        let (place, bytes) = (held.place, held.bytes);
+        drop(held);
+        let mut s = self.shared.lock();
+        if place {
+            s.places -= 1;
+            add(&mut s.places_by, &self.owner, -1);
+        }
+        s.bytes = s.bytes.saturating_sub(bytes);
+        add_bytes(&mut s.bytes_by, &self.owner, bytes, false);
+    }
+}
+
+/// A place in line and the bytes it holds; given back when the last clone is dropped (a
+/// response being delivered keeps a clone, so the place is held until the client has it).
+#[derive(Clone)]
+pub struct Ticket(Arc<TicketInner>);
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("owner", &self.0.owner)
+            .finish()
+    }
+}
+
+impl Ticket {
+    pub fn owner(&self) -> Option<&str> {
+        self.0.owner.as_deref()
+    }
+
+    /// Hold `n` more bytes of the body budget (a body being read, a request kept while it
+    /// waits), or 429 when the budget, or the key's share of it, is spent.
+    pub fn take_bytes(&self, n: u64) -> Result<(), RunError> {
+        let shared = &self.0.shared;
+        let p = &shared.policy;
+        let budget = p.body_budget();
+        let mut held = self.0.held();
+        let mut s = shared.lock();
+        let owner = &self.0.owner;
+        let mine = s.bytes_by.get(owner).copied().unwrap_or(0);
+        let share = owner_share(budget, p.keys, others(&s.bytes_by, owner));
+        if s.bytes.saturating_add(n) > budget || mine.saturating_add(n) > share {
+            return Err(RunError::rate_limited(
+                "The server is receiving or holding too many request bodies at once. Retry \
+                 shortly.",
+            ));
+        }
+        s.bytes += n;
+        add_bytes(&mut s.bytes_by, owner, n, true);
+        held.bytes += n;
+        Ok(())
+    }
+
+    /// Give back bytes no longer held (a body parsed into something smaller).
+    pub fn give_back_bytes(&self, n: u64) {
+        let mut held = self.0.held();
+        let n = n.min(held.bytes);
+        held.bytes -= n;
+        let mut s = self.0.shared.lock();
+        s.bytes = s.bytes.saturating_sub(n);
+        add_bytes(&mut s.bytes_by, &self.0.owner, n, false);
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> u64 {
+        self.0.held().bytes
+    }
+
+    /// Leave the line while waiting for something that is not the server's (a person's
+    /// approval), keeping the bytes.
+    pub fn release_place(&self) {
+        let mut held = self.0.held();
+        if !held.place {
+            return;
+        }
+        held.place = false;
+        let mut s = self.0.shared.lock();
+        s.places -= 1;
+        add(&mut s.places_by, &self.0.owner, -1);
+    }
+
+    /// Back in line (429 if the server filled up meanwhile).
+    pub fn retake_place(&self) -> Result<(), RunError> {
+        let mut held = self.0.held();
+        if held.place {
+            return Ok(());
+        }
+        take_place(&self.0.shared, &self.0.owner)?;
+        held.place = true;
+        Ok(())
+    }
+
+    /// A sandbox slot, waited for: granted fairly between keys (see the module). Dropping the
+    /// future gives up the wait (or the slot, if it was just granted).
+    pub async fn slot(&self) -> Result<Slot, RunError> {
+        let shared = &self.0.shared;
+        let owner = self.0.owner.clone();
+        let rx = {
+            let mut s = shared.lock();
+            if s.closed {
+                return Err(RunError::unavailable("The server is shutting down."));
+            }
+            if s.running < shared.policy.max_concurrent && s.waiting.is_empty() {
+                s.running += 1;
+                add(&mut s.running_by, &owner, 1);
+                s.note_grant(&owner);
+                return Ok(Slot {
+                    shared: shared.clone(),
+                    owner,
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            s.next_waiter += 1;
+            let id = s.next_waiter;
+            s.waiting.push(Waiter {
+                id,
+                owner: owner.clone(),
+                grant: tx,
+            });
+            WaitGuard {
+                shared: shared.clone(),
+                id,
+                owner,
+                rx: Some(rx),
+            }
+        };
+        rx.wait().await
+    }
+}
+
+/// A request waiting for a slot: leaves the waiting list when dropped.
+struct WaitGuard {
+    shared: Arc<Shared>,
+    id: u64,
+    owner: Owner,
+    rx: Option<oneshot::Receiver<()>>,
+}
+
+impl WaitGuard {
+    async fn wait(mut self) -> Result<Slot, RunError> {
+        let Some(rx) = self.rx.as_mut() else {
+            return Err(RunError::internal("a slot was waited for twice"));
+        };
+        match rx.await {
+            Ok(()) => {
+                self.rx = None;
+                Ok(Slot {
+                    shared: self.shared.clone(),
+                    owner: self.owner.clone(),
+                })
+            }
+            Err(_) => {
+                self.rx = None;
+                Err(RunError::unavailable("The server is shutting down."))
+            }
+        }
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        self.shared.lock().waiting.retain(|w| w.id != self.id);
+        // Granted between the wake-up and now: give it back (its drop hands it on).
+        rx.close();
+        if rx.try_recv().is_ok() {
+            drop(Slot {
+                shared: self.shared.clone(),
+                owner: self.owner.clone(),
+            });
+        }
+    }
+}
+
+/// A sandbox running: given back (to the next waiter) when dropped.
+pub struct Slot {
+    shared: Arc<Shared>,
+    owner: Owner,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        s.running -= 1;
+        add(&mut s.running_by, &self.owner, -1);
+        hand_on(&self.shared.policy, &mut s);
+    }
+}
+
+impl State {
+    fn note_grant(&mut self, owner: &Owner) {
+        self.grants += 1;
+        let n = self.grants;
+        self.last_grant.insert(owner.clone(), n);
+    }
+}
+
+/// Give free slots to waiters: each to the oldest request of the key that runs the fewest
+/// sandboxes now, and among those the key served longest ago.
+fn hand_on(policy: &AdmissionPolicy, s: &mut State) {
+    while s.running < policy.max_concurrent && !s.waiting.is_empty() && !s.closed {
+        let pick = (0..s.waiting.len())
+            .min_by_key(|&i| {
+                let w = &s.waiting[i];
+                (
+                    s.running_by.get(&w.owner).copied().unwrap_or(0),
+                    s.last_grant.get(&w.owner).copied().unwrap_or(0),
+                    w.id,
+                )
+            })
+            .unwrap_or(0);
+        let w = s.waiting.remove(pick);
+        if w.grant.send(()).is_ok() {
+            s.running += 1;
+            add(&mut s.running_by, &w.owner, 1);
+            s.note_grant(&w.owner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(max_concurrent: usize, max_queue: usize, keys: usize) -> Admission {
+        Admission::new(AdmissionPolicy {
+            max_concurrent,
+            max_queue,
+            max_body_bytes: 100,
+            keys,
+        })
+    }
+
+    #[test]
+    fn places_are_bounded_in_total_and_per_key() {
+        let a = admission(2, 8, 2);
+        // One key of two: half of the ten places.
+        let mine: Vec<Ticket> = (0..5).map(|_| a.reserve(Some("a")).unwrap()).collect();
+        let e = a.reserve(Some("a")).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::RateLimited);
+        assert!(e.message.contains("share"), "{e}");
+        // The other key still gets in, up to the total.
+        let theirs: Vec<Ticket> = (0..5).map(|_| a.reserve(Some("b")).unwrap()).collect();
+        assert!(a.reserve(Some("b")).is_err());
+        assert_eq!(a.stats().places, 10);
+        drop(mine);
+        drop(theirs);
+        assert_eq!(a.stats(), AdmissionStats::default());
+        // With one key (or none), all of them.
+        let a = admission(2, 8, 1);
+        let all: Vec<Ticket> = (0..10).map(|_| a.reserve(None).unwrap()).collect();
+        assert!(a.reserve(None).unwrap_err().message.contains("capacity"));
+        drop(all);
+    }
+
+    #[test]
+    fn a_ticket_is_one_place_however_cloned_and_keeps_its_bytes_out_of_line() {
+        let a = admission(1, 1, 1);
+        let t = a.reserve(None).unwrap();
+        let kept = t.clone();
+        drop(t);
+        assert_eq!(a.stats().places, 1);
+        kept.take_bytes(150).unwrap();
+        // The budget is two places of 100 bytes.
+        assert!(kept.take_bytes(60).is_err());
+        kept.release_place();
+        assert_eq!(a.stats().places, 0);
+        assert_eq!(a.stats().bytes, 150);
+        let other = a.reserve(None).unwrap();
+        assert!(other.take_bytes(60).is_err(), "the waiting run's bytes still count");
+        kept.retake_place().unwrap();
+        drop(kept);
+        assert_eq!(a.stats().bytes, 0);
+        drop(other);
+        assert_eq!(a.stats(), AdmissionStats::default());
+    }
+
+    #[tokio::test]
+    async fn slots_go_to_the_key_that_runs_the_fewest() {
+        let a = admission(1, 20, 2);
+        let first = a.reserve(Some("a")).unwrap();
+        let running = first.slot().await.unwrap();
+        // Key a queues three, then key b one: b is served before a's second.
+        let queued_a: Vec<Ticket> = (0..3).map(|_| a.reserve(Some("a")).unwrap()).collect();
+        let b = a.reserve(Some("b")).unwrap();
+        let mut waits: Vec<_> = queued_a
+            .iter()
+            .map(|t| Box::pin(t.slot()))
+            .collect();
+        let mut wait_b = Box::pin(b.slot());
+        // Register every waiter (in this order) before any slot frees.
+        for w in &mut waits {
+            assert!(futures_poll(w).is_none());
+        }
+        assert!(futures_poll(&mut wait_b).is_none());
+        assert_eq!(a.stats().waiting, 4);
+        drop(running);
+        let got_b = futures_poll(&mut wait_b).expect("b's request got the slot");
+        assert!(got_b.is_ok());
+        for w in &mut waits {
+            assert!(futures_poll(w).is_none(), "a's requests wait behind b's");
+        }
+        drop(got_b);
+        assert!(futures_poll(&mut waits[0]).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_leaves_gives_its_grant_on() {
+        let a = admission(1, 4, 1);
+        let t1 = a.reserve(None).unwrap();
+        let running = t1.slot().await.unwrap();
+        let t2 = a.reserve(None).unwrap();
+        let t3 = a.reserve(None).unwrap();
+        let mut w2 = Box::pin(t2.slot());
+        let mut w3 = Box::pin(t3.slot());
+        assert!(futures_poll(&mut w2).is_none());
+        assert!(futures_poll(&mut w3).is_none());
+        // The slot is granted to t2, which leaves before it takes it.
+        drop(running);
+        drop(w2);
+        let got = futures_poll(&mut w3).expect("t3 got the slot t2 left");
+        assert!(got.is_ok());
+        assert_eq!(a.stats().running, 1);
+        drop(got);
+        assert_eq!(a.stats().running, 0);
+        a.close();
+        let t4 = a.reserve(None).unwrap();
+        assert!(t4.slot().await.is_err(), "no slot after close");
+    }
+
+    /// Poll a future once.
+    fn futures_poll<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        match std::pin::Pin::new(f).poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }
+}

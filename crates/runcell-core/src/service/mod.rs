@@ -1,0 +1,707 @@
+//! The one run service: every door (the HTTP API, MCP over stdio and HTTP, the agent loop in
+//! the server and on the command line, `runcell run` and `runcell repl`) runs code through
+//! it, and it does for each the same steps, in this order:
+//!
+//! 1. **Admission** ([`RunService::reserve`]): a place in line before anything of the
+//!    request is read, within the key's share ([`admission`]).
+//! 2. **Intake** ([`RunService::admit`]): the request checked against its target, merged with
+//!    its session's settings, within the per-key network narrowing, and validated against the
+//!    operator's policy (the engine's validation, done once).
+//! 3. **Approval**: a run that asks for network waits for a person where the operator
+//!    requires it, out of line but with its bytes held ([`approvals`]).
+//! 4. **A slot** ([`Admitted::run`]): a sandbox slot, granted fairly between keys.
+//! 5. **The engine or the session**, on a blocking thread, with a kill switch that fires when
+//!    the caller goes away, at shutdown, or when the caller's deadline passes.
+//! 6. **Audit and metrics**: every refusal and every verdict is reported to the
+//!    [`Observer`], also for a run nobody waits for any more.
+//!
+//! A door only translates its wire format into an [`ExecRequest`] (parsed with
+//! [`crate::intake::parse`] for its [`Source`] and [`Target`]) and renders the verdict or the
+//! [`RunError`].
+
+pub mod admission;
+pub mod approvals;
+pub mod observe;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use runcell_jail::{KillSwitch, OutputSink};
+
+pub use admission::{Admission, AdmissionPolicy, AdmissionStats, Slot, Ticket};
+pub use approvals::{Approvals, Decision, PendingRun};
+pub use observe::{language_label, Caller, Observer, Quiet, RunSummary};
+
+use crate::engine::{Engine, ValidRequest};
+use crate::error::{ErrorKind, RunError};
+use crate::intake::{check, merge_call, Offers, Source, Target};
+use crate::limits::{LimitOverrides, Millis};
+use crate::request::ExecRequest;
+use crate::session::{SessionInfo, SessionPolicy, Sessions, WorkspaceListing};
+use crate::verdict::{ErrorCategory, Verdict};
+
+/// The kill switches of the runs whose sandboxes exist right now.
+#[derive(Clone, Default)]
+pub struct RunRegistry(Arc<Mutex<Registry>>);
+
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    runs: HashMap<u64, KillSwitch>,
+    /// Set once the grace period is over: runs registered afterwards are killed at once.
+    killing: bool,
+}
+
+/// A registered run; leaves the registry when dropped (when its blocking task ends).
+pub struct RunEntry {
+    registry: RunRegistry,
+    id: u64,
+}
+
+impl Drop for RunEntry {
+    fn drop(&mut self) {
+        self.registry.lock().runs.remove(&self.id);
+    }
+}
+
+impl RunRegistry {
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(&self, ks: KillSwitch) -> RunEntry {
+        let mut r = self.lock();
+        if r.killing {
+            ks.trigger();
+        }
+        r.next += 1;
+        let id = r.next;
+        r.runs.insert(id, ks);
+        RunEntry {
+            registry: self.clone(),
+            id,
+        }
+    }
+
+    /// Kill every running sandbox (and any started from now on). Returns how many.
+    pub fn kill_all(&self) -> usize {
+        let mut r = self.lock();
+        r.killing = true;
+        for ks in r.runs.values() {
+            ks.trigger();
+        }
+        r.runs.len()
+    }
+
+    /// Sandboxes running now.
+    pub fn active(&self) -> usize {
+        self.lock().runs.len()
+    }
+}
+
+/// Places in line kept until a response is delivered (the HTTP server's delivery guard, an
+/// MCP response over HTTP): a verdict waiting for a client that reads slowly holds memory.
+#[derive(Clone, Default)]
+pub struct Hold(Arc<Mutex<Vec<Ticket>>>);
+
+impl Hold {
+    pub fn keep(&self, ticket: &Ticket) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ticket.clone());
+    }
+}
+
+/// What the service is built with besides the engine.
+#[derive(Clone)]
+pub struct ServiceConfig {
+    pub admission: AdmissionPolicy,
+    pub sessions: SessionPolicy,
+    /// Keys whose runs may ask only for these destinations (within the server's policy).
+    pub key_networks: HashMap<String, Vec<runcell_proxy::NetRule>>,
+}
+
+impl ServiceConfig {
+    /// One run at a time for the operator at the command line.
+    pub fn local() -> ServiceConfig {
+        ServiceConfig {
+            admission: AdmissionPolicy::single(),
+            sessions: SessionPolicy::default(),
+            key_networks: HashMap::new(),
+        }
+    }
+}
+
+/// The run service. Cheap to clone.
+#[derive(Clone)]
+pub struct RunService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    sessions: Arc<Sessions>,
+    admission: Admission,
+    approvals: Arc<Approvals>,
+    observer: Arc<dyn Observer>,
+    runs: RunRegistry,
+    key_networks: HashMap<String, Vec<runcell_proxy::NetRule>>,
+}
+
+/// One request for the service: who asks, through which door, where it goes, what it is.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub caller: Caller,
+    pub source: Source,
+    pub target: Target,
+    pub request: ExecRequest,
+    /// The run's network access was approved by the caller's own user already (an MCP
+    /// client's user, where the operator chose so): no operator approval is waited for.
+    pub approved: bool,
+    /// The caller's own deadline (an agent request's budget): the run's timeout is cut to
+    /// what is left of it.
+    pub deadline: Option<Instant>,
+}
+
+impl Call {
+    pub fn new(caller: Caller, source: Source, target: Target, request: ExecRequest) -> Call {
+        Call {
+            caller,
+            source,
+            target,
+            request,
+            approved: false,
+            deadline: None,
+        }
+    }
+}
+
+impl RunService {
+    /// The service over `engine`, with its own session table.
+    pub fn new(engine: Engine, config: ServiceConfig, observer: Arc<dyn Observer>) -> RunService {
+        let sessions = Sessions::new(engine.clone(), config.sessions);
+        RunService {
+            inner: Arc::new(Inner {
+                engine,
+                sessions,
+                admission: Admission::new(config.admission),
+                approvals: Arc::default(),
+                observer,
+                runs: RunRegistry::default(),
+                key_networks: config.key_networks,
+            }),
+        }
+    }
+
+    /// For the operator at the command line: one run at a time, nobody told.
+    pub fn local(engine: Engine) -> RunService {
+        RunService::new(engine, ServiceConfig::local(), Arc::new(Quiet))
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    pub fn sessions(&self) -> &Arc<Sessions> {
+        &self.inner.sessions
+    }
+
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.inner.approvals
+    }
+
+    pub fn runs(&self) -> &RunRegistry {
+        &self.inner.runs
+    }
+
+    pub fn admission(&self) -> &Admission {
+        &self.inner.admission
+    }
+
+    /// What the operator's policy offers to the doors that show only what is usable.
+    pub fn offers(&self) -> Offers {
+        Offers::of(self.inner.engine.config())
+    }
+
+    /// A place in line for `caller`, taken before anything of its request is read.
+    pub fn reserve(&self, caller: &Caller) -> Result<Ticket, RunError> {
+        self.inner
+            .admission
+            .reserve(caller.key_id.as_deref())
+            .inspect_err(|e| self.refused(caller, &RunSummary::default(), e))
+    }
+
+    /// A ticket for a body that is not a run's (no place in line; its bytes are counted).
+    pub fn reserve_bytes(&self, caller: &Caller) -> Ticket {
+        self.inner.admission.unlined(caller.key_id.as_deref())
+    }
+
+    /// Report a request a door refused before it reached the service (a body that is not a
+    /// request, an approval its user did not give): counted and audited like any refusal.
+    pub fn refused(&self, caller: &Caller, run: &RunSummary, e: &RunError) {
+        self.inner.observer.refused(caller, run, e);
+    }
+
+    /// Stop: no new slot, every running sandbox killed, every session ended. Blocking (the
+    /// sessions' sandboxes are torn down).
+    pub fn shutdown(&self) {
+        self.inner.admission.close();
+        self.inner.runs.kill_all();
+        self.inner.sessions.close_all();
+    }
+
+    /// The intake of one request: checked against its target, merged with its session,
+    /// validated against the policy, approved where that is needed. The place in line is
+    /// `ticket`'s.
+    pub async fn admit(&self, ticket: Ticket, call: Call) -> Result<Admitted, RunError> {
+        let summary = RunSummary::from(&call.request);
+        let caller = call.caller.clone();
+        match self.intake(&ticket, call).await {
+            Ok(admitted) => Ok(admitted),
+            Err((mut summary_with_session, e)) => {
+                if summary_with_session.language.is_empty() {
+                    summary_with_session = summary;
+                }
+                self.refused(&caller, &summary_with_session, &e);
+                Err(e)
+            }
+        }
+    }
+
+    async fn intake(&self, ticket: &Ticket, call: Call) -> Result<Admitted, (RunSummary, RunError)> {
+        let s = &self.inner;
+        let owner = call.caller.key_id.clone();
+        let kind = call.target.kind();
+        let mut summary = RunSummary::from(&call.request);
+        let fail = |summary: &RunSummary, e: RunError| (summary.clone(), e);
+        check(&call.request, kind).map_err(|e| fail(&summary, e))?;
+        let mut request = match &call.target {
+            Target::Session(id) => {
+                summary.session_id = Some(id.clone());
+                let settings = s
+                    .sessions
+                    .settings(owner.as_deref(), id)
+                    .map_err(|e| fail(&summary, e))?;
+                let merged = merge_call(&call.request, &settings).map_err(|e| fail(&summary, e))?;
+                summary.language = observe::language_label(merged.language());
+                merged
+            }
+            _ => call.request,
+        };
+        let mut warnings = Vec::new();
+        if let Some(deadline) = call.deadline {
+            cut_to_deadline(&mut request, deadline, self.engine(), &mut warnings)
+                .map_err(|e| fail(&summary, e))?;
+        }
+        self.key_network_check(&request, &call.caller)
+            .map_err(|e| fail(&summary, e))?;
+        let ttl = match call.target {
+            Target::CreateSession => s
+                .sessions
+                .policy()
+                .ttl(request.ttl)
+                .map_err(|e| fail(&summary, e))?,
+            _ => s.sessions.policy().default_ttl,
+        };
+        let overrides = request.limits;
+        let target = call.target.clone();
+        let engine = s.engine.clone();
+        // Decoding input files (tens of MiB of base64 at the policy's caps) is CPU work: off
+        // the threads that serve every other connection.
+        let validated = tokio::task::spawn_blocking(move || match target {
+            Target::CreateSession => {
+                let v = engine.validate(&request)?;
+                Ok((v.clone(), Some(v)))
+            }
+            // A new session is created from the language and limits alone; its first call
+            // brings the code and the files.
+            Target::NewSession => {
+                let creation = ExecRequest {
+                    code: Some(String::new()),
+                    stdin: None,
+                    files: Vec::new(),
+                    ..request.clone()
+                };
+                Ok((engine.validate(&request)?, Some(engine.validate(&creation)?)))
+            }
+            _ => Ok((engine.validate(&request)?, None)),
+        })
+        .await
+        .map_err(|_| {
+            fail(
+                &summary,
+                RunError::internal("Checking the request failed unexpectedly."),
+            )
+        })?
+        .map_err(|e: crate::engine::ValidationError| fail(&summary, RunError::from(e)))?;
+        let (valid, create) = validated;
+        self.approve(ticket, &call.caller, &summary, &valid, call.source, call.approved)
+            .await
+            .map_err(|e| fail(&summary, e))?;
+        let kill = KillSwitch::new().map_err(|e| {
+            tracing::error!(error = %e, "cannot create a kill switch");
+            fail(
+                &summary,
+                RunError::unavailable("The server cannot start a run right now. Retry shortly."),
+            )
+        })?;
+        Ok(Admitted {
+            service: self.clone(),
+            kill,
+            ticket: ticket.clone(),
+            caller: call.caller,
+            summary,
+            target: call.target,
+            valid,
+            create: create.map(|v| (v, overrides, ttl)),
+            warnings,
+            admitted: Instant::now(),
+        })
+    }
+
+    /// A key with its own network entries: what its runs ask for must be within them too (the
+    /// server's policy is checked by the engine's validation).
+    fn key_network_check(&self, req: &ExecRequest, caller: &Caller) -> Result<(), RunError> {
+        let (Some(asked), Some(key)) = (&req.network, &caller.key_id) else {
+            return Ok(());
+        };
+        let Some(allowed) = self.inner.key_networks.get(key) else {
+            return Ok(());
+        };
+        let asked = runcell_proxy::parse_rules(&asked.allow)
+            .map_err(|e| RunError::invalid(format!("Invalid network request: {e}.")))?;
+        match runcell_proxy::first_not_covered(allowed, &asked) {
+            None => Ok(()),
+            Some(r) => {
+                let list: Vec<String> = allowed.iter().map(|r| r.to_string()).collect();
+                Err(RunError::invalid(format!(
+                    "Invalid network request: {r} is not allowed for this API key, which may ask for: {}.",
+                    if list.is_empty() { "nothing".to_string() } else { list.join(", ") }
+                )))
+            }
+        }
+    }
+
+    /// Wait for an operator's approval where the policy requires one. The wait holds no
+    /// place in line (runs waiting for a person must not fill the queue for everyone else)
+    /// but keeps the request's bytes; a key may have a few waiting at once.
+    async fn approve(
+        &self,
+        ticket: &Ticket,
+        caller: &Caller,
+        summary: &RunSummary,
+        valid: &ValidRequest,
+        source: Source,
+        approved: bool,
+    ) -> Result<(), RunError> {
+        let net = &self.inner.engine.config().network;
+        if !net.approval || valid.network().is_empty() || approved || source == Source::Operator
+        {
+            return Ok(());
+        }
+        let run = PendingRun {
+            id: String::new(),
+            key_id: caller.key_id.clone(),
+            request_id: caller.request_id.clone(),
+            language: summary.language.to_string(),
+            destinations: valid.network().iter().map(|r| r.to_string()).collect(),
+            code_sha256: summary.code_sha256.clone(),
+            code_bytes: summary.code_bytes,
+            requested_at: String::new(),
+            expires_at: String::new(),
+        };
+        let dests = run.destinations.join(", ");
+        ticket.release_place();
+        let decision = self.inner.approvals.wait(run, net.approval_timeout).await;
+        match decision {
+            Decision::Approved => ticket.retake_place(),
+            Decision::Denied => Err(RunError::new(
+                ErrorKind::ApprovalDenied,
+                format!(
+                    "An operator denied this run's network access ({dests}); it did not run. \
+                     Run it without \"network\", or ask the operator."
+                ),
+            )),
+            Decision::TooMany(n) => Err(RunError::rate_limited(format!(
+                "This API key already has {n} runs waiting for network approval; wait for \
+                 them to be decided."
+            ))),
+            Decision::TimedOut => Err(RunError::new(
+                ErrorKind::ApprovalTimeout,
+                format!(
+                    "No operator approved this run's network access ({dests}) within {} s; it \
+                     did not run.",
+                    net.approval_timeout.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// Describe one of the caller's sessions.
+    pub fn session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, RunError> {
+        self.inner.sessions.get(caller.key_id.as_deref(), id)
+    }
+
+    /// The caller's live sessions.
+    pub fn sessions_of(&self, caller: &Caller) -> Vec<SessionInfo> {
+        self.inner.sessions.list(caller.key_id.as_deref())
+    }
+
+    /// End one of the caller's sessions (its sandbox torn down off the async threads).
+    pub async fn delete_session(&self, caller: &Caller, id: String) -> Result<(), RunError> {
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        blocking(move || sessions.delete(owner.as_deref(), &id)).await
+    }
+
+    /// Whether a session exists for the caller and is free (before a file's body is read).
+    pub fn check_session_idle(&self, caller: &Caller, id: &str) -> Result<(), RunError> {
+        self.inner
+            .sessions
+            .check_idle(caller.key_id.as_deref(), id)
+    }
+
+    /// The files of a session's /workspace. `ticket` is the operation's place in line.
+    pub async fn list_files(
+        &self,
+        ticket: &Ticket,
+        caller: &Caller,
+        id: String,
+    ) -> Result<WorkspaceListing, RunError> {
+        let _ticket = ticket.clone();
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        blocking(move || sessions.list_files(owner.as_deref(), &id)).await
+    }
+
+    /// One file of a session's /workspace (`None`: no such file). Its bytes are taken from
+    /// `ticket`'s share of the body budget while they are in memory.
+    pub async fn read_file(
+        &self,
+        ticket: &Ticket,
+        caller: &Caller,
+        id: String,
+        path: String,
+    ) -> Result<Option<Vec<u8>>, RunError> {
+        // A file crosses the server's memory whole, up to the per-file cap: that much is held
+        // for it before it is read.
+        ticket.take_bytes(self.inner.engine.policy().max_input_file_bytes)?;
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        blocking(move || sessions.read_file(owner.as_deref(), &id, &path)).await
+    }
+
+    /// Write one file into a session's /workspace (its body was read within `ticket`).
+    pub async fn write_file(
+        &self,
+        ticket: &Ticket,
+        caller: &Caller,
+        id: String,
+        path: String,
+        data: Vec<u8>,
+    ) -> Result<(), RunError> {
+        let _ticket = ticket.clone();
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        blocking(move || sessions.write_file(owner.as_deref(), &id, &path, &data)).await
+    }
+}
+
+/// Run session work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RunError> + Send + 'static,
+) -> Result<T, RunError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| RunError::internal("The session operation failed unexpectedly."))?
+}
+
+/// The smallest timeout a run is given when its caller's deadline is near.
+const SHORTEST_RUN: Duration = Duration::from_millis(10);
+
+/// Cut the request's timeout to what is left before `deadline` (an agent request's budget):
+/// a model's run never outlasts the request that asked for it.
+fn cut_to_deadline(
+    req: &mut ExecRequest,
+    deadline: Instant,
+    engine: &Engine,
+    warnings: &mut Vec<String>,
+) -> Result<(), RunError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left < SHORTEST_RUN {
+        return Err(RunError::new(
+            ErrorKind::RequestTimeout,
+            "The request's time budget is spent: the code did not run.",
+        ));
+    }
+    let asked = req
+        .limits
+        .timeout
+        .unwrap_or(engine.policy().defaults.timeout);
+    let left_ms = Millis(left.as_millis().min(u64::MAX as u128) as u64);
+    if asked > left_ms {
+        req.limits.timeout = Some(left_ms);
+        warnings.push(format!(
+            "timeout: cut to {} s, what was left of the request's time budget.",
+            left_ms.0 as f64 / 1000.0
+        ));
+    }
+    Ok(())
+}
+
+/// A request that may run: it waits for a slot, runs, and is counted and audited.
+pub struct Admitted {
+    service: RunService,
+    /// Stops the run from outside (a terminal's Ctrl-C), as dropping the run's future does.
+    kill: KillSwitch,
+    ticket: Ticket,
+    caller: Caller,
+    summary: RunSummary,
+    target: Target,
+    valid: ValidRequest,
+    /// A new session's own request, the limits it asked for and its TTL.
+    create: Option<(ValidRequest, LimitOverrides, Duration)>,
+    warnings: Vec<String>,
+    admitted: Instant,
+}
+
+impl Admitted {
+    /// The request's place in line (a response being delivered keeps it: see [`Hold`]).
+    pub fn ticket(&self) -> &Ticket {
+        &self.ticket
+    }
+
+    /// The validated request.
+    pub fn request(&self) -> &ValidRequest {
+        &self.valid
+    }
+
+    /// The run's kill switch: triggered, it stops the run (a session's call is interrupted
+    /// first), and the verdict says so.
+    pub fn kill_switch(&self) -> KillSwitch {
+        self.kill.clone()
+    }
+
+    /// Wait for a slot and run (in a fresh sandbox, a new session or the caller's session).
+    /// Dropping the future (a client that went away, a cancelled call) kills the sandbox or
+    /// interrupts the session's call; the run is still counted and audited.
+    pub async fn run(self, sink: Box<dyn OutputSink + Send>) -> Result<Verdict, RunError> {
+        let Admitted {
+            service,
+            kill: ks,
+            ticket,
+            caller,
+            mut summary,
+            target,
+            valid,
+            create,
+            warnings,
+            admitted,
+        } = self;
+        let s = service.inner.clone();
+        let slot = ticket
+            .slot()
+            .await
+            .inspect_err(|e| s.observer.refused(&caller, &summary, e))?;
+        let entry = s.runs.register(ks.clone());
+        let mut guard = ks.kill_on_drop();
+        let owner = caller.key_id.clone();
+        let span = tracing::Span::current();
+        let kill = ks.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let _span = span.enter();
+            let _held = (slot, entry, ticket);
+            let mut sink = sink;
+            let r = match target {
+                Target::OneShot => Ok(s.engine.execute_valid(&valid, &mut *sink, Some(&kill))),
+                Target::Session(id) => {
+                    s.sessions
+                        .execute(owner.as_deref(), &id, &valid, &mut *sink, Some(&kill))
+                }
+                Target::NewSession => match create {
+                    Some((c, overrides, ttl)) => s
+                        .sessions
+                        .create(owner.as_deref(), &c, overrides, ttl)
+                        .and_then(|info| {
+                            s.sessions.execute(
+                                owner.as_deref(),
+                                &info.id,
+                                &valid,
+                                &mut *sink,
+                                Some(&kill),
+                            )
+                        }),
+                    None => Err(RunError::internal("a new session without its request")),
+                },
+                Target::CreateSession => Err(RunError::internal("a session creation run as code")),
+            };
+            // Flush what the sink held back before the verdict is handed on.
+            drop(sink);
+            let r = r.map(|mut v| {
+                v.warnings.extend(warnings);
+                v
+            });
+            let seconds = admitted.elapsed().as_secs_f64();
+            match &r {
+                Ok(v) => {
+                    summary.session_id = v.session_id.clone().or(summary.session_id.take());
+                    s.observer.finished(&caller, &summary, v, seconds);
+                }
+                Err(e) => s.observer.refused(&caller, &summary, e),
+            }
+            r
+        })
+        .await
+        .unwrap_or_else(|_| Err(RunError::internal("The execution failed unexpectedly.")));
+        guard.disarm();
+        result
+    }
+
+    /// Create the session this request describes (`Target::CreateSession`). Building its
+    /// sandbox takes a slot like a run.
+    pub async fn create(self) -> Result<SessionInfo, RunError> {
+        let Admitted {
+            service,
+            ticket,
+            caller,
+            summary,
+            create,
+            ..
+        } = self;
+        let s = service.inner.clone();
+        let Some((c, overrides, ttl)) = create else {
+            return Err(RunError::internal("a session creation without its request"));
+        };
+        let slot = ticket
+            .slot()
+            .await
+            .inspect_err(|e| s.observer.refused(&caller, &summary, e))?;
+        let owner = caller.key_id.clone();
+        let s2 = s.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let _held = (slot, ticket);
+            s2.sessions.create(owner.as_deref(), &c, overrides, ttl)
+        })
+        .await
+        .unwrap_or_else(|_| Err(RunError::internal("The session could not be created.")));
+        if let Err(e) = &r {
+            s.observer.refused(&caller, &summary, e);
+        }
+        r
+    }
+}
+
+/// The verdict of a request refused before it ran, for doors that answer with verdicts (the
+/// command line).
+pub fn refusal_verdict(e: &RunError) -> Verdict {
+    let category = match e.kind {
+        ErrorKind::RuntimeUnavailable => ErrorCategory::RuntimeUnavailable,
+        ErrorKind::SandboxFailure | ErrorKind::Internal | ErrorKind::Unavailable => {
+            ErrorCategory::SandboxFailure
+        }
+        _ => ErrorCategory::InvalidRequest,
+    };
+    Verdict::failed(category, e.message.clone())
+}

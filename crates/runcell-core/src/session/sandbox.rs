@@ -1,0 +1,367 @@
+//! A session's sandbox: built once with the session's limits (memory, processes and disk are
+//! the whole session's), with the language's session interpreter started in it (Python,
+//! Node, Ruby, bash keep their variables and definitions; see `runcell-runtimes/runners/`);
+//! for Go, calls run as programs compiled in the same sandbox (the workspace's files
+//! persist). Wall time is per call. A call that runs out of time (or output, or is cancelled)
+//! is interrupted first (SIGINT: Python's KeyboardInterrupt), so that the interpreter keeps
+//! its state where it survives; where it does not (a memory kill, a crash, an exit), the
+//! interpreter is restarted and the verdict says that the state was lost (`state_lost`, and
+//! a warning). A session never dies silently.
+
+use std::time::Duration;
+
+use runcell_jail::{KillSwitch, OutputSink, Sandbox};
+use runcell_runtimes::{Invocation, Language, Runtime};
+
+use crate::engine::{
+    sandbox_failure, sandbox_files, sandbox_spec, Engine, RunIn, ValidRequest,
+    INTERPRETER_START_TIMEOUT, NO_INTERPRETER,
+};
+use crate::error::{ErrorKind, RunError};
+use crate::limits::{Limit, LimitOverrides, Limits, Scope};
+use crate::verdict::{ErrorCategory, Verdict};
+
+/// What a session lost in a call, for its verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Lost {
+    /// The interpreter was restarted: variables, imports and definitions are gone.
+    State,
+    /// The sandbox was rebuilt: the files in /workspace are gone too.
+    Everything,
+}
+
+/// A sandbox that keeps its interpreter (or, for Go, its files) between calls.
+pub struct Session {
+    language: Language,
+    runtime: Runtime,
+    /// The session's limits as asked, and as resolved; and the policy's defaults (to tell a
+    /// limit the request lowered from one it left alone).
+    overrides: LimitOverrides,
+    limits: Limits,
+    defaults: Limits,
+    /// The session's initial files.
+    pub(super) files: Vec<runcell_jail::InputFile>,
+    pub(super) sandbox: Option<Sandbox>,
+    /// The session interpreter's command; `None` for Go (calls run as programs).
+    interpreter: Option<Invocation>,
+    /// How long the interpreter may live: its CPU rlimit covers that much time.
+    lifetime: Duration,
+    cells: u64,
+    executions: u64,
+    /// A loss that happened outside a call (a file operation had to rebuild the sandbox): the
+    /// next call's verdict reports it.
+    pub(super) pending: Option<Lost>,
+}
+
+impl Engine {
+    /// Build a session's sandbox and start its interpreter. `lifetime` bounds how long it
+    /// may live.
+    pub fn open_session(
+        &self,
+        v: &ValidRequest,
+        overrides: LimitOverrides,
+        lifetime: Duration,
+    ) -> Result<Session, RunError> {
+        let runtime = self
+            .locate(v.language())
+            .map_err(|e| RunError::new(ErrorKind::RuntimeUnavailable, e.to_string()))?;
+        let interpreter = runtime.interpreter(&[], true);
+        let mut s = Session {
+            language: v.language(),
+            interpreter,
+            runtime,
+            overrides,
+            limits: *v.limits(),
+            defaults: self.policy().defaults,
+            files: v.files().to_vec(),
+            sandbox: None,
+            lifetime,
+            cells: 0,
+            executions: 0,
+            pending: None,
+        };
+        s.start_sandbox(self)?;
+        Ok(s)
+    }
+}
+
+/// A verdict that ends a session operation (its sandbox could not be built or rebuilt) as the
+/// refusal it is: the host's failure, or the request's.
+pub(super) fn failure(v: Verdict) -> RunError {
+    let kind = match v.category() {
+        Some(ErrorCategory::InvalidRequest) => ErrorKind::InvalidRequest,
+        Some(ErrorCategory::RuntimeUnavailable) => ErrorKind::RuntimeUnavailable,
+        _ => ErrorKind::SandboxFailure,
+    };
+    RunError::new(kind, v.error.map(|e| e.message).unwrap_or_default())
+}
+
+impl Session {
+    pub fn language(&self) -> Language {
+        self.language
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn execution_count(&self) -> u64 {
+        self.executions
+    }
+
+    /// A new sandbox with the session's files (and the runtime's), its interpreter started.
+    pub(super) fn start_sandbox(&mut self, engine: &Engine) -> Result<(), RunError> {
+        self.sandbox = None;
+        let spec = sandbox_spec(engine.config(), &self.limits, &self.runtime);
+        let mut sandbox = Sandbox::create(&spec)
+            .map_err(|e| failure(sandbox_failure("of the session could not be set up", &e)))?;
+        if let Some(refused) = engine.strict_refusal(&sandbox) {
+            return Err(failure(refused));
+        }
+        sandbox.set_persistent(true);
+        let mut files = sandbox_files(&self.runtime);
+        files.extend(self.files.iter().cloned());
+        if self.interpreter.is_some() {
+            self.sandbox = Some(sandbox);
+            return self.start_interpreter(files);
+        }
+        sandbox
+            .put_files(&files)
+            .map_err(|e| failure(sandbox_failure("could not receive the session's files", &e)))?;
+        self.sandbox = Some(sandbox);
+        Ok(())
+    }
+
+    /// Start the session's interpreter in its sandbox (again, after it ended).
+    fn start_interpreter(&mut self, files: Vec<runcell_jail::InputFile>) -> Result<(), RunError> {
+        let (Some(inv), Some(sandbox)) = (&self.interpreter, self.sandbox.as_mut()) else {
+            return Ok(());
+        };
+        let enforcement = sandbox.enforcement().clone();
+        let mut program = Engine::program(
+            inv,
+            &self.limits,
+            self.lifetime,
+            &self.runtime,
+            &enforcement,
+            files,
+            None,
+        );
+        program.wall_timeout = INTERPRETER_START_TIMEOUT;
+        match sandbox.start_interpreter(&program, &mut runcell_jail::NoSink) {
+            Ok(None) => Ok(()),
+            Ok(Some(outcome)) => {
+                self.sandbox = None;
+                let (_, error) =
+                    crate::verdict::classify(&outcome, &self.limits, crate::verdict::Phase::Run);
+                let stderr = String::from_utf8_lossy(&outcome.stderr);
+                let said = crate::request::prefix(stderr.trim(), 200).to_string();
+                let timed_out = outcome.end == runcell_jail::End::TimedOut;
+                let blamed = error
+                    .as_ref()
+                    .filter(|_| !timed_out)
+                    .and_then(|e| self.blame(e.category));
+                Err(match blamed {
+                    // The session's own limits can be too small for its interpreter (a node
+                    // with one process, or with a handful of open files, a memory limit below
+                    // Python's): that is the request's to fix.
+                    Some(limit) => RunError::invalid(format!(
+                        "The session's interpreter could not start within the session's \
+                         limits: it ended ({}) with `{}` at {}, below the default of {}{}. \
+                         Create the session with a larger `{}`, or without it for the default.",
+                        error.as_ref().map_or("", |e| e.category.as_str()),
+                        limit.name(),
+                        limit.kind().describe(self.limits.get(limit)),
+                        limit.kind().describe(self.defaults.get(limit)),
+                        if said.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; it said: {said}")
+                        },
+                        limit.name(),
+                    ))
+                    .with_limit(limit),
+                    // A start that takes too long, or a default too small, is the host's (the
+                    // operator's) to fix.
+                    None => RunError::new(
+                        ErrorKind::SandboxFailure,
+                        format!(
+                            "The session's interpreter ended while starting ({:?}): {}",
+                            outcome.end,
+                            stderr.trim_end()
+                        ),
+                    ),
+                })
+            }
+            Err(e) => {
+                self.sandbox = None;
+                Err(failure(sandbox_failure(
+                    "could not start the session's interpreter",
+                    &e,
+                )))
+            }
+        }
+    }
+
+    /// Which limit the request set is to blame for an interpreter that could not start with
+    /// `category`: the one the category names, if the request set it; otherwise a
+    /// sandbox-level limit the request lowered below the default (a crash, such as Node's
+    /// SIGSEGV with a few open files, names no limit of its own).
+    fn blame(&self, category: ErrorCategory) -> Option<Limit> {
+        let named = match category {
+            ErrorCategory::MemoryLimit => Some(Limit::Memory),
+            ErrorCategory::ProcessLimit => Some(Limit::Pids),
+            ErrorCategory::OutputLimit => Some(Limit::Output),
+            ErrorCategory::DiskLimit => Some(Limit::Disk),
+            _ => None,
+        };
+        if let Some(l) = named {
+            return self.overrides.get(l).is_some().then_some(l);
+        }
+        Limit::ALL.iter().copied().find(|&l| {
+            l.scope() == Scope::Sandbox
+                && self
+                    .overrides
+                    .get(l)
+                    .is_some_and(|v| v < self.defaults.get(l))
+        })
+    }
+
+    /// The sandbox, rebuilt if it ended (its files are lost then).
+    pub(super) fn ensure_sandbox(&mut self, engine: &Engine) -> Result<&mut Sandbox, RunError> {
+        let alive = self.sandbox.as_mut().is_some_and(|s| s.is_ready());
+        if !alive {
+            self.start_sandbox(engine)?;
+            self.pending = Some(Lost::Everything);
+        }
+        self.sandbox
+            .as_mut()
+            .ok_or_else(|| RunError::new(ErrorKind::SandboxFailure, "no sandbox"))
+    }
+
+    /// Run one call. The verdict is a one-shot run's, plus `execution_count` and `state_lost`
+    /// (the caller adds `session_id`).
+    pub fn execute(
+        &mut self,
+        engine: &Engine,
+        v: &ValidRequest,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+    ) -> Verdict {
+        self.executions += 1;
+        let mut lost = self.pending.take();
+        let mut verdict = self.run_once(engine, v, sink, cancel, &mut lost);
+        verdict.language = Some(self.language.name().into());
+        verdict.limits = Some(*v.limits());
+        verdict.execution_count = Some(self.executions);
+        verdict.state_lost = Some(lost.is_some());
+        match lost {
+            Some(Lost::State) => verdict.warnings.push(
+                "The session's state was lost: its interpreter ended (a memory kill, a crash, \
+                 an exit, or an interruption it did not survive) and was restarted. Variables, \
+                 imports and definitions from earlier calls are gone; the files in /workspace \
+                 are kept. Run the setup code again."
+                    .into(),
+            ),
+            Some(Lost::Everything) => verdict.warnings.push(
+                "The session's state was lost: its sandbox ended and was rebuilt. Variables, \
+                 imports, definitions and the files written to /workspace are gone (the \
+                 session's initial files are back). Run the setup code again."
+                    .into(),
+            ),
+            None => {}
+        }
+        verdict
+    }
+
+    fn run_once(
+        &mut self,
+        engine: &Engine,
+        v: &ValidRequest,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+        lost: &mut Option<Lost>,
+    ) -> Verdict {
+        if let Err(e) = self.ensure_sandbox(engine) {
+            return Verdict::failed(ErrorCategory::SandboxFailure, e.message);
+        }
+        *lost = (*lost).max(self.pending.take());
+        let has_interpreter = self.interpreter.is_some();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let how = if has_interpreter {
+                self.cells += 1;
+                RunIn::SessionCell(self.cells)
+            } else {
+                RunIn::SessionProgram
+            };
+            let Some(sandbox) = self.sandbox.as_mut() else {
+                return Verdict::failed(ErrorCategory::SandboxFailure, "no sandbox");
+            };
+            let (mut verdict, outcome) =
+                engine.run_in(sandbox, how, v, &self.runtime, sink, cancel);
+            let no_interpreter = outcome.is_none()
+                && verdict
+                    .error
+                    .as_ref()
+                    .is_some_and(|e| e.message == NO_INTERPRETER);
+            if no_interpreter && attempt == 1 {
+                // It ended between calls: start it again, and run the call in the new one.
+                *lost = (*lost).max(Some(Lost::State));
+                if let Err(e) = self.start_interpreter(Vec::new()) {
+                    return Verdict::failed(ErrorCategory::SandboxFailure, e.message);
+                }
+                continue;
+            }
+            let sandbox_alive = self.sandbox.as_mut().is_some_and(|s| s.is_ready());
+            if !sandbox_alive {
+                // pid 1 itself was killed (a memory kill that took it, a cancellation that
+                // could not be done gently): the next call gets a new sandbox.
+                *lost = (*lost).max(Some(Lost::Everything));
+                if let Err(e) = self.start_sandbox(engine) {
+                    verdict
+                        .warnings
+                        .push(format!("The session could not be rebuilt: {}", e.message));
+                }
+            } else if has_interpreter && outcome.as_ref().is_some_and(|o| !o.interpreter_alive) {
+                *lost = (*lost).max(Some(Lost::State));
+                // Restarted now, so that the next call finds it ready.
+                if let Err(e) = self.start_interpreter(Vec::new()) {
+                    verdict.warnings.push(format!(
+                        "The session's interpreter could not be restarted: {}",
+                        e.message
+                    ));
+                }
+            } else if let (Some(o), Some(err)) = (&outcome, verdict.error.as_mut()) {
+                if matches!(
+                    o.end,
+                    runcell_jail::End::TimedOut
+                        | runcell_jail::End::OutputLimit(_)
+                        | runcell_jail::End::Cancelled
+                ) && has_interpreter
+                {
+                    if o.end == runcell_jail::End::Cancelled {
+                        err.message = "The call was interrupted (Ctrl-C, a cancelled call, or \
+                                       a client that went away)."
+                            .into();
+                    }
+                    err.message.push_str(
+                        " The call was interrupted (SIGINT); the session's interpreter survived \
+                         and keeps its state.",
+                    );
+                }
+            }
+            return verdict;
+        }
+    }
+
+    /// End the session: every process and the sandbox are gone when this returns.
+    pub fn close(mut self) {
+        if let Some(s) = self.sandbox.take() {
+            if let Err(e) = s.destroy() {
+                tracing::warn!(error = %crate::error::chain(&e), "session teardown failed");
+            }
+        }
+    }
+}
