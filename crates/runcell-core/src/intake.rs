@@ -144,11 +144,10 @@ impl TargetKind {
     pub fn rule(self, field: Field) -> Rule {
         use Rule::*;
         match (self, field) {
-            (_, Field::Language) => match self {
-                // A call runs in its session's language (a door may name it: it must match).
-                TargetKind::Session => Optional,
-                _ => Required,
-            },
+            // A call runs in its session's language (a door that knows the language, an MCP
+            // tool's, sets it, and it must match; a caller does not send it).
+            (TargetKind::Session, Field::Language) => Refused,
+            (_, Field::Language) => Required,
             (TargetKind::CreateSession, Field::Code | Field::Stdin) => Refused,
             (_, Field::Code) => Required,
             (TargetKind::OneShot, Field::Network | Field::Packages) => Optional,
@@ -183,6 +182,9 @@ impl TargetKind {
                 "a session is created without {field}: send it to /v1/sessions/{{id}}/execute"
             ),
             (_, Field::Ttl) => "ttl is set when a session is created".to_string(),
+            (TargetKind::Session, Field::Language) => {
+                "a call runs in its session's language: leave out \"language\"".to_string()
+            }
             (_, Field::Network | Field::Packages) => OFFLINE.to_string(),
             (TargetKind::Session, Field::Limit(l)) => format!(
                 "{l} is the session's own, set when it was created (its sandbox is built with \
@@ -479,11 +481,7 @@ fn field_schema(field: Field, ctx: &SchemaContext) -> Value {
             "type": "string",
             "enum": ["python", "python3", "py", "node", "nodejs", "javascript", "js", "ruby",
                 "rb", "go", "golang", "bash", "sh", "shell"],
-            "description": if ctx.target == TargetKind::Session {
-                "The session's language (optional: a call runs in its session's language)."
-            } else {
-                "python, node (or javascript), ruby, go or bash."
-            },
+            "description": "python, node (or javascript), ruby, go or bash.",
         }),
         Field::Code => json!({
             "type": "string",

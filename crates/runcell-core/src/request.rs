@@ -338,10 +338,11 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor<'_> {
                 return Err(A::Error::unknown_field(&key, expected_keys(allowed)));
             };
             match field {
-                Field::Language => set(&mut language, "language", map.next_value::<Option<String>>()?)?,
-                Field::Code => set(&mut code, "code", map.next_value::<Option<String>>()?)?,
+                // As their schemas say: the language, the code and the files are never null.
+                Field::Language => set(&mut language, "language", map.next_value::<String>()?)?,
+                Field::Code => set(&mut code, "code", map.next_value::<String>()?)?,
                 Field::Stdin => set(&mut stdin, "stdin", map.next_value::<Option<String>>()?)?,
-                Field::Files => set(&mut files, "files", map.next_value::<Option<Vec<InputFile>>>()?)?,
+                Field::Files => set(&mut files, "files", map.next_value::<Vec<InputFile>>()?)?,
                 Field::Network => set(
                     &mut network,
                     "network",
@@ -357,10 +358,10 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor<'_> {
             }
         }
         Ok(ExecRequest {
-            language: language.flatten(),
-            code: code.flatten(),
+            language,
+            code,
             stdin: stdin.flatten(),
-            files: files.flatten().unwrap_or_default(),
+            files: files.unwrap_or_default(),
             limits: limits.finish(),
             network: network.flatten(),
             packages: packages.flatten().unwrap_or_default(),

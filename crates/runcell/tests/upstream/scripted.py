@@ -17,7 +17,8 @@ It prints "listening on http://127.0.0.1:PORT" once ready, and serves until kill
 
 A step of the script is one of:
   {"text": "...", "code": "...", "tool": "code_exec_python", "usage": [in, out]}
-      an answer: text, a tool call (when code is given), or both
+      an answer: text, a tool call (when code is given), or both; "arguments": {...} gives
+      the tool call's whole input instead of {"code": code}
   {"status": 429, "retry_after": 0, "times": 1}   an error answer in the vendor's shape
   {"raw": "not json"}                             a 200 whose body is this text
   {"json": {...}}                                 a 200 with this body, unchecked
@@ -142,13 +143,14 @@ def answer(wire, step, n):
     tool = step.get("tool", "code_exec_python")
     usage_in, usage_out = step.get("usage", [10, 3])
     text, code = step.get("text"), step.get("code")
+    arguments = step.get("arguments", {"code": code})
     if wire == "anthropic":
         content = []
         if text is not None:
             content.append({"type": "text", "text": text})
         if code is not None:
             content.append({"type": "tool_use", "id": f"toolu_{n:04d}", "name": tool,
-                            "input": {"code": code}})
+                            "input": arguments})
         body = {"id": f"msg_{n:04d}", "type": "message", "role": "assistant",
                 "model": "scripted-model", "content": content,
                 "stop_reason": "tool_use" if code is not None else "end_turn",
@@ -160,7 +162,7 @@ def answer(wire, step, n):
         if code is not None:
             message["tool_calls"] = [{"id": f"call_{n:04d}", "type": "function",
                                       "function": {"name": tool,
-                                                   "arguments": json.dumps({"code": code})}}]
+                                                   "arguments": json.dumps(arguments)}}]
         body = {"id": f"chatcmpl-{n:04d}", "object": "chat.completion", "created": int(time.time()),
                 "model": "scripted-model",
                 "choices": [{"index": 0, "message": message, "logprobs": None,
