@@ -9,7 +9,6 @@
 //! and why (Python's `Tunnel connection failed: 403 ...` shows the reason phrase). Every
 //! connection, allowed or refused, is recorded with its bytes each way.
 
-use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -20,7 +19,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use serde::Serialize;
 
-use crate::addr::special;
+use crate::addr::{special, OwnAddresses};
 use crate::rules::{Destination, NetRule};
 
 /// What one run may reach, and how much.
@@ -38,7 +37,7 @@ pub struct Permit {
     pub connect_timeout: Duration,
     /// The host's own addresses (see [`crate::addr::own_addresses_checked`]); `None` when
     /// they could not be read: then only addresses named literally are reachable.
-    pub own: Option<BTreeSet<IpAddr>>,
+    pub own: Option<OwnAddresses>,
 }
 
 /// One connection the run made (or tried).
@@ -634,7 +633,7 @@ mod tests {
             max_connections: 4,
             max_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(5),
-            own: Some(BTreeSet::new()),
+            own: Some(OwnAddresses::default()),
         }
     }
 
