@@ -9,7 +9,7 @@
 //! and why (Python's `Tunnel connection failed: 403 ...` shows the reason phrase). Every
 //! connection, allowed or refused, is recorded with its bytes each way.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -270,11 +270,28 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// A parsed request head.
 struct Head {
     connect: bool,
-    host: String,
+    /// Where it asks to go, as checked.
+    dest: Destination,
     port: u16,
-    /// What goes to the destination first: nothing for CONNECT, the rewritten request for
-    /// plain HTTP; then whatever the client sent after its head.
+    /// What goes to the destination first: nothing for CONNECT, the rewritten request head for
+    /// plain HTTP.
     forward: Vec<u8>,
+    /// How far the client's bytes after the head go to the destination.
+    framing: Framing,
+    /// What the client sent after its head.
+    rest: Vec<u8>,
+}
+
+/// How far what the client sends after its head is forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// A CONNECT tunnel: every byte, until either side ends.
+    Tunnel,
+    /// A plain request's body of this many bytes (0: none, the request had neither
+    /// Content-Length nor Transfer-Encoding), and nothing after it.
+    Length(u64),
+    /// A plain request's chunked body, up to its last chunk, and nothing after it.
+    Chunked,
 }
 
 /// Read the request head, within [`HEAD_TIMEOUT`] in all; the bytes after it are returned
@@ -321,71 +338,176 @@ fn split_authority(a: &str, default: Option<u16>) -> Option<(String, u16)> {
     }
 }
 
+/// A token (RFC 9110, 5.6.2): a method, a header name.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// The authority the destination is told in `Host`: the checked host (a name lowercased and
+/// without a final dot, an IPv6 address in brackets), and the port unless it is 80.
+fn authority(dest: &Destination, port: u16) -> String {
+    let host = match dest {
+        Destination::Ip(IpAddr::V6(a)) => format!("[{a}]"),
+        d => d.to_string(),
+    };
+    if port == 80 {
+        host
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Parse a request head (request line and headers, ending with an empty line). A plain
+/// request is rewritten for its destination: origin-form, exactly one `Host`, the checked
+/// authority (the run's own Host headers are dropped, so that a run allowed one site cannot
+/// name another behind the same address), the body's framing as the proxy reads it, and
+/// `Connection: close`. What an upstream parser could read differently from this one (line
+/// folding, a bare CR or LF, a header name that is not a token, control characters,
+/// conflicting lengths) is refused rather than passed on: RFC 9112 sections 2.2, 5, 6.3.
 fn parse_head(head: &[u8], rest: Vec<u8>) -> Result<Head, String> {
     let text = std::str::from_utf8(head).map_err(|_| "the request head is not text".to_string())?;
+    let text = text.strip_suffix("\r\n\r\n").unwrap_or(text);
     let mut lines = text.split("\r\n");
     let line = lines.next().unwrap_or_default();
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
+    let parts: Vec<&str> = line.split(' ').collect();
+    let [method, target, version] = parts[..] else {
         return Err(format!("not an HTTP request line: {line:?}"));
     };
-    if !version.starts_with("HTTP/1.") {
+    if !is_token(method) || target.is_empty() || target.contains(['\r', '\n']) {
+        return Err(format!("not an HTTP request line: {line:?}"));
+    }
+    if version != "HTTP/1.1" && version != "HTTP/1.0" {
         return Err(format!("unsupported protocol {version:?}"));
     }
+    let checked = |host: &str| {
+        Destination::parse(host).ok_or_else(|| format!("{host:?} is not a host name or address"))
+    };
     if method.eq_ignore_ascii_case("CONNECT") {
         let (host, port) = split_authority(target, None)
             .ok_or_else(|| format!("CONNECT needs host:port, got {target:?}"))?;
         return Ok(Head {
             connect: true,
-            host,
+            dest: checked(&host)?,
             port,
-            forward: rest,
+            forward: Vec::new(),
+            framing: Framing::Tunnel,
+            rest,
         });
     }
-    let Some(after) = target.strip_prefix("http://") else {
-        return Err(if target.starts_with("https://") {
-            "an https:// URL must be fetched through CONNECT (the client does this when \
-             HTTPS_PROXY is set)"
-                .into()
-        } else {
-            format!("this is a forward proxy: ask for an absolute http:// URL, got {target:?}")
-        });
-    };
-    let (authority, path) = match after.find('/') {
-        Some(i) => (&after[..i], &after[i..]),
-        None => (after, "/"),
-    };
-    let authority = authority.rsplit('@').next().unwrap_or(authority);
-    let (host, port) = split_authority(authority, Some(80))
-        .ok_or_else(|| format!("not a host and port: {authority:?}"))?;
-    // The request as the destination expects it: origin-form, one request per connection,
-    // without the headers meant for the proxy.
-    let mut out = format!("{method} {path} {version}\r\n");
-    for h in lines.filter(|l| !l.is_empty()) {
-        let name = h.split(':').next().unwrap_or_default().trim();
-        if [
-            "proxy-connection",
-            "proxy-authorization",
-            "connection",
-            "keep-alive",
-        ]
-        .iter()
-        .any(|n| name.eq_ignore_ascii_case(n))
-        {
-            continue;
+    let after = match target.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("http://") => &target[7..],
+        _ => {
+            return Err(
+                if target
+                    .get(..8)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+                {
+                    "an https:// URL must be fetched through CONNECT (the client does this when \
+                 HTTPS_PROXY is set)"
+                        .into()
+                } else {
+                    format!(
+                        "this is a forward proxy: ask for an absolute http:// URL, got {target:?}"
+                    )
+                },
+            );
         }
-        out.push_str(h);
-        out.push_str("\r\n");
+    };
+    // The authority ends at the path, the query or the fragment (RFC 3986, 3.2).
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (authority_part, tail) = after.split_at(end);
+    let tail = tail.split('#').next().unwrap_or_default();
+    let path = if tail.starts_with('/') {
+        tail.to_string()
+    } else {
+        format!("/{tail}")
+    };
+    let authority_part = authority_part.rsplit('@').next().unwrap_or(authority_part);
+    let (host, port) = split_authority(authority_part, Some(80))
+        .ok_or_else(|| format!("not a host and port: {authority_part:?}"))?;
+    let dest = checked(&host)?;
+
+    let mut kept = String::new();
+    let mut lengths: Vec<&str> = Vec::new();
+    let mut codings: Vec<&str> = Vec::new();
+    for h in lines {
+        if h.contains(['\r', '\n']) {
+            return Err("a bare CR or LF in the request head".into());
+        }
+        if h.starts_with([' ', '\t']) {
+            return Err("a folded header line (obsolete line folding)".into());
+        }
+        let Some((name, value)) = h.split_once(':') else {
+            return Err(format!("not a header line: {h:?}"));
+        };
+        if !is_token(name) {
+            return Err(format!("not a header name: {name:?}"));
+        }
+        let value = value.trim_matches([' ', '\t']);
+        if value.chars().any(|c| c.is_control() && c != '\t') {
+            return Err(format!("a control character in the {name} header"));
+        }
+        match name.to_ascii_lowercase().as_str() {
+            // Hop-by-hop, meant for the proxy, or set by the proxy below.
+            "host"
+            | "connection"
+            | "proxy-connection"
+            | "keep-alive"
+            | "proxy-authorization"
+            | "upgrade" => {}
+            "content-length" => lengths.extend(value.split(',').map(|v| v.trim())),
+            "transfer-encoding" => codings.extend(value.split(',').map(|v| v.trim())),
+            _ => {
+                kept.push_str(name);
+                kept.push_str(": ");
+                kept.push_str(value);
+                kept.push_str("\r\n");
+            }
+        }
     }
-    out.push_str("Connection: close\r\n\r\n");
-    let mut forward = out.into_bytes();
-    forward.extend_from_slice(&rest);
+    let framing = if !codings.is_empty() {
+        if !lengths.is_empty() {
+            return Err("both Transfer-Encoding and Content-Length".into());
+        }
+        if version == "HTTP/1.0" {
+            return Err("Transfer-Encoding in an HTTP/1.0 request".into());
+        }
+        if codings.len() != 1 || !codings[0].eq_ignore_ascii_case("chunked") {
+            return Err(format!(
+                "only the chunked transfer coding is forwarded, got {:?}",
+                codings.join(", ")
+            ));
+        }
+        kept.push_str("Transfer-Encoding: chunked\r\n");
+        Framing::Chunked
+    } else if let Some(first) = lengths.first() {
+        let n: u64 = first
+            .parse()
+            .ok()
+            .filter(|_| first.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| format!("Content-Length {first:?} is not a length"))?;
+        if lengths.iter().any(|l| l != first) {
+            return Err("conflicting Content-Length values".into());
+        }
+        kept.push_str(&format!("Content-Length: {n}\r\n"));
+        Framing::Length(n)
+    } else {
+        Framing::Length(0)
+    };
+    let forward = format!(
+        "{method} {path} {version}\r\nHost: {}\r\n{kept}Connection: close\r\n\r\n",
+        authority(&dest, port)
+    )
+    .into_bytes();
     Ok(Head {
         connect: false,
-        host,
+        dest,
         port,
         forward,
+        framing,
+        rest,
     })
 }
 
@@ -516,16 +638,10 @@ fn handle(mut client: TcpStream, shared: &Shared) {
             return finish(rec);
         }
     };
-    rec.host = head.host.clone();
+    let dest = head.dest.clone();
+    rec.host = dest.to_string();
     rec.port = head.port;
     let permit = &shared.permit;
-    let Some(dest) = Destination::parse(&head.host) else {
-        let why = format!("{:?} is not a host name or address", head.host);
-        refuse(&mut client, 400, &why);
-        rec.reason = Some(why);
-        return finish(rec);
-    };
-    rec.host = dest.to_string();
     let addrs = match decide(permit, &dest, head.port) {
         Ok(a) => a,
         Err(why) => {
@@ -556,9 +672,7 @@ fn handle(mut client: TcpStream, shared: &Shared) {
     shared.track(&upstream);
     let _ = client.set_read_timeout(None);
     let opened = if head.connect {
-        client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .and_then(|()| upstream.write_all(&head.forward))
+        client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
     } else {
         upstream.write_all(&head.forward)
     };
@@ -575,8 +689,9 @@ fn handle(mut client: TcpStream, shared: &Shared) {
         return finish(rec);
     };
     let cut2 = cut.clone();
+    let (framing, rest) = (head.framing, head.rest);
     let out = std::thread::scope(|scope| {
-        let out = scope.spawn(|| copy(c2, u2, shared, &cut2));
+        let out = scope.spawn(|| forward_out(c2, u2, rest, framing, shared, &cut2));
         let back = copy(upstream, client, shared, &cut);
         (out.join().unwrap_or(0), back)
     });
@@ -592,33 +707,223 @@ fn handle(mut client: TcpStream, shared: &Shared) {
 }
 
 /// Copy `from` to `to` until either ends or the run's byte budget is spent; the bytes copied.
-fn copy(mut from: TcpStream, mut to: TcpStream, shared: &Shared, cut: &AtomicBool) -> u64 {
-    let mut buf = vec![0u8; 32 << 10];
-    let mut total = 0u64;
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let used = shared.bytes.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
-        if used > shared.permit.max_bytes {
-            cut.store(true, Ordering::Release);
-            break;
-        }
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-        total += n as u64;
-    }
-    // Half-close the way this copy served, so that the other direction sees the end too; a
-    // cut ends both.
+fn copy(mut from: TcpStream, to: TcpStream, shared: &Shared, cut: &AtomicBool) -> u64 {
+    let (total, _) = pump(&mut from, &to, shared, cut);
+    ends(&from, &to, cut);
+    total
+}
+
+/// After a copy: half-close the way it served, so that the other direction sees the end
+/// too; a cut ends both.
+fn ends(from: &TcpStream, to: &TcpStream, cut: &AtomicBool) {
     if cut.load(Ordering::Acquire) {
         let _ = from.shutdown(Shutdown::Both);
         let _ = to.shutdown(Shutdown::Both);
     } else {
         let _ = to.shutdown(Shutdown::Write);
     }
+}
+
+/// Copy `from` to `to` until `from` ends, writing fails or the run's byte budget is spent:
+/// the bytes copied, and whether `from` came to its end (rather than an error).
+fn pump(from: &mut dyn Read, mut to: &TcpStream, shared: &Shared, cut: &AtomicBool) -> (u64, bool) {
+    let mut buf = vec![0u8; 32 << 10];
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return (total, true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return (total, false),
+            Ok(n) => n,
+        };
+        let used = shared.bytes.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
+        if used > shared.permit.max_bytes {
+            cut.store(true, Ordering::Release);
+            return (total, false);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            return (total, false);
+        }
+        total += n as u64;
+    }
+}
+
+/// The sandbox-to-destination direction: a tunnel's every byte; a plain request's body and
+/// nothing after it, so that the destination gets the one request the proxy checked (a
+/// second request on the same connection would carry a Host of the run's choosing).
+fn forward_out(
+    client: TcpStream,
+    upstream: TcpStream,
+    rest: Vec<u8>,
+    framing: Framing,
+    shared: &Shared,
+    cut: &AtomicBool,
+) -> u64 {
+    let reader = io::BufReader::new(io::Cursor::new(rest).chain(&client));
+    let mut body = match framing {
+        Framing::Tunnel => {
+            let mut reader = reader;
+            let (total, _) = pump(&mut reader, &upstream, shared, cut);
+            ends(&client, &upstream, cut);
+            return total;
+        }
+        Framing::Length(n) => BodyReader::new(reader, BodyState::Fixed(n)),
+        Framing::Chunked => BodyReader::new(reader, BodyState::ChunkSize),
+    };
+    let (total, complete) = pump(&mut body, &upstream, shared, cut);
+    if !complete || cut.load(Ordering::Acquire) {
+        // A body cut short, malformed or over the budget: the request is not passed on whole.
+        let _ = client.shutdown(Shutdown::Both);
+        let _ = upstream.shutdown(Shutdown::Both);
+        return total;
+    }
+    // Whatever the client sends after its request is read and dropped, until it ends.
+    let _ = io::copy(&mut body.into_inner(), &mut io::sink());
+    let _ = upstream.shutdown(Shutdown::Write);
     total
+}
+
+/// Where a [`BodyReader`] is in the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyState {
+    /// This many bytes left.
+    Fixed(u64),
+    /// Next, a chunk's size line.
+    ChunkSize,
+    /// This many bytes of a chunk left.
+    ChunkData(u64),
+    /// Next, the CRLF after a chunk's data.
+    ChunkEnd,
+    /// Next, the trailer section after the last chunk.
+    Trailers,
+    Done,
+}
+
+/// The longest chunk-size or trailer line read.
+const MAX_BODY_LINE: u64 = 4096;
+/// The most trailer lines read (and dropped).
+const MAX_TRAILERS: usize = 64;
+
+/// A request body as it goes to the destination (RFC 9112, 6 and 7.1): exactly
+/// Content-Length bytes, or chunks up to the last one, re-framed (chunk extensions and
+/// trailer fields are dropped); then the end, whatever follows.
+struct BodyReader<R> {
+    r: R,
+    state: BodyState,
+    /// Framing to send before reading on.
+    pending: Vec<u8>,
+}
+
+impl<R: BufRead> BodyReader<R> {
+    fn new(r: R, state: BodyState) -> Self {
+        BodyReader {
+            r,
+            state,
+            pending: Vec::new(),
+        }
+    }
+
+    fn into_inner(self) -> R {
+        self.r
+    }
+
+    /// One line ending with CRLF, without it.
+    fn line(&mut self) -> io::Result<Vec<u8>> {
+        let mut line = Vec::new();
+        (&mut self.r)
+            .take(MAX_BODY_LINE)
+            .read_until(b'\n', &mut line)?;
+        match line.strip_suffix(b"\r\n") {
+            Some(l) if !l.contains(&b'\r') && !l.contains(&b'\n') => Ok(l.to_vec()),
+            _ => Err(malformed("a chunked body's line does not end with CRLF")),
+        }
+    }
+
+    /// At most `left` bytes of data.
+    fn data(&mut self, buf: &mut [u8], left: u64) -> io::Result<usize> {
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        match self.r.read(&mut buf[..want])? {
+            0 => Err(io::ErrorKind::UnexpectedEof.into()),
+            n => Ok(n),
+        }
+    }
+}
+
+fn malformed(why: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why)
+}
+
+/// `1*HEXDIG [ BWS ";" chunk-ext ]`: the size, the extensions ignored.
+fn chunk_size(line: &[u8]) -> io::Result<u64> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let after = &line[digits..];
+    let after = after.trim_ascii_start();
+    if digits == 0 || digits > 15 || !(after.is_empty() || after.starts_with(b";")) {
+        return Err(malformed("not a chunk size line"));
+    }
+    let hex = std::str::from_utf8(&line[..digits]).map_err(|_| malformed("not a chunk size"))?;
+    u64::from_str_radix(hex, 16).map_err(|_| malformed("not a chunk size"))
+}
+
+impl<R: BufRead> Read for BodyReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = buf.len().min(self.pending.len());
+                buf[..n].copy_from_slice(&self.pending[..n]);
+                self.pending.drain(..n);
+                return Ok(n);
+            }
+            match self.state {
+                BodyState::Done | BodyState::Fixed(0) => {
+                    self.state = BodyState::Done;
+                    return Ok(0);
+                }
+                BodyState::Fixed(left) => {
+                    let n = self.data(buf, left)?;
+                    self.state = BodyState::Fixed(left - n as u64);
+                    return Ok(n);
+                }
+                BodyState::ChunkSize => {
+                    let size = chunk_size(&self.line()?)?;
+                    if size == 0 {
+                        self.state = BodyState::Trailers;
+                    } else {
+                        self.pending = format!("{size:x}\r\n").into_bytes();
+                        self.state = BodyState::ChunkData(size);
+                    }
+                }
+                BodyState::ChunkData(left) => {
+                    let n = self.data(buf, left)?;
+                    let left = left - n as u64;
+                    self.state = if left == 0 {
+                        BodyState::ChunkEnd
+                    } else {
+                        BodyState::ChunkData(left)
+                    };
+                    return Ok(n);
+                }
+                BodyState::ChunkEnd => {
+                    if !self.line()?.is_empty() {
+                        return Err(malformed("a chunk longer than its size"));
+                    }
+                    self.pending = b"\r\n".to_vec();
+                    self.state = BodyState::ChunkSize;
+                }
+                BodyState::Trailers => {
+                    let mut n = 0;
+                    while !self.line()?.is_empty() {
+                        n += 1;
+                        if n > MAX_TRAILERS {
+                            return Err(malformed("too many trailer lines"));
+                        }
+                    }
+                    self.pending = b"0\r\n\r\n".to_vec();
+                    self.state = BodyState::Done;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -645,20 +950,53 @@ mod tests {
         )
         .unwrap();
         assert!(h.connect);
-        assert_eq!((h.host.as_str(), h.port), ("api.github.com", 443));
+        assert_eq!(
+            (h.dest.to_string().as_str(), h.port),
+            ("api.github.com", 443)
+        );
         let h = parse_head(
             b"GET http://127.0.0.2:8080/a?b=1 HTTP/1.1\r\nHost: 127.0.0.2:8080\r\nProxy-Connection: keep-alive\r\nAccept: */*\r\n\r\n",
             b"body".to_vec(),
         )
         .unwrap();
         assert!(!h.connect);
-        assert_eq!((h.host.as_str(), h.port), ("127.0.0.2", 8080));
+        assert_eq!((h.dest.to_string().as_str(), h.port), ("127.0.0.2", 8080));
         assert_eq!(
             String::from_utf8(h.forward).unwrap(),
-            "GET /a?b=1 HTTP/1.1\r\nHost: 127.0.0.2:8080\r\nAccept: */*\r\nConnection: close\r\n\r\nbody"
+            "GET /a?b=1 HTTP/1.1\r\nHost: 127.0.0.2:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         );
+        assert_eq!((h.framing, h.rest), (Framing::Length(0), b"body".to_vec()));
         let h = parse_head(b"GET http://[::1]/ HTTP/1.0\r\n\r\n", vec![]).unwrap();
-        assert_eq!((h.host.as_str(), h.port), ("[::1]", 80));
+        assert_eq!((h.dest.to_string().as_str(), h.port), ("::1", 80));
+        // The body's framing, as the proxy will forward it.
+        let framing = |headers: &str| {
+            parse_head(
+                format!("POST http://example.com/ HTTP/1.1\r\n{headers}\r\n").as_bytes(),
+                vec![],
+            )
+            .map(|h| h.framing)
+        };
+        assert_eq!(framing("Content-Length: 5\r\n"), Ok(Framing::Length(5)));
+        assert_eq!(
+            framing("Content-Length: 5, 5\r\ncontent-length: 5\r\n"),
+            Ok(Framing::Length(5))
+        );
+        assert_eq!(
+            framing("Transfer-Encoding: Chunked\r\n"),
+            Ok(Framing::Chunked)
+        );
+        for bad in [
+            "Content-Length: 5\r\nContent-Length: 6\r\n",
+            "Content-Length: +5\r\n",
+            "Content-Length: 0x5\r\n",
+            "Content-Length: 99999999999999999999999\r\n",
+            "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+            "Transfer-Encoding: gzip, chunked\r\n",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: xchunked\r\n",
+        ] {
+            assert!(framing(bad).is_err(), "{bad:?}");
+        }
         for bad in [
             &b"GET /relative HTTP/1.1\r\n\r\n"[..],
             b"GET https://x.com/ HTTP/1.1\r\n\r\n",
@@ -672,6 +1010,164 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    /// Regression (attack pass): a plain request's Host header went upstream as the run wrote
+    /// it, so a run allowed `example.com` could name any site sharing its address (a CDN's)
+    /// in Host. Upstream gets exactly one Host header, the authority the proxy checked; a
+    /// head an upstream parser could read differently (line folding, a bare CR or LF, a name
+    /// with spaces) is refused rather than passed on.
+    #[test]
+    fn the_host_header_sent_upstream_is_the_checked_authority() {
+        let up = |req: &str| {
+            parse_head(req.as_bytes(), vec![]).map(|h| String::from_utf8(h.forward).unwrap())
+        };
+        for (req, want) in [
+            (
+                "GET http://Example.COM.:8080/x HTTP/1.1\r\nHost: evil.example\r\nAccept: */*\r\n\r\n",
+                "GET /x HTTP/1.1\r\nHost: example.com:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+            ),
+            (
+                "GET http://example.com/ HTTP/1.1\r\nhost: a.example\r\nX-A: 1\r\nHOST: b.example\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: example.com\r\nX-A: 1\r\nConnection: close\r\n\r\n",
+            ),
+            (
+                "GET http://[2606:4700::1111]:81/ HTTP/1.1\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: [2606:4700::1111]:81\r\nConnection: close\r\n\r\n",
+            ),
+            (
+                "GET http://user@example.com?q=1 HTTP/1.0\r\nHost: user@example.com\r\n\r\n",
+                "GET /?q=1 HTTP/1.0\r\nHost: example.com\r\nConnection: close\r\n\r\n",
+            ),
+        ] {
+            assert_eq!(up(req).as_deref(), Ok(want), "{req:?}");
+        }
+        for req in [
+            // Folded lines: a continuation of X-A, or a header of its own to a lax parser.
+            "GET http://example.com/ HTTP/1.1\r\nX-A: 1\r\n Host: evil.example\r\n\r\n",
+            "GET http://example.com/ HTTP/1.1\r\nX-A: 1\r\n\tHost: evil.example\r\n\r\n",
+            // A bare LF or CR ends a line for some parsers.
+            "GET http://example.com/ HTTP/1.1\r\nX-A: 1\nHost: evil.example\r\n\r\n",
+            "GET http://example.com/ HTTP/1.1\r\nX-A: 1\rHost: evil.example\r\n\r\n",
+            // Names that are not tokens, a line that is no header, a control character.
+            "GET http://example.com/ HTTP/1.1\r\nHost : evil.example\r\n\r\n",
+            "GET http://example.com/ HTTP/1.1\r\nX A: 1\r\n\r\n",
+            "GET http://example.com/ HTTP/1.1\r\nHost evil.example\r\n\r\n",
+            "GET http://example.com/ HTTP/1.1\r\nX-A: 1\u{0}2\r\n\r\n",
+            // A request line with more or less than three parts, or another version.
+            "GET http://example.com/ HTTP/1.1 x\r\n\r\n",
+            "GET  http://example.com/ HTTP/1.1\r\n\r\n",
+            "GET http://example.com/ HTTP/1.10\r\n\r\n",
+            "G(T http://example.com/ HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(up(req).is_err(), "{req:?} was forwarded: {:?}", up(req));
+        }
+    }
+
+    /// A request body goes upstream exactly: Content-Length bytes, or chunks up to the last
+    /// one (re-framed, extensions and trailers dropped), and never what follows it.
+    #[test]
+    fn request_bodies_end_where_their_framing_says() {
+        let body = |state: BodyState, sent: &[u8]| {
+            let mut r = BodyReader::new(io::BufReader::new(sent), state);
+            let mut out = Vec::new();
+            r.read_to_end(&mut out)
+                .map(|_| String::from_utf8(out).unwrap())
+        };
+        assert_eq!(
+            body(BodyState::Fixed(5), b"helloGET / HTTP/1.1\r\n").unwrap(),
+            "hello"
+        );
+        assert_eq!(
+            body(
+                BodyState::ChunkSize,
+                b"5;name=value\r\nhello\r\nA \r\n0123456789\r\n0\r\nX-T: 1\r\n\r\nGET / HTTP/1.1\r\n"
+            )
+            .unwrap(),
+            "5\r\nhello\r\na\r\n0123456789\r\n0\r\n\r\n"
+        );
+        for bad in [
+            &b"5\r\nhello"[..],
+            b"5\r\nhelloXX\r\n0\r\n\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"-5\r\nhello\r\n0\r\n\r\n",
+            b"ffffffffffffffff\r\n",
+            b"5 x\r\nhello\r\n0\r\n\r\n",
+            b"0\r\nX-T: 1\r\n",
+        ] {
+            assert!(
+                body(BodyState::ChunkSize, bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(body(BodyState::Fixed(6), b"hello").is_err());
+    }
+
+    /// A server that reads one request head and `body` more bytes, answers, and then returns
+    /// everything it received until the proxy closed the connection.
+    fn capturing_server(body: usize) -> (u16, JoinHandle<Vec<u8>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                    if got.len() >= i + 4 + body {
+                        break;
+                    }
+                }
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => return got,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                .unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            let _ = s.read_to_end(&mut got);
+            got
+        });
+        (port, h)
+    }
+
+    /// Through the running proxy: the destination sees one Host header, the checked one, and
+    /// only the one request the proxy checked (a second one sent after the first's body, on
+    /// the same connection, never reaches it with the Host it names).
+    #[test]
+    fn the_destination_gets_one_request_with_the_checked_host() {
+        let (port, server) = capturing_server(5);
+        let entry = format!("127.0.0.1:{port}");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy_addr = listener.local_addr().unwrap();
+        let handle = start(listener, permit(&[&entry], &[&entry])).unwrap();
+        let mut c = TcpStream::connect(proxy_addr).unwrap();
+        write!(
+            c,
+            "POST http://127.0.0.1:{port}/a HTTP/1.1\r\nHost: evil.example\r\nhost: evil2.example\r\n\
+             Content-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\nHost: evil3.example\r\n\r\n"
+        )
+        .unwrap();
+        let mut res = String::new();
+        c.read_to_string(&mut res).unwrap();
+        assert!(
+            res.starts_with("HTTP/1.1 200 OK") && res.ends_with("ok"),
+            "{res}"
+        );
+        drop(c);
+        let got = String::from_utf8(server.join().unwrap()).unwrap();
+        assert_eq!(
+            got,
+            format!(
+                "POST /a HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 5\r\n\
+                 Connection: close\r\n\r\nhello"
+            )
+        );
+        let records = handle.finish();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert!(records[0].allowed, "{records:?}");
     }
 
     #[test]
