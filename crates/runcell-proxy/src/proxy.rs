@@ -70,6 +70,7 @@ const FINISH_GRACE: Duration = Duration::from_secs(2);
 
 struct Shared {
     permit: Permit,
+    resolver: Box<dyn Resolve>,
     stop: AtomicBool,
     accepted: AtomicU32,
     /// Connections refused in the accept loop once the cap was reached (no thread, no
@@ -117,9 +118,19 @@ pub struct ProxyHandle {
 
 /// Serve `listener` (a socket in the sandbox's network namespace) for one run.
 pub fn start(listener: TcpListener, permit: Permit) -> io::Result<ProxyHandle> {
+    serve(listener, permit, Box::new(SystemResolver))
+}
+
+/// [`start`], resolving names with `resolver`.
+pub(crate) fn serve(
+    listener: TcpListener,
+    permit: Permit,
+    resolver: Box<dyn Resolve>,
+) -> io::Result<ProxyHandle> {
     listener.set_nonblocking(true)?;
     let shared = Arc::new(Shared {
         permit,
+        resolver,
         stop: AtomicBool::new(false),
         accepted: AtomicU32::new(0),
         over_cap: AtomicU64::new(0),
@@ -511,8 +522,16 @@ fn parse_head(head: &[u8], rest: Vec<u8>) -> Result<Head, String> {
     })
 }
 
-/// Where a connection may go: the addresses to try, or why not.
-fn decide(permit: &Permit, dest: &Destination, port: u16) -> Result<Vec<SocketAddr>, String> {
+/// Where a connection may go, as far as can be told without resolving: the addresses to try,
+/// or a name to resolve (then [`pick`] checks its addresses).
+#[derive(Debug, PartialEq)]
+enum Route {
+    To(Vec<SocketAddr>),
+    Resolve(String),
+}
+
+/// Where a connection may go, or why not.
+fn decide(permit: &Permit, dest: &Destination, port: u16) -> Result<Route, String> {
     if !permit.allow.iter().any(|r| r.matches(dest, port)) {
         let list: Vec<String> = permit.allow.iter().map(|r| r.to_string()).collect();
         return Err(format!(
@@ -528,12 +547,8 @@ fn decide(permit: &Permit, dest: &Destination, port: u16) -> Result<Vec<SocketAd
     let Some(own) = &permit.own else {
         // Fail closed: what cannot be told apart from the host's own addresses is refused.
         return match dest {
-            Destination::Ip(ip) if literal(*ip) => Ok(vec![SocketAddr::new(*ip, port)]),
-            _ => Err(
-                "runcell cannot read this host's own addresses (/proc/net/fib_trie), so it \
-                 reaches only addresses its operator names literally with their port"
-                    .into(),
-            ),
+            Destination::Ip(ip) if literal(*ip) => Ok(Route::To(vec![SocketAddr::new(*ip, port)])),
+            _ => Err(UNKNOWN_OWN.into()),
         };
     };
     match dest {
@@ -547,28 +562,54 @@ fn decide(permit: &Permit, dest: &Destination, port: u16) -> Result<Vec<SocketAd
                     ));
                 }
             }
-            Ok(vec![SocketAddr::new(*ip, port)])
+            Ok(Route::To(vec![SocketAddr::new(*ip, port)]))
         }
-        Destination::Name(name) => {
-            let addrs: Vec<SocketAddr> = (name.as_str(), port)
-                .to_socket_addrs()
-                .map_err(|e| format!("{name} does not resolve ({e})"))?
-                .collect();
-            let (fine, special_ones): (Vec<SocketAddr>, Vec<SocketAddr>) = addrs
-                .into_iter()
-                .partition(|a| special(a.ip(), own).is_none());
-            if fine.is_empty() {
-                return Err(match special_ones.first() {
-                    Some(a) => format!(
-                        "{name} resolves to {}, {}: a name never grants such an address",
-                        a.ip(),
-                        special(a.ip(), own).unwrap_or("special")
-                    ),
-                    None => format!("{name} has no address"),
-                });
-            }
-            Ok(fine)
-        }
+        Destination::Name(name) => Ok(Route::Resolve(name.clone())),
+    }
+}
+
+const UNKNOWN_OWN: &str = "runcell cannot read this host's own addresses (/proc/net/fib_trie), \
+                           so it reaches only addresses its operator names literally with their \
+                           port";
+
+/// The addresses `name` resolved to that a name may lead to, or why none.
+fn pick(
+    permit: &Permit,
+    name: &str,
+    resolved: io::Result<Vec<SocketAddr>>,
+) -> Result<Vec<SocketAddr>, String> {
+    let Some(own) = &permit.own else {
+        return Err(UNKNOWN_OWN.into());
+    };
+    let addrs = resolved.map_err(|e| format!("{name} does not resolve ({e})"))?;
+    let (fine, special_ones): (Vec<SocketAddr>, Vec<SocketAddr>) = addrs
+        .into_iter()
+        .partition(|a| special(a.ip(), own).is_none());
+    if fine.is_empty() {
+        return Err(match special_ones.first() {
+            Some(a) => format!(
+                "{name} resolves to {}, {}: a name never grants such an address",
+                a.ip(),
+                special(a.ip(), own).unwrap_or("special")
+            ),
+            None => format!("{name} has no address"),
+        });
+    }
+    Ok(fine)
+}
+
+/// How the proxy turns a name into addresses: the system's resolver, or in tests one they
+/// control.
+pub(crate) trait Resolve: Send + Sync {
+    fn resolve(&self, name: &str, port: u16) -> io::Result<Vec<SocketAddr>>;
+}
+
+/// getaddrinfo(3): blocking, on the connection's own thread, and not to be interrupted.
+struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve(&self, name: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+        Ok((name, port).to_socket_addrs()?.collect())
     }
 }
 
@@ -642,7 +683,13 @@ fn handle(mut client: TcpStream, shared: &Shared) {
     rec.host = dest.to_string();
     rec.port = head.port;
     let permit = &shared.permit;
-    let addrs = match decide(permit, &dest, head.port) {
+    let addrs = match decide(permit, &dest, head.port).and_then(|route| match route {
+        Route::To(addrs) => Ok(addrs),
+        Route::Resolve(name) => {
+            let resolved = shared.resolver.resolve(&name, head.port);
+            pick(permit, &name, resolved)
+        }
+    }) {
         Ok(a) => a,
         Err(why) => {
             refuse(&mut client, 403, &why);
@@ -1185,9 +1232,13 @@ mod tests {
         assert!(e.contains("example.com:443"), "{e}");
         assert_eq!(
             decide(&p, &d("127.0.0.2"), 8080).unwrap(),
-            vec!["127.0.0.2:8080".parse().unwrap()]
+            Route::To(vec!["127.0.0.2:8080".parse().unwrap()])
         );
-        let e = decide(&p, &d("localhost"), 8080).unwrap_err();
+        assert_eq!(
+            decide(&p, &d("localhost"), 8080).unwrap(),
+            Route::Resolve("localhost".into())
+        );
+        let e = pick(&p, "localhost", Ok(vec!["127.0.0.1:8080".parse().unwrap()])).unwrap_err();
         assert!(e.contains("a name never grants"), "{e}");
         // Literal in the run's list but not in the operator's: refused.
         let p = permit(&["169.254.169.254:80"], &["*.example.com"]);
