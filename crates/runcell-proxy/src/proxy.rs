@@ -574,7 +574,9 @@ fn parse_head(head: &[u8], rest: Vec<u8>) -> Result<Head, String> {
     let [method, target, version] = parts[..] else {
         return Err(format!("not an HTTP request line: {line:?}"));
     };
-    if !is_token(method) || target.is_empty() || target.contains(['\r', '\n']) {
+    // A target is visible ASCII (RFC 9112, 3.2): a tab or a NUL in it is a separator to
+    // some parsers.
+    if !is_token(method) || target.is_empty() || !target.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(format!("not an HTTP request line: {line:?}"));
     }
     if version != "HTTP/1.1" && version != "HTTP/1.0" {
@@ -1406,6 +1408,9 @@ mod tests {
             "GET  http://example.com/ HTTP/1.1\r\n\r\n",
             "GET http://example.com/ HTTP/1.10\r\n\r\n",
             "G(T http://example.com/ HTTP/1.1\r\n\r\n",
+            // A target with a tab or a NUL in it.
+            "GET http://example.com/a\tb HTTP/1.1\r\n\r\n",
+            "GET http://example.com/a\u{0}b HTTP/1.1\r\n\r\n",
         ] {
             assert!(up(req).is_err(), "{req:?} was forwarded: {:?}", up(req));
         }
