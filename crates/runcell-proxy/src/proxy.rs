@@ -1,9 +1,10 @@
 //! The forward proxy of one run. It accepts on a listening socket that lives in the sandbox's
 //! network namespace (made there by the sandbox's pid 1, served from here, outside it), reads
 //! one request per connection, `CONNECT host:port` (a tunnel, for TLS) or an absolute-URI
-//! request (`GET http://host/path`, plain HTTP), decides, and then connects from the host's
-//! network and copies bytes both ways. It resolves names itself; the sandbox has no resolver
-//! and no route.
+//! request (`GET http://host/path`, plain HTTP, sent on with one `Host`, the checked
+//! authority, and its body only), decides, and then connects from the host's network and
+//! copies bytes both ways. It resolves names itself; the sandbox has no resolver and no
+//! route. When the run ends, every attempt in progress stops and is recorded.
 //!
 //! A refusal is an HTTP 403 whose reason phrase and body say which destination was refused
 //! and why (Python's `Tunnel connection failed: 403 ...` shows the reason phrase). Every
