@@ -412,7 +412,8 @@ fn with_one_destination_allowed_the_attacks_still_find_no_way_out() {
         "/proc/net/fib_trie".as_ref(),
         "/proc/net/if_inet6".as_ref(),
     )
-    .into_iter()
+    .prefixes()
+    .map(|(a, _)| a)
     .filter(|a| !a.is_loopback())
     .map(|a| a.to_string())
     .collect();
@@ -641,9 +642,12 @@ func main() {{
     );
     let c = connections(&r);
     assert_eq!(c.len(), 2, "{c:?}");
-    assert_eq!(c[0]["allowed"], true);
-    assert_eq!(c[0]["address"], ns.addr.as_str());
-    assert_eq!(c[1]["allowed"], false);
+    // Records come in the order the connections ended, and Go closes its first connection
+    // while it makes the second: each is found by its port.
+    let on = |port: u16| c.iter().find(|x| x["port"] == port).unwrap();
+    assert_eq!(on(ns.port)["allowed"], true, "{c:?}");
+    assert_eq!(on(ns.port)["address"], ns.addr.as_str());
+    assert_eq!(on(ns.port + 1)["allowed"], false, "{c:?}");
 }
 
 /// A network namespace with one end of a veth pair, an address, and an HTTP server in it.
@@ -819,5 +823,72 @@ fn runs_waiting_for_approval_do_not_fill_the_queue() {
         statuses.iter().filter(|s| **s == 429).count(),
         1,
         "the ninth of one key is refused: {statuses:?}"
+    );
+}
+
+/// Regression (attack pass): an AnyIP route (`ip route add local 11.22.33.0/24 dev lo`) makes
+/// every address of a prefix the host's own, but the proxy read only the "/32 host LOCAL"
+/// routes of fib_trie, so a name resolving into the prefix reached a listener of the host
+/// itself. The name is `185999693`, which the resolver reads as 11.22.33.77 (as it reads
+/// `2130706433`), so no DNS is needed. runcell runs in a network namespace this test makes
+/// (`unshare --net`, joined with `nsenter`), with that route and a listener on 11.22.33.77:
+/// the host's own tables are not touched, and nothing leaves the namespace.
+#[test]
+fn a_name_resolving_into_an_anyip_prefix_of_the_host_is_refused() {
+    use std::io::BufRead;
+    let name = u32::from(std::net::Ipv4Addr::new(11, 22, 33, 77)).to_string();
+    let script = "ip link set lo up && ip route add local 11.22.33.0/24 dev lo && \
+                  exec python3 -c 'import socket\n\
+                  s = socket.socket(); s.bind((\"11.22.33.77\", 8080)); s.listen()\n\
+                  print(\"ready\", flush=True)\n\
+                  c, _ = s.accept(); print(\"reached\", flush=True)'";
+    let mut ns = std::process::Command::new("unshare")
+        .args(["--net", "sh", "-c", script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(ns.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n", "the namespace was not set up");
+    let entry = format!("{name}:8080");
+    let code = py(&format!(
+        r#"
+s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+s.sendall(b"CONNECT {entry} HTTP/1.1\r\n\r\n")
+print("status=" + s.recv(4096).decode("latin1").split("\r\n")[0][:12].replace(" ", "_"))
+"#
+    ));
+    let argv: Vec<String> = [
+        "nsenter".to_string(),
+        format!("--net=/proc/{}/ns/net", ns.id()),
+        runcell_bin().display().to_string(),
+        "run".into(),
+        "--json".into(),
+        "--lang".into(),
+        "python".into(),
+        "-c".into(),
+        code,
+        "--allow-net".into(),
+        entry,
+        "--timeout".into(),
+        "60".into(),
+    ]
+    .into();
+    let r = run_argv(&argv, |_| {});
+    let _ = ns.kill();
+    let _ = ns.wait();
+    let mut rest = String::new();
+    let _ = out.read_to_string(&mut rest);
+    r.assert_ok();
+    r.expect(&[("status", "HTTP/1.1_403")]);
+    assert_eq!(rest, "", "the host's own listener was reached");
+    let c = connections(&r);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0]["allowed"], false);
+    let why = c[0]["reason"].as_str().unwrap();
+    assert!(
+        why.contains("11.22.33.77") && why.contains("the runcell host itself"),
+        "{why}"
     );
 }
