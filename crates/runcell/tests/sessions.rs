@@ -780,3 +780,102 @@ fn a_session_too_small_for_its_interpreter_and_an_invalid_streamed_call_are_400s
     // The session is untouched and still answers.
     assert_eq!(code(&s, &id, "echo ok")["stdout"], "ok\n");
 }
+
+/// A process of a server's sandbox, seen from the host: its pid there and in the sandbox, the
+/// state of each of its threads (`R`, `S`, `T` for stopped, `Z`, ...) and its command line.
+#[derive(Debug)]
+struct SandboxProcess {
+    /// (Read in failure messages, through `Debug`.)
+    #[allow(dead_code)]
+    host_pid: u32,
+    pid: u32,
+    threads: Vec<char>,
+    /// Its first 80 characters.
+    #[allow(dead_code)]
+    cmdline: String,
+}
+
+impl SandboxProcess {
+    /// It has a thread that is not a zombie (stopped or not).
+    fn alive(&self) -> bool {
+        self.threads.iter().any(|s| !matches!(s, 'Z' | 'X'))
+    }
+}
+
+/// Every process in the cgroups of server `server`'s sandboxes (each sandbox's pid 1, its
+/// interpreter, whatever they started), right now.
+fn sandbox_processes(server: u32) -> Vec<SandboxProcess> {
+    let mut pids = std::collections::BTreeSet::new();
+    for group in common::cgroups_of(server) {
+        if let Ok(procs) = std::fs::read_to_string(group.join("cgroup.procs")) {
+            pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+    }
+    pids.into_iter()
+        .filter_map(|host_pid| {
+            let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+            let pid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()?;
+            let threads = std::fs::read_dir(format!("/proc/{host_pid}/task"))
+                .ok()?
+                .flatten()
+                .filter_map(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                    stat[stat.rfind(')')? + 2..].chars().next()
+                })
+                .collect();
+            let cmdline = std::fs::read(format!("/proc/{host_pid}/cmdline")).unwrap_or_default();
+            Some(SandboxProcess {
+                host_pid,
+                pid,
+                threads,
+                cmdline: String::from_utf8_lossy(&cmdline)
+                    .replace('\0', " ")
+                    .chars()
+                    .take(80)
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// Regression (attack pass follow-up): a process whose main thread ended while another of its
+/// threads ran on shows as a zombie in /proc/<pid>/stat, and the sweep after a session's cell
+/// skipped it: it outlived the cell, its thread running between calls.
+#[test]
+fn a_process_whose_main_thread_ended_does_not_outlive_the_cell() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let v = code(
+        &s,
+        &id,
+        "import os, subprocess, sys, time\n\
+         body = 'import ctypes, threading\\ndef burn():\\n    while True:\\n        pass\\n\
+         threading.Thread(target=burn, daemon=True).start()\\nctypes.CDLL(None).pthread_exit(None)'\n\
+         p = subprocess.Popen([sys.executable, '-c', body])\n\
+         def state():\n    try:\n        stat = open(f'/proc/{p.pid}/stat').read()\n        \
+         return stat.rsplit(')', 1)[1].split()[0], len(os.listdir(f'/proc/{p.pid}/task'))\n    \
+         except OSError:\n        return None, 0\n\
+         while True:\n    st = state()\n    if st[0] is None or (st[0] == 'Z' and st[1] > 1):\n        \
+         break\n    time.sleep(0.01)\nprint(os.getpid(), *st)",
+    );
+    let out = v["stdout"].as_str().unwrap().to_string();
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.get(1..), Some(&["Z", "2"][..]), "{v}");
+    let interpreter: u32 = fields[0].parse().unwrap();
+    let procs = sandbox_processes(s.pid());
+    let left: Vec<&SandboxProcess> = procs
+        .iter()
+        .filter(|p| p.pid != 1 && p.pid != interpreter && p.alive())
+        .collect();
+    assert!(left.is_empty(), "a process outlived its cell: {left:?}");
+    // Killed at the end of the cell (and reaped by its parent now).
+    let v = code(&s, &id, "print(p.wait(timeout=60))");
+    assert_eq!(v["stdout"], "-9\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+}
