@@ -665,24 +665,41 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
     loop {
         // A warm interpreter says nothing while it waits: a hang-up or anything on its channel
         // means it died or misbehaves, and so does the sandbox (it is never handed out).
+        // A session's interpreter is frozen between cells: pid 1, its parent, is told of every
+        // change of its state (SIGCHLD), and one that runs again without pid 1's SIGCONT (a
+        // POSIX timer or a child's exit signal set to SIGCONT) escaped the freeze and ends.
         if let Some(it) = &interp {
-            let mut fds = [
+            let mut fds = vec![
                 PollFd::new(ctrl, PollFlags::IN),
                 PollFd::new(&it.chan, PollFlags::IN),
             ];
+            if it.frozen {
+                fds.push(PollFd::new(sigchld, PollFlags::IN));
+            }
             match poll(&mut fds, None) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(_) => sys::exit_now(125),
             }
-            if fds[0].revents().is_empty() && !fds[1].revents().is_empty() {
+            let request = !fds[0].revents().is_empty();
+            let on_channel = !fds[1].revents().is_empty();
+            let child_changed = fds.get(2).is_some_and(|f| !f.revents().is_empty());
+            drop(fds);
+            // Checked before any request is served: the signalfd is drained here, and an
+            // escape noticed now must not wait for a later wake-up.
+            let escaped = child_changed && {
+                drain_signalfd(sigchld);
+                job_state(it.pid) != JobState::Stopped
+            };
+            if escaped || (!request && on_channel) {
                 let _ = sys::kill_rest_of_namespace();
                 if !it.persistent {
                     // A warm sandbox that lost its interpreter is never handed out.
                     sys::exit_now(125);
                 }
-                // A session's interpreter died between cells (a thread ended the process, or
-                // it wrote on its channel): the sandbox and its files stay, the next cell
-                // finds no interpreter and the supervisor starts a new one.
+                // A session's interpreter died between cells (killed from outside, or by the
+                // OOM killer of the shared parent group), wrote on its channel, or escaped its
+                // freeze: the sandbox and its files stay, the next cell finds no interpreter
+                // and the supervisor starts a new one.
                 interp = None;
                 let mut peak = 0;
                 if end_of_run(sigchld, &mut peak).is_err() {
@@ -827,6 +844,8 @@ struct Interpreter {
     /// It ran a session's cell (`keep`): it outlives cells, and its death between cells ends
     /// only itself, not the sandbox.
     persistent: bool,
+    /// Stopped between a session's cells (see [`spare_interpreter`]) until the next cell.
+    frozen: bool,
 }
 
 /// The longest line an interpreter may send on its channel (`R`, `D <code>`).
@@ -891,6 +910,7 @@ fn start_interpreter(
                 chan: ours,
                 landlock: spawned.landlock,
                 persistent: false,
+                frozen: false,
             });
             Ok(Report::InterpreterReady)
         }
@@ -940,6 +960,12 @@ fn run_cell(
     let before = sys::children_rusage();
     let started = Instant::now();
     let mut peak_rss = 0u64;
+    if it.frozen {
+        // The session's interpreter runs again, its threads with it, for this cell only. (Gone
+        // meanwhile: the send below fails and the run ends as after any death.)
+        let _ = sys::signal_process(it.pid, Signal::CONT);
+        it.frozen = false;
+    }
     // A one-line message with the stdin descriptor attached (the socket is empty: the
     // interpreter read everything before; a send cannot block on a few bytes).
     let sent = sys::send_with_fd(&it.chan, &line, stdin.as_fd());
@@ -974,6 +1000,7 @@ fn run_cell(
     if done && cell.keep {
         let wall = started.elapsed();
         if spare_interpreter(sigchld, it.pid, &mut peak_rss) {
+            it.frozen = true;
             *interp = Some(it);
             return report_exit(status, wall, before, peak_rss, true);
         }
@@ -993,23 +1020,101 @@ fn run_cell(
     finish(sigchld, status, started, before, peak_rss)
 }
 
-/// After a session's cell: kill and reap every process of the run but the interpreter `pid`.
-/// False when some process would not go within two seconds (stuck in the kernel): then the
-/// whole run ends, the interpreter with it.
+/// How long the end of a session's cell may take (every other process killed and reaped, the
+/// interpreter stopped) before pid 1 ends the whole run instead.
+const FREEZE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// After a session's cell: freeze the sandbox until the next cell. Every process of the run
+/// but pid 1 is stopped, every one but the interpreter `pid` is killed and reaped, and the
+/// interpreter stays stopped, all its threads with it, until the next cell's SIGCONT (in
+/// [`run_cell`]). Between calls a session then holds its memory and files but runs nothing:
+/// no thread of the interpreter burns CPU outside a call's slot or starts a process after the
+/// sweep. False when that state is not reached within [`FREEZE_WITHIN`] (a process stuck in
+/// the kernel, an interpreter that keeps being continued, or one that died): then the whole
+/// run ends, the interpreter with it.
+///
+/// Why job-control signals and not the cgroup freezer (v1 `freezer.state`, v2
+/// `cgroup.freeze`): the freezer needs a cgroup, which a rootless runcell without a delegated
+/// subtree does not have, and a v1 host may not mount the freezer controller; it freezes a
+/// whole group, and pid 1, which must serve `Put`, `Browse` and `Collect` between cells and
+/// watch the interpreter, is in the run's group (the supervisor would have to thaw around
+/// every request, or the programs move to a child group of their own, in every v1 hierarchy,
+/// with the statistics read across both). SIGSTOP works wherever pid 1 runs, cannot be
+/// caught, blocked or ignored, and `kill(-1)` from pid 1 reaches every other process of the
+/// namespace at once. Its one weakness, a SIGCONT generated from inside (a POSIX timer or a
+/// child's exit signal set to SIGCONT; no process runs to send one), is closed because pid 1
+/// is the interpreter's parent: the kernel reports every stop and every continue to it
+/// (`waitid`), here and in the serve loop between cells, which ends an interpreter that runs
+/// again unbidden.
 fn spare_interpreter(sigchld: &OwnedFd, pid: i32, peak_rss: &mut u64) -> bool {
-    for _ in 0..40 {
-        match sys::kill_all_but(Path::new("/proc"), pid) {
-            Ok(0) => {
-                reap_exited(0, peak_rss);
-                return true;
-            }
-            Ok(_) => {}
-            Err(_) => return false,
-        }
-        reap_exited(0, peak_rss);
-        wait_sigchld(sigchld);
+    // Stop first, kill second: a running thread of the interpreter may fork at any moment, so
+    // a sweep that raced it could go on forever; stopped, it forks nothing (a fork in
+    // progress fails and restarts later, or its child is stopped too), and the processes it
+    // started are killed where they stand (SIGKILL ends stopped processes too).
+    if sys::stop_rest_of_namespace().is_err() {
+        return false;
     }
-    false
+    let deadline = Instant::now() + FREEZE_WITHIN;
+    loop {
+        let before = job_state(pid);
+        let Ok(signalled) = sys::kill_all_but(Path::new("/proc"), pid) else {
+            return false;
+        };
+        reap_exited(0, peak_rss);
+        // Frozen: the interpreter was stopped before a sweep that found nothing else alive, and
+        // still is after it (every killed process has exited: its exit signal, which a raw
+        // clone may have set to SIGCONT, came before this sweep).
+        let after = job_state(pid);
+        match (before, after) {
+            (JobState::Stopped, JobState::Stopped) if signalled == 0 => return true,
+            (_, JobState::Gone) => return false,
+            // Not stopped yet, or continued since (the exit signal of a child just killed):
+            // again. A stop signal that is already pending is not queued twice.
+            (_, JobState::Running) => {
+                let _ = sys::signal_process(pid, Signal::STOP);
+            }
+            (_, JobState::Stopped) => {}
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        // Stopped during a sweep that found nothing to kill: only the check is left to do.
+        if !(after == JobState::Stopped && signalled == 0) {
+            wait_sigchld(sigchld);
+        }
+    }
+}
+
+/// What `waitid` says of a child (the interpreter) without reaping it or consuming the report:
+/// a stopped child stays reported stopped until it is continued, and one that was continued
+/// stays reported so until its next stop completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobState {
+    Stopped,
+    /// Running: continued since its last stop, or never stopped yet.
+    Running,
+    /// It exited (a zombie) or is reaped already.
+    Gone,
+}
+
+fn job_state(pid: i32) -> JobState {
+    use rustix::process::{WaitId, WaitIdOptions};
+    let Some(pid) = Pid::from_raw(pid) else {
+        return JobState::Gone;
+    };
+    let options = WaitIdOptions::EXITED
+        | WaitIdOptions::STOPPED
+        | WaitIdOptions::CONTINUED
+        | WaitIdOptions::NOHANG
+        | WaitIdOptions::NOWAIT;
+    match rustix::process::waitid(WaitId::Pid(pid), options) {
+        Ok(Some(st)) if st.stopped() => JobState::Stopped,
+        Ok(Some(st)) if st.continued() => JobState::Running,
+        Ok(Some(_)) => JobState::Gone,
+        Ok(None) => JobState::Running,
+        Err(rustix::io::Errno::INTR) => job_state(pid.as_raw_nonzero().get()),
+        Err(_) => JobState::Gone,
+    }
 }
 
 /// Wait up to 50 ms for a SIGCHLD (a killed process exiting), and consume it.

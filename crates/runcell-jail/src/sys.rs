@@ -266,6 +266,20 @@ pub fn lock_securebits() -> io::Result<()> {
 /// Refuses unless the caller is pid 1 of its namespace: run from the host's pid namespace this
 /// call would kill every process of the machine that the caller may signal.
 pub fn kill_rest_of_namespace() -> io::Result<()> {
+    signal_rest_of_namespace(libc::SIGKILL)
+}
+
+/// SIGSTOP every process of the caller's pid namespace except the caller (`kill(-1)`): the
+/// first step of freezing a session between its cells (see `init.rs`, `spare_interpreter`).
+/// The kernel makes a signal sent to many processes atomic with fork: a fork in progress
+/// either fails and is restarted after the signal, or its child gets the signal too. (pid 1
+/// does not rely on it: its sweep repeats until it finds nothing.) Refuses unless the caller
+/// is pid 1 of its namespace, as [`kill_rest_of_namespace`] does.
+pub fn stop_rest_of_namespace() -> io::Result<()> {
+    signal_rest_of_namespace(libc::SIGSTOP)
+}
+
+fn signal_rest_of_namespace(sig: i32) -> io::Result<()> {
     if rustix::process::getpid().as_raw_nonzero().get() != 1 {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -274,7 +288,7 @@ pub fn kill_rest_of_namespace() -> io::Result<()> {
     }
     // SAFETY: kill takes plain integers. As pid 1 of a fresh pid namespace, -1 reaches only
     // the processes of that namespace (the kernel skips processes it cannot see).
-    if unsafe { libc::kill(-1, libc::SIGKILL) } == -1 {
+    if unsafe { libc::kill(-1, sig) } == -1 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::ESRCH) {
             return Err(err);
@@ -298,6 +312,18 @@ pub fn signal_group(pgid: i32, sig: i32) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Send `sig` to the process `pid` of the caller's namespace, never to pid 1 (a session's
+/// interpreter: SIGSTOP and SIGCONT around its cells). ESRCH (it is gone) is not an error.
+pub fn signal_process(pid: i32, sig: rustix::process::Signal) -> io::Result<()> {
+    let Some(pid) = rustix::process::Pid::from_raw(pid).filter(|p| !p.is_init()) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    match rustix::process::kill_process(pid, sig) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// SIGKILL every live process of the pid namespace except pid 1 and `spare` (a session's

@@ -796,6 +796,10 @@ struct SandboxProcess {
 }
 
 impl SandboxProcess {
+    /// A thread of it may run: it is neither stopped nor a zombie.
+    fn runnable(&self) -> bool {
+        self.threads.iter().any(|s| !matches!(s, 'T' | 'Z' | 'X'))
+    }
     /// It has a thread that is not a zombie (stopped or not).
     fn alive(&self) -> bool {
         self.threads.iter().any(|s| !matches!(s, 'Z' | 'X'))
@@ -842,6 +846,250 @@ fn sandbox_processes(server: u32) -> Vec<SandboxProcess> {
             })
         })
         .collect()
+}
+
+/// Between calls nothing of server `server`'s only session runs: every process of its sandbox
+/// but pid 1 is stopped (or a zombie). Returns them.
+fn assert_frozen(server: u32, when: &str) -> Vec<SandboxProcess> {
+    let procs = sandbox_processes(server);
+    assert!(
+        procs.iter().any(|p| p.pid == 1),
+        "{when}: the session's pid 1 was not found: {procs:?}"
+    );
+    let running: Vec<&SandboxProcess> = procs
+        .iter()
+        .filter(|p| p.pid != 1 && p.runnable())
+        .collect();
+    assert!(
+        running.is_empty(),
+        "{when}: processes of the session run between calls: {running:?}"
+    );
+    procs
+}
+
+/// Regression (attack pass): an idle session burned 5 CPU-seconds in 5 s, because a thread a
+/// cell started in the interpreter ran on between calls. The session is frozen between calls:
+/// a thread that records the time every 10 ms records nothing while the host waits.
+#[test]
+fn an_idle_session_runs_nothing_between_calls() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let v = code(
+        &s,
+        &id,
+        "import threading, time\nticks = []\ndef tick():\n    while True:\n        \
+         ticks.append(time.monotonic())\n        time.sleep(0.01)\n\
+         threading.Thread(target=tick, daemon=True).start()\n\
+         def burn():\n    while True:\n        pass\n\
+         spin = threading.Thread(target=burn, daemon=True)\nspin.start()",
+    );
+    assert_eq!(v["error"], Value::Null, "{v}");
+    assert_frozen(s.pid(), "after the call");
+    let waiting = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let waited = waiting.elapsed().as_secs_f64();
+    assert_frozen(s.pid(), "after the wait");
+    // The largest gap between two ticks, or between the last tick and now, spans the wait:
+    // CLOCK_MONOTONIC is the host's, and the session was stopped before the first call
+    // answered and ran again only once the second arrived.
+    let v = code(
+        &s,
+        &id,
+        "ts = ticks + [time.monotonic()]\nprint(repr(max(b - a for a, b in zip(ts, ts[1:]))), \
+         len(ticks) > 1, spin.is_alive())",
+    );
+    let out = v["stdout"].as_str().unwrap();
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.get(1..), Some(&["True", "True"][..]), "{v}");
+    let gap: f64 = fields[0].parse().unwrap();
+    // (A millisecond for the conversions between the two clocks' readings, not a margin.)
+    assert!(
+        gap >= waited - 0.001,
+        "the thread ran while the session was idle: largest gap {gap} s, waited {waited} s"
+    );
+}
+
+/// Regression (attack pass): a process started after its cell ended kept running (a thread
+/// of the interpreter started it once the cell's processes were killed). Frozen, the thread
+/// starts nothing until the next call, and what it starts then ends with that call.
+#[test]
+fn a_thread_starts_no_process_between_calls() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let m = common::marker("frozenburn");
+    let v = code(
+        &s,
+        &id,
+        &format!(
+            "import subprocess, sys, threading, time\ndef later():\n    time.sleep(0.2)\n    \
+             subprocess.Popen([sys.executable, '-c', 'while True: pass', '{m}'])\n\
+             threading.Thread(target=later, daemon=True).start()\nx = 1"
+        ),
+    );
+    assert_eq!(v["error"], Value::Null, "{v}");
+    // Well past the thread's 200 ms.
+    std::thread::sleep(Duration::from_secs(1));
+    let started = common::processes_with_marker(&m);
+    assert!(started.is_empty(), "started between calls: {started:?}");
+    let procs = assert_frozen(s.pid(), "a second after the call");
+    assert!(
+        procs.iter().any(|p| p.pid != 1),
+        "no interpreter: {procs:?}"
+    );
+    // Thawed for the next call, the thread starts its process during that call; it does not
+    // outlive the call.
+    let v = code(&s, &id, "print(x)");
+    assert_eq!(v["stdout"], "1\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+    let left = common::processes_with_marker(&m);
+    assert!(left.is_empty(), "a process outlived its call: {left:?}");
+    assert_frozen(s.pid(), "after the next call");
+}
+
+/// Freezing keeps every language's interpreter and its state: stopped after each call,
+/// continued for the next (Node's epoll and Ruby's timer thread among what must survive it).
+#[test]
+fn a_frozen_interpreter_keeps_its_state_in_each_language() {
+    for (lang, set, get) in [
+        ("python", "x = 1", "print(x)"),
+        ("node", "let x = 1", "console.log(x)"),
+        ("ruby", "x = 1", "puts x"),
+        ("bash", "x=1", "echo $x"),
+    ] {
+        if !has(lang) {
+            continue;
+        }
+        // One server per language: the frozen check looks at all of a server's sandboxes.
+        let s = server(&[]);
+        let id = create(&s, KEY_A, json!({ "language": lang }));
+        let v = code(&s, &id, set);
+        assert_eq!(v["error"], Value::Null, "{lang}: {v}");
+        assert_frozen(s.pid(), lang);
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..2 {
+            let v = code(&s, &id, get);
+            assert_eq!(v["stdout"], "1\n", "{lang}: {v}");
+            assert_eq!(v["state_lost"], json!(false), "{lang}: {v}");
+            assert_frozen(s.pid(), lang);
+        }
+    }
+}
+
+/// A call that runs out of time in a session frozen before it is still interrupted (SIGINT
+/// to the thawed interpreter), keeps the state, and leaves the session frozen again.
+#[test]
+fn a_timeout_interrupts_a_call_of_a_frozen_session_and_keeps_its_state() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    code(
+        &s,
+        &id,
+        "import threading, time\nx = 41\ndef tick():\n    while True:\n        \
+         time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()",
+    );
+    assert_frozen(s.pid(), "before the slow call");
+    let v = exec(
+        &s,
+        KEY_A,
+        &id,
+        json!({"code": "time.sleep(30)", "timeout": 1}),
+    );
+    assert_eq!(v["error"]["category"], "timeout", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("keeps its state"),
+        "{v}"
+    );
+    assert_frozen(s.pid(), "after the interrupted call");
+    let v = code(&s, &id, "print(x + 1)");
+    assert_eq!(v["stdout"], "42\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+}
+
+/// A SIGCONT from inside cannot thaw a frozen session. A child made with a raw clone whose
+/// exit signal is SIGCONT continues the interpreter when the end of the cell kills it: pid 1
+/// stops the interpreter again. A POSIX timer that sends the interpreter SIGCONT every 10 ms
+/// would continue it between calls: pid 1 (its parent, told of every continue) ends it, and
+/// a call says the state was lost.
+#[test]
+fn a_sigcont_from_inside_does_not_thaw_a_session() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let v = code(
+        &s,
+        &id,
+        "import ctypes, os, time\nx = 1\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+         nr = {'x86_64': 56, 'aarch64': 220}[os.uname().machine]\n\
+         # clone(SIGCONT, 0, 0, 0, 0): a fork whose end sends its parent SIGCONT\n\
+         pid = libc.syscall(*map(ctypes.c_long, (nr, 18, 0, 0, 0, 0)))\n\
+         if pid == 0:\n    while True:\n        time.sleep(1)\nprint(pid > 0)",
+    );
+    assert_eq!(v["stdout"], "True\n", "{v}");
+    assert_frozen(s.pid(), "after the clone's end");
+    let v = code(&s, &id, "print(x)");
+    assert_eq!(v["stdout"], "1\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+
+    let id = {
+        let (st, _) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::DELETE,
+            &format!("/v1/sessions/{id}"),
+            None,
+        );
+        assert_eq!(st, 204);
+        create(&s, KEY_A, json!({ "language": "python" }))
+    };
+    let first = code(
+        &s,
+        &id,
+        "import ctypes, signal, threading, time\n\
+         class Sigevent(ctypes.Structure):\n    _fields_ = [('value', ctypes.c_void_p), \
+         ('signo', ctypes.c_int), ('notify', ctypes.c_int), ('rest', ctypes.c_byte * 48)]\n\
+         class Timespec(ctypes.Structure):\n    _fields_ = [('s', ctypes.c_long), ('ns', ctypes.c_long)]\n\
+         class Itimerspec(ctypes.Structure):\n    _fields_ = [('interval', Timespec), ('value', Timespec)]\n\
+         libc = ctypes.CDLL(None, use_errno=True)\ntimer = ctypes.c_void_p()\n\
+         ev = Sigevent(None, signal.SIGCONT, 0)  # SIGEV_SIGNAL\n\
+         armed = libc.timer_create(1, ctypes.byref(ev), ctypes.byref(timer)) == 0 and \
+         libc.timer_settime(timer, 0, ctypes.byref(Itimerspec(Timespec(0, 10**7), Timespec(0, 10**7))), None) == 0\n\
+         ticks = []\ndef tick():\n    while True:\n        ticks.append(time.monotonic())\n        \
+         time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()\n\
+         print(armed)",
+    );
+    assert_eq!(
+        first["stdout"], "True\n",
+        "the timer was not armed: {first}"
+    );
+    // Either pid 1 ended the interpreter once the timer continued it, or (a kernel that stops
+    // a timer whose SIGCONT a SIGSTOP discarded) it stayed stopped. Either way it did not run
+    // while the host waited: its ticks, if it still has them, span the wait.
+    let waiting = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let waited = waiting.elapsed().as_secs_f64();
+    let second = code(
+        &s,
+        &id,
+        "if 'ticks' in globals():\n    ts = ticks + [time.monotonic()]\n    \
+         print(repr(max(b - a for a, b in zip(ts, ts[1:]))))\nelse:\n    print('lost')",
+    );
+    match second["stdout"].as_str().unwrap().trim() {
+        "lost" => assert!(
+            first["state_lost"] == json!(true) || second["state_lost"] == json!(true),
+            "the lost state was not said: {first} {second}"
+        ),
+        gap => {
+            let gap: f64 = gap.parse().unwrap();
+            assert!(
+                gap >= waited - 0.001,
+                "the interpreter ran between calls: largest gap {gap} s, waited {waited} s"
+            );
+            assert_eq!(second["state_lost"], json!(false), "{second}");
+        }
+    }
 }
 
 /// Regression (attack pass follow-up): a process whose main thread ended while another of its
