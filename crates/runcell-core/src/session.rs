@@ -717,6 +717,19 @@ impl Session {
             let chain = crate::error::chain(&e);
             if chain.contains("No space") || chain.contains("Disk quota") {
                 invalid("The file does not fit: the session's disk is full.".to_string())
+            } else if chain.contains("symbolic link is in the way") {
+                // Planted by the session's own code where a directory of the path should be:
+                // pid 1 never writes through one, and the link is the caller's to remove.
+                let at = match &e {
+                    runcell_jail::SandboxError::Setup { path: Some(p), .. } => p
+                        .strip_prefix(WORKSPACE)
+                        .map_or_else(|_| p.display().to_string(), |p| p.display().to_string()),
+                    _ => rel.clone(),
+                };
+                SessionError::Conflict(format!(
+                    "{rel}: a symbolic link is in the way at {at} (files are never written \
+                     through one)."
+                ))
             } else if chain.contains("directory is in the way") || chain.contains("Not a directory")
             {
                 // The path is fine; what is in the workspace now is in the way.

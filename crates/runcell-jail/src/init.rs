@@ -1691,7 +1691,11 @@ fn set_rlimits(r: &Rlimits) -> rustix::io::Result<()> {
 /// Write a requested file into the sandbox, refusing anything outside /workspace and /tmp.
 /// Every component is resolved beneath its base directory without following any symlink
 /// (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`): a program that ran earlier in the
-/// same sandbox may have planted symlinks, and pid 1 must never write through them.
+/// same sandbox may have planted symlinks, and pid 1 must never write through them. A symlink
+/// where a directory of the path should be is refused ("a symbolic link is in the way", with
+/// the link's path), as a directory where the file should be is: the caller's conflict to
+/// resolve, not a failure of the sandbox. A symlink at the file's own name is replaced (the
+/// new file takes the name; the link's target is untouched), as any other file there is.
 fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepError> {
     use rustix::fs::{mkdirat, openat2, ResolveFlags};
     let base = ["/workspace", "/tmp"]
@@ -1709,37 +1713,38 @@ fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepErr
     let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let mut dir = rustix::fs::open(base, dir_flags | OFlags::NOFOLLOW, Mode::empty())
         .step_at("open", Path::new(base))?;
+    let mut walked = PathBuf::from(base);
     for comp in rel.parent().into_iter().flat_map(Path::components) {
+        // (mkdir never follows a symlink at its last component: it says EEXIST.)
         match mkdirat(&dir, comp.as_os_str(), Mode::from_raw_mode(0o755)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(e).step_at("mkdir", path),
         }
-        dir = openat2(&dir, comp.as_os_str(), dir_flags, Mode::empty(), resolve)
-            .step_at("open directory", path)?;
+        walked.push(comp);
+        dir = match openat2(&dir, comp.as_os_str(), dir_flags, Mode::empty(), resolve) {
+            Ok(next) => next,
+            // RESOLVE_NO_SYMLINKS refuses a symlink with ELOOP, which the error keeps.
+            Err(e @ rustix::io::Errno::LOOP) => {
+                return Err(StepError {
+                    step: "write file",
+                    path: Some(walked),
+                    source: io::Error::other(ChildError {
+                        errno: Some(e.raw_os_error()),
+                        message: format!("{SYMLINK_IN_THE_WAY}: {}", io::Error::from(e)),
+                    }),
+                })
+            }
+            Err(e) => return Err(e).step_at("open directory", path),
+        };
     }
     // The content goes to a fresh name first and is renamed into place: whatever an earlier
     // program left at the name (a file, a symlink, a fifo that would block an open, a socket)
     // is replaced whole and never followed, and a write that fails (a full disk) leaves what
     // was there. A directory in the way is refused.
-    // (One fixed name: pid 1 writes one file at a time, and it fits beside a 255-byte name.)
-    let part = Path::new(".runcell-part");
-    match rustix::fs::unlinkat(&dir, part, rustix::fs::AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(e).step_at("replace file", path),
-    }
-    let fd = openat2(
-        &dir,
-        part,
-        OFlags::WRONLY
-            | OFlags::CREATE
-            | OFlags::EXCL
-            | OFlags::NOFOLLOW
-            | OFlags::NONBLOCK
-            | OFlags::CLOEXEC,
-        Mode::from_raw_mode(mode & 0o777),
-        resolve,
-    )
-    .step_at("create file", path)?;
+    // The fresh name is random: a fixed one could be taken by the session's own code (a
+    // directory named so cannot be unlinked), and every upload there would fail.
+    let (part, fd) = create_part(&dir, mode, resolve).step_at("create file", path)?;
+    let part = part.as_path();
     let written = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777))
         .step_at("chmod", path)
         .and_then(|()| File::from(fd).write_all(data).step_at("write file", path))
@@ -1766,6 +1771,39 @@ fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepErr
         let _ = rustix::fs::unlinkat(&dir, part, rustix::fs::AtFlags::empty());
     }
     written
+}
+
+/// What [`write_sandbox_file`] says of a symlink where a directory of the path should be.
+const SYMLINK_IN_THE_WAY: &str = "a symbolic link is in the way";
+
+/// Create a new, empty file under a random name in `dir` (`O_EXCL`, never following anything
+/// at the name), for [`write_sandbox_file`] to fill and rename into place.
+fn create_part(
+    dir: &OwnedFd,
+    mode: u32,
+    resolve: rustix::fs::ResolveFlags,
+) -> rustix::io::Result<(PathBuf, OwnedFd)> {
+    let mut tries = 0;
+    loop {
+        let mut noise = [0u8; 8];
+        rustix::rand::getrandom(&mut noise, rustix::rand::GetRandomFlags::empty())?;
+        let part = PathBuf::from(format!(".runcell-part-{}", crate::hex::to_hex(&noise)));
+        match rustix::fs::openat2(
+            dir,
+            &part,
+            OFlags::WRONLY
+                | OFlags::CREATE
+                | OFlags::EXCL
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode & 0o777),
+            resolve,
+        ) {
+            Err(rustix::io::Errno::EXIST) if tries < 3 => tries += 1,
+            r => return r.map(|fd| (part, fd)),
+        }
+    }
 }
 
 fn blob(blobs: &[Vec<u8>], i: usize) -> Result<&[u8], StepError> {

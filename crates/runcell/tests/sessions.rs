@@ -1127,3 +1127,74 @@ fn a_process_whose_main_thread_ended_does_not_outlive_the_cell() {
     assert_eq!(v["stdout"], "-9\n", "{v}");
     assert_eq!(v["state_lost"], json!(false), "{v}");
 }
+
+/// Regression (attack pass): a symlink planted by a session's code turned a PUT into a 500.
+/// A symlink where a directory of the path should be is a 409 conflict, and nothing outside
+/// /workspace is written; one at the file's own name is replaced by the file, its target
+/// untouched; a directory planted at the name uploads used to stage their content under does
+/// not stop them; downloads never follow a symlink.
+#[test]
+fn a_symlink_planted_in_the_workspace_is_never_written_through() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let outside = "import os\n\
+        def outside():\n    return sorted((n, open('/tmp/' + n).read() if os.path.isfile('/tmp/' + n) else None) \
+        for n in os.listdir('/tmp')), os.path.exists('/nowhere')\n";
+    let v = code(
+        &s,
+        &id,
+        &format!(
+            "{outside}open('/tmp/target', 'w').write('original')\n\
+             os.symlink('/tmp/target', 'out.txt')\nos.symlink('/tmp', 'd')\nos.mkdir('sub')\n\
+             os.symlink('/tmp', 'sub/link')\nos.symlink('/nowhere', 'dangling')\n\
+             os.symlink('/tmp/target', 'ln.txt')\nos.mkdir('.runcell-part')\n\
+             open('.runcell-part/keep', 'w').write('k')\nbefore = outside()\nprint(before)"
+        ),
+    );
+    assert_eq!(v["error"], Value::Null, "{v}");
+    let put = |path: &str, body: &str| {
+        raw(
+            &s,
+            reqwest::Method::PUT,
+            &format!("/v1/sessions/{id}/files/{path}"),
+            Some(body),
+        )
+    };
+    for (path, at) in [
+        ("d/x.txt", "d"),
+        ("d/new/x.txt", "d"),
+        ("d%2Fx.txt", "d"),
+        ("sub/link/x.txt", "sub/link"),
+        ("dangling/x.txt", "dangling"),
+    ] {
+        let res = put(path, "written through");
+        assert_eq!(res.status().as_u16(), 409, "{path}");
+        let body: Value = res.json().unwrap();
+        assert_eq!(body["error"]["category"], "conflict", "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("a symbolic link is in the way at {at}")),
+            "{path}: {body}"
+        );
+    }
+    // A symlink at the file's own name: the file takes the name.
+    assert_eq!(put("out.txt", "new").status().as_u16(), 204);
+    assert_eq!(put("y.txt", "y").status().as_u16(), 204);
+    for path in ["ln.txt", "d/target", "d%2Ftarget", "sub/link/target"] {
+        let res = raw(
+            &s,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{id}/files/{path}"),
+            None,
+        );
+        assert_eq!(res.status().as_u16(), 404, "GET {path} followed a symlink");
+    }
+    let v = code(
+        &s,
+        &id,
+        "print(outside() == before, os.path.islink('out.txt'), open('out.txt').read(), \
+         open('y.txt').read(), open('.runcell-part/keep').read(), os.path.islink('d'), \
+         [n for n in os.listdir('.') if n.startswith('.runcell-part-')])",
+    );
+    assert_eq!(v["stdout"], "True False new y k True []\n", "{v}");
+}
