@@ -212,7 +212,11 @@ mod tests {
             assert!(seen.insert(k.category()), "{k:?}");
             assert!((400..600).contains(&k.status()), "{k:?}");
             // Only what may succeed later as it is says when to retry.
-            assert_eq!(k.retry_after().is_some(), matches!(k.status(), 429 | 503), "{k:?}");
+            assert_eq!(
+                k.retry_after().is_some(),
+                matches!(k.status(), 429 | 503),
+                "{k:?}"
+            );
         }
     }
 

@@ -697,8 +697,12 @@ mod tests {
                 );
             }
             // The language is the tool's: the door sets it, the model cannot.
-            let e = parse_as(json!({"code": "x", "language": "go"}), source, TargetKind::OneShot)
-                .unwrap_err();
+            let e = parse_as(
+                json!({"code": "x", "language": "go"}),
+                source,
+                TargetKind::OneShot,
+            )
+            .unwrap_err();
             assert!(e.contains("unknown field `language`"), "{e}");
         }
         // The agent loop's model gets no network or packages even where MCP clients do.
@@ -710,14 +714,19 @@ mod tests {
         assert!(!allowed(Source::Model, TargetKind::OneShot, offers).contains(Field::Network));
         assert!(!allowed(Source::Model, TargetKind::OneShot, offers).contains(Field::Packages));
         // Without an offer, MCP clients do not see the keys at all.
-        assert!(!allowed(Source::Mcp, TargetKind::OneShot, Offers::default())
-            .contains(Field::Network));
+        assert!(
+            !allowed(Source::Mcp, TargetKind::OneShot, Offers::default()).contains(Field::Network)
+        );
     }
 
     #[test]
     fn every_target_says_what_it_needs() {
-        let e = parse_as(json!({"language": "python"}), Source::Api, TargetKind::OneShot)
-            .unwrap_err();
+        let e = parse_as(
+            json!({"language": "python"}),
+            Source::Api,
+            TargetKind::OneShot,
+        )
+        .unwrap_err();
         assert!(e.contains("missing field `code`"), "{e}");
         let e = parse_as(json!({"code": "x"}), Source::Api, TargetKind::OneShot).unwrap_err();
         assert!(e.contains("missing field `language`"), "{e}");
@@ -737,7 +746,11 @@ mod tests {
         .is_ok());
         assert!(parse_as(json!({"code": "x"}), Source::Api, TargetKind::Session).is_ok());
         // ttl only where a session is created.
-        for target in [TargetKind::OneShot, TargetKind::Session, TargetKind::NewSession] {
+        for target in [
+            TargetKind::OneShot,
+            TargetKind::Session,
+            TargetKind::NewSession,
+        ] {
             let body = json!({"language": "python", "code": "x", "ttl": 5});
             assert!(parse_as(body, Source::Api, target).is_err(), "{target:?}");
         }
@@ -745,12 +758,19 @@ mod tests {
 
     #[test]
     fn sessions_refuse_network_and_packages_but_keep_the_keys() {
-        for target in [TargetKind::CreateSession, TargetKind::Session, TargetKind::NewSession] {
+        for target in [
+            TargetKind::CreateSession,
+            TargetKind::Session,
+            TargetKind::NewSession,
+        ] {
             let mut body = json!({"language": "python", "network": {"allow": []}, "packages": []});
             if target != TargetKind::CreateSession {
                 body["code"] = json!("x");
             }
-            assert!(parse_as(body.clone(), Source::Api, target).is_ok(), "{target:?}");
+            assert!(
+                parse_as(body.clone(), Source::Api, target).is_ok(),
+                "{target:?}"
+            );
             body["packages"] = json!(["tabulate"]);
             let e = parse_as(body.clone(), Source::Api, target).unwrap_err();
             assert!(e.contains("offline"), "{target:?}: {e}");
@@ -785,8 +805,12 @@ mod tests {
             Some(crate::limits::Millis(5000))
         );
         // A sandbox-level limit in a call: refused (by key from a body), never dropped.
-        let e = parse_as(json!({"code": "x", "memory": "1G"}), Source::Api, TargetKind::Session)
-            .unwrap_err();
+        let e = parse_as(
+            json!({"code": "x", "memory": "1G"}),
+            Source::Api,
+            TargetKind::Session,
+        )
+        .unwrap_err();
         assert!(e.contains("memory is the session's own"), "{e}");
         let mut call = ExecRequest::new("python", "x");
         call.limits.pids = Some(crate::limits::Count(3));
@@ -794,7 +818,10 @@ mod tests {
         assert_eq!(e.limit, Some(Limit::Pids));
         // Another language: refused.
         let call = ExecRequest::new("go", "x");
-        assert!(merge_call(&call, &session).unwrap_err().message.contains("python session"));
+        assert!(merge_call(&call, &session)
+            .unwrap_err()
+            .message
+            .contains("python session"));
     }
 
     #[test]
@@ -811,7 +838,14 @@ mod tests {
                 let keys: FieldSet = props.keys().map(|k| Field::from_name(k).unwrap()).collect();
                 assert_eq!(
                     keys,
-                    allowed(source, target, Offers { network: true, packages: true }),
+                    allowed(
+                        source,
+                        target,
+                        Offers {
+                            network: true,
+                            packages: true
+                        }
+                    ),
                     "{source:?} {target:?}"
                 );
                 for r in s["required"].as_array().unwrap() {

@@ -9,10 +9,10 @@
 #![forbid(unsafe_code)]
 
 pub mod engine;
-pub mod intake;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod intake;
 pub mod limits;
 pub mod network;
 pub mod packages;
@@ -27,18 +27,18 @@ pub mod verdict;
 
 pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationError};
 pub use error::{ErrorKind, RunError};
-pub use intake::{Offers, SessionSettings, Source, Target, TargetKind};
-pub use service::{
-    AdmissionPolicy, Admitted, Call, Caller, Hold, Observer, RunService, RunSummary,
-    ServiceConfig, Ticket,
-};
 pub use exec::ExecutionFailed;
+pub use intake::{Offers, SessionSettings, Source, Target, TargetKind};
 pub use limits::{Limit, LimitOverrides, Limits, Policy};
 pub use network::{NetworkError, NetworkPolicy};
 pub use packages::PackagePolicy;
 pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::NetworkRequest;
 pub use request::{ExecRequest, InputFile};
+pub use service::{
+    AdmissionPolicy, Admitted, Call, Caller, Hold, Observer, RunService, RunSummary, ServiceConfig,
+    Ticket,
+};
 pub use session::{Session, SessionInfo, SessionPolicy, SessionStats, Sessions, WorkspaceListing};
 pub use verdict::{
     ErrorCategory, NetworkConnection, NetworkReport, PackagesReport, Verdict, VerdictError,

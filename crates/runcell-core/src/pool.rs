@@ -587,8 +587,16 @@ mod tests {
             let differs = SandboxKey::new(Language::Python, &other) != key;
             assert_eq!(differs, limit.scope() == Scope::Sandbox, "{limit}");
             // And a key gives back what it was made of.
-            assert_eq!(SandboxKey::new(Language::Python, &other).apply(base).get(limit),
-                if limit.scope() == Scope::Sandbox { other.get(limit) } else { base.get(limit) });
+            assert_eq!(
+                SandboxKey::new(Language::Python, &other)
+                    .apply(base)
+                    .get(limit),
+                if limit.scope() == Scope::Sandbox {
+                    other.get(limit)
+                } else {
+                    base.get(limit)
+                }
+            );
         }
     }
 

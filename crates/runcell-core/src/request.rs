@@ -102,7 +102,9 @@ impl Field {
 
     fn bit(self) -> u64 {
         let i = match self {
-            Field::Limit(l) => OWN_FIELDS.len() + Limit::ALL.iter().position(|&x| x == l).unwrap_or(0),
+            Field::Limit(l) => {
+                OWN_FIELDS.len() + Limit::ALL.iter().position(|&x| x == l).unwrap_or(0)
+            }
             own => OWN_FIELDS.iter().position(|&x| x == own).unwrap_or(0),
         };
         1 << i

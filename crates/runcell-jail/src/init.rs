@@ -665,24 +665,41 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
     loop {
         // A warm interpreter says nothing while it waits: a hang-up or anything on its channel
         // means it died or misbehaves, and so does the sandbox (it is never handed out).
+        // A session's interpreter is frozen between cells: pid 1, its parent, is told of every
+        // change of its state (SIGCHLD), and one that runs again without pid 1's SIGCONT (a
+        // POSIX timer or a child's exit signal set to SIGCONT) escaped the freeze and ends.
         if let Some(it) = &interp {
-            let mut fds = [
+            let mut fds = vec![
                 PollFd::new(ctrl, PollFlags::IN),
                 PollFd::new(&it.chan, PollFlags::IN),
             ];
+            if it.frozen {
+                fds.push(PollFd::new(sigchld, PollFlags::IN));
+            }
             match poll(&mut fds, None) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(_) => sys::exit_now(125),
             }
-            if fds[0].revents().is_empty() && !fds[1].revents().is_empty() {
+            let request = !fds[0].revents().is_empty();
+            let on_channel = !fds[1].revents().is_empty();
+            let child_changed = fds.get(2).is_some_and(|f| !f.revents().is_empty());
+            drop(fds);
+            // Checked before any request is served: the signalfd is drained here, and an
+            // escape noticed now must not wait for a later wake-up.
+            let escaped = child_changed && {
+                drain_signalfd(sigchld);
+                job_state(it.pid) != JobState::Stopped
+            };
+            if escaped || (!request && on_channel) {
                 let _ = sys::kill_rest_of_namespace();
                 if !it.persistent {
                     // A warm sandbox that lost its interpreter is never handed out.
                     sys::exit_now(125);
                 }
-                // A session's interpreter died between cells (a thread ended the process, or
-                // it wrote on its channel): the sandbox and its files stay, the next cell
-                // finds no interpreter and the supervisor starts a new one.
+                // A session's interpreter died between cells (killed from outside, or by the
+                // OOM killer of the shared parent group), wrote on its channel, or escaped its
+                // freeze: the sandbox and its files stay, the next cell finds no interpreter
+                // and the supervisor starts a new one.
                 interp = None;
                 let mut peak = 0;
                 if end_of_run(sigchld, &mut peak).is_err() {
@@ -827,6 +844,8 @@ struct Interpreter {
     /// It ran a session's cell (`keep`): it outlives cells, and its death between cells ends
     /// only itself, not the sandbox.
     persistent: bool,
+    /// Stopped between a session's cells (see [`spare_interpreter`]) until the next cell.
+    frozen: bool,
 }
 
 /// The longest line an interpreter may send on its channel (`R`, `D <code>`).
@@ -891,6 +910,7 @@ fn start_interpreter(
                 chan: ours,
                 landlock: spawned.landlock,
                 persistent: false,
+                frozen: false,
             });
             Ok(Report::InterpreterReady)
         }
@@ -940,6 +960,12 @@ fn run_cell(
     let before = sys::children_rusage();
     let started = Instant::now();
     let mut peak_rss = 0u64;
+    if it.frozen {
+        // The session's interpreter runs again, its threads with it, for this cell only. (Gone
+        // meanwhile: the send below fails and the run ends as after any death.)
+        let _ = sys::signal_process(it.pid, Signal::CONT);
+        it.frozen = false;
+    }
     // A one-line message with the stdin descriptor attached (the socket is empty: the
     // interpreter read everything before; a send cannot block on a few bytes).
     let sent = sys::send_with_fd(&it.chan, &line, stdin.as_fd());
@@ -974,6 +1000,7 @@ fn run_cell(
     if done && cell.keep {
         let wall = started.elapsed();
         if spare_interpreter(sigchld, it.pid, &mut peak_rss) {
+            it.frozen = true;
             *interp = Some(it);
             return report_exit(status, wall, before, peak_rss, true);
         }
@@ -993,23 +1020,101 @@ fn run_cell(
     finish(sigchld, status, started, before, peak_rss)
 }
 
-/// After a session's cell: kill and reap every process of the run but the interpreter `pid`.
-/// False when some process would not go within two seconds (stuck in the kernel): then the
-/// whole run ends, the interpreter with it.
+/// How long the end of a session's cell may take (every other process killed and reaped, the
+/// interpreter stopped) before pid 1 ends the whole run instead.
+const FREEZE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// After a session's cell: freeze the sandbox until the next cell. Every process of the run
+/// but pid 1 is stopped, every one but the interpreter `pid` is killed and reaped, and the
+/// interpreter stays stopped, all its threads with it, until the next cell's SIGCONT (in
+/// [`run_cell`]). Between calls a session then holds its memory and files but runs nothing:
+/// no thread of the interpreter burns CPU outside a call's slot or starts a process after the
+/// sweep. False when that state is not reached within [`FREEZE_WITHIN`] (a process stuck in
+/// the kernel, an interpreter that keeps being continued, or one that died): then the whole
+/// run ends, the interpreter with it.
+///
+/// Why job-control signals and not the cgroup freezer (v1 `freezer.state`, v2
+/// `cgroup.freeze`): the freezer needs a cgroup, which a rootless runcell without a delegated
+/// subtree does not have, and a v1 host may not mount the freezer controller; it freezes a
+/// whole group, and pid 1, which must serve `Put`, `Browse` and `Collect` between cells and
+/// watch the interpreter, is in the run's group (the supervisor would have to thaw around
+/// every request, or the programs move to a child group of their own, in every v1 hierarchy,
+/// with the statistics read across both). SIGSTOP works wherever pid 1 runs, cannot be
+/// caught, blocked or ignored, and `kill(-1)` from pid 1 reaches every other process of the
+/// namespace at once. Its one weakness, a SIGCONT generated from inside (a POSIX timer or a
+/// child's exit signal set to SIGCONT; no process runs to send one), is closed because pid 1
+/// is the interpreter's parent: the kernel reports every stop and every continue to it
+/// (`waitid`), here and in the serve loop between cells, which ends an interpreter that runs
+/// again unbidden.
 fn spare_interpreter(sigchld: &OwnedFd, pid: i32, peak_rss: &mut u64) -> bool {
-    for _ in 0..40 {
-        match sys::kill_all_but(Path::new("/proc"), pid) {
-            Ok(0) => {
-                reap_exited(0, peak_rss);
-                return true;
-            }
-            Ok(_) => {}
-            Err(_) => return false,
-        }
-        reap_exited(0, peak_rss);
-        wait_sigchld(sigchld);
+    // Stop first, kill second: a running thread of the interpreter may fork at any moment, so
+    // a sweep that raced it could go on forever; stopped, it forks nothing (a fork in
+    // progress fails and restarts later, or its child is stopped too), and the processes it
+    // started are killed where they stand (SIGKILL ends stopped processes too).
+    if sys::stop_rest_of_namespace().is_err() {
+        return false;
     }
-    false
+    let deadline = Instant::now() + FREEZE_WITHIN;
+    loop {
+        let before = job_state(pid);
+        let Ok(signalled) = sys::kill_all_but(Path::new("/proc"), pid) else {
+            return false;
+        };
+        reap_exited(0, peak_rss);
+        // Frozen: the interpreter was stopped before a sweep that found nothing else alive, and
+        // still is after it (every killed process has exited: its exit signal, which a raw
+        // clone may have set to SIGCONT, came before this sweep).
+        let after = job_state(pid);
+        match (before, after) {
+            (JobState::Stopped, JobState::Stopped) if signalled == 0 => return true,
+            (_, JobState::Gone) => return false,
+            // Not stopped yet, or continued since (the exit signal of a child just killed):
+            // again. A stop signal that is already pending is not queued twice.
+            (_, JobState::Running) => {
+                let _ = sys::signal_process(pid, Signal::STOP);
+            }
+            (_, JobState::Stopped) => {}
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        // Stopped during a sweep that found nothing to kill: only the check is left to do.
+        if !(after == JobState::Stopped && signalled == 0) {
+            wait_sigchld(sigchld);
+        }
+    }
+}
+
+/// What `waitid` says of a child (the interpreter) without reaping it or consuming the report:
+/// a stopped child stays reported stopped until it is continued, and one that was continued
+/// stays reported so until its next stop completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobState {
+    Stopped,
+    /// Running: continued since its last stop, or never stopped yet.
+    Running,
+    /// It exited (a zombie) or is reaped already.
+    Gone,
+}
+
+fn job_state(pid: i32) -> JobState {
+    use rustix::process::{WaitId, WaitIdOptions};
+    let Some(pid) = Pid::from_raw(pid) else {
+        return JobState::Gone;
+    };
+    let options = WaitIdOptions::EXITED
+        | WaitIdOptions::STOPPED
+        | WaitIdOptions::CONTINUED
+        | WaitIdOptions::NOHANG
+        | WaitIdOptions::NOWAIT;
+    match rustix::process::waitid(WaitId::Pid(pid), options) {
+        Ok(Some(st)) if st.stopped() => JobState::Stopped,
+        Ok(Some(st)) if st.continued() => JobState::Running,
+        Ok(Some(_)) => JobState::Gone,
+        Ok(None) => JobState::Running,
+        Err(rustix::io::Errno::INTR) => job_state(pid.as_raw_nonzero().get()),
+        Err(_) => JobState::Gone,
+    }
 }
 
 /// Wait up to 50 ms for a SIGCHLD (a killed process exiting), and consume it.
@@ -1586,7 +1691,11 @@ fn set_rlimits(r: &Rlimits) -> rustix::io::Result<()> {
 /// Write a requested file into the sandbox, refusing anything outside /workspace and /tmp.
 /// Every component is resolved beneath its base directory without following any symlink
 /// (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`): a program that ran earlier in the
-/// same sandbox may have planted symlinks, and pid 1 must never write through them.
+/// same sandbox may have planted symlinks, and pid 1 must never write through them. A symlink
+/// where a directory of the path should be is refused ("a symbolic link is in the way", with
+/// the link's path), as a directory where the file should be is: the caller's conflict to
+/// resolve, not a failure of the sandbox. A symlink at the file's own name is replaced (the
+/// new file takes the name; the link's target is untouched), as any other file there is.
 fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepError> {
     use rustix::fs::{mkdirat, openat2, ResolveFlags};
     let base = ["/workspace", "/tmp"]
@@ -1604,37 +1713,38 @@ fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepErr
     let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let mut dir = rustix::fs::open(base, dir_flags | OFlags::NOFOLLOW, Mode::empty())
         .step_at("open", Path::new(base))?;
+    let mut walked = PathBuf::from(base);
     for comp in rel.parent().into_iter().flat_map(Path::components) {
+        // (mkdir never follows a symlink at its last component: it says EEXIST.)
         match mkdirat(&dir, comp.as_os_str(), Mode::from_raw_mode(0o755)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => return Err(e).step_at("mkdir", path),
         }
-        dir = openat2(&dir, comp.as_os_str(), dir_flags, Mode::empty(), resolve)
-            .step_at("open directory", path)?;
+        walked.push(comp);
+        dir = match openat2(&dir, comp.as_os_str(), dir_flags, Mode::empty(), resolve) {
+            Ok(next) => next,
+            // RESOLVE_NO_SYMLINKS refuses a symlink with ELOOP, which the error keeps.
+            Err(e @ rustix::io::Errno::LOOP) => {
+                return Err(StepError {
+                    step: "write file",
+                    path: Some(walked),
+                    source: io::Error::other(ChildError {
+                        errno: Some(e.raw_os_error()),
+                        message: format!("{SYMLINK_IN_THE_WAY}: {}", io::Error::from(e)),
+                    }),
+                })
+            }
+            Err(e) => return Err(e).step_at("open directory", path),
+        };
     }
     // The content goes to a fresh name first and is renamed into place: whatever an earlier
     // program left at the name (a file, a symlink, a fifo that would block an open, a socket)
     // is replaced whole and never followed, and a write that fails (a full disk) leaves what
     // was there. A directory in the way is refused.
-    // (One fixed name: pid 1 writes one file at a time, and it fits beside a 255-byte name.)
-    let part = Path::new(".runcell-part");
-    match rustix::fs::unlinkat(&dir, part, rustix::fs::AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(e).step_at("replace file", path),
-    }
-    let fd = openat2(
-        &dir,
-        part,
-        OFlags::WRONLY
-            | OFlags::CREATE
-            | OFlags::EXCL
-            | OFlags::NOFOLLOW
-            | OFlags::NONBLOCK
-            | OFlags::CLOEXEC,
-        Mode::from_raw_mode(mode & 0o777),
-        resolve,
-    )
-    .step_at("create file", path)?;
+    // The fresh name is random: a fixed one could be taken by the session's own code (a
+    // directory named so cannot be unlinked), and every upload there would fail.
+    let (part, fd) = create_part(&dir, mode, resolve).step_at("create file", path)?;
+    let part = part.as_path();
     let written = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777))
         .step_at("chmod", path)
         .and_then(|()| File::from(fd).write_all(data).step_at("write file", path))
@@ -1661,6 +1771,39 @@ fn write_sandbox_file(path: &Path, mode: u32, data: &[u8]) -> Result<(), StepErr
         let _ = rustix::fs::unlinkat(&dir, part, rustix::fs::AtFlags::empty());
     }
     written
+}
+
+/// What [`write_sandbox_file`] says of a symlink where a directory of the path should be.
+const SYMLINK_IN_THE_WAY: &str = "a symbolic link is in the way";
+
+/// Create a new, empty file under a random name in `dir` (`O_EXCL`, never following anything
+/// at the name), for [`write_sandbox_file`] to fill and rename into place.
+fn create_part(
+    dir: &OwnedFd,
+    mode: u32,
+    resolve: rustix::fs::ResolveFlags,
+) -> rustix::io::Result<(PathBuf, OwnedFd)> {
+    let mut tries = 0;
+    loop {
+        let mut noise = [0u8; 8];
+        rustix::rand::getrandom(&mut noise, rustix::rand::GetRandomFlags::empty())?;
+        let part = PathBuf::from(format!(".runcell-part-{}", crate::hex::to_hex(&noise)));
+        match rustix::fs::openat2(
+            dir,
+            &part,
+            OFlags::WRONLY
+                | OFlags::CREATE
+                | OFlags::EXCL
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode & 0o777),
+            resolve,
+        ) {
+            Err(rustix::io::Errno::EXIST) if tries < 3 => tries += 1,
+            r => return r.map(|fd| (part, fd)),
+        }
+    }
 }
 
 fn blob(blobs: &[Vec<u8>], i: usize) -> Result<&[u8], StepError> {

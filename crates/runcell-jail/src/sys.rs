@@ -266,6 +266,20 @@ pub fn lock_securebits() -> io::Result<()> {
 /// Refuses unless the caller is pid 1 of its namespace: run from the host's pid namespace this
 /// call would kill every process of the machine that the caller may signal.
 pub fn kill_rest_of_namespace() -> io::Result<()> {
+    signal_rest_of_namespace(libc::SIGKILL)
+}
+
+/// SIGSTOP every process of the caller's pid namespace except the caller (`kill(-1)`): the
+/// first step of freezing a session between its cells (see `init.rs`, `spare_interpreter`).
+/// The kernel makes a signal sent to many processes atomic with fork: a fork in progress
+/// either fails and is restarted after the signal, or its child gets the signal too. (pid 1
+/// does not rely on it: its sweep repeats until it finds nothing.) Refuses unless the caller
+/// is pid 1 of its namespace, as [`kill_rest_of_namespace`] does.
+pub fn stop_rest_of_namespace() -> io::Result<()> {
+    signal_rest_of_namespace(libc::SIGSTOP)
+}
+
+fn signal_rest_of_namespace(sig: i32) -> io::Result<()> {
     if rustix::process::getpid().as_raw_nonzero().get() != 1 {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -274,7 +288,7 @@ pub fn kill_rest_of_namespace() -> io::Result<()> {
     }
     // SAFETY: kill takes plain integers. As pid 1 of a fresh pid namespace, -1 reaches only
     // the processes of that namespace (the kernel skips processes it cannot see).
-    if unsafe { libc::kill(-1, libc::SIGKILL) } == -1 {
+    if unsafe { libc::kill(-1, sig) } == -1 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::ESRCH) {
             return Err(err);
@@ -300,6 +314,18 @@ pub fn signal_group(pgid: i32, sig: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Send `sig` to the process `pid` of the caller's namespace, never to pid 1 (a session's
+/// interpreter: SIGSTOP and SIGCONT around its cells). ESRCH (it is gone) is not an error.
+pub fn signal_process(pid: i32, sig: rustix::process::Signal) -> io::Result<()> {
+    let Some(pid) = rustix::process::Pid::from_raw(pid).filter(|p| !p.is_init()) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    match rustix::process::kill_process(pid, sig) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// SIGKILL every live process of the pid namespace except pid 1 and `spare` (a session's
 /// interpreter, which must outlive the cell), by listing `proc` (the namespace's own procfs).
 /// Zombies are left to their parents. Returns how many processes were signalled: call again
@@ -321,20 +347,7 @@ pub fn kill_all_but(proc: &std::path::Path, spare: i32) -> io::Result<usize> {
         else {
             continue;
         };
-        if pid <= 1 || pid == spare {
-            continue;
-        }
-        // "pid (comm) S ...": the state follows the last ')'. A process that is gone by now
-        // is skipped; a zombie cannot be killed and is its parent's to reap.
-        let Ok(stat) = std::fs::read(entry.path().join("stat")) else {
-            continue;
-        };
-        let state = stat
-            .iter()
-            .rposition(|&b| b == b')')
-            .and_then(|i| stat.get(i + 2))
-            .copied();
-        if matches!(state, Some(b'Z') | Some(b'X') | None) {
+        if pid <= 1 || pid == spare || !is_live(&entry.path()) {
             continue;
         }
         // SAFETY: kill takes plain integers; `pid` is a process of this namespace other than
@@ -344,6 +357,30 @@ pub fn kill_all_but(proc: &std::path::Path, spare: i32) -> io::Result<usize> {
         }
     }
     Ok(signalled)
+}
+
+/// Whether the process at `dir` (`/proc/<pid>`) has a thread that is not a zombie. The state
+/// of `/proc/<pid>/stat` is its main thread's: a process whose main thread ended on its own
+/// (`pthread_exit`, a raw `exit` syscall) shows `Z` there while its other threads run on, so
+/// a zombie main thread sends the check on to `/proc/<pid>/task`. A process that is gone by
+/// now is not live; a zombie cannot be killed and is its parent's to reap.
+fn is_live(dir: &std::path::Path) -> bool {
+    match task_state(&dir.join("stat")) {
+        None | Some(b'X') => false,
+        Some(b'Z') => std::fs::read_dir(dir.join("task")).is_ok_and(|tasks| {
+            tasks
+                .flatten()
+                .any(|t| !matches!(task_state(&t.path().join("stat")), None | Some(b'Z' | b'X')))
+        }),
+        Some(_) => true,
+    }
+}
+
+/// The state letter of a `stat` file: "pid (comm) S ..."; the state follows the last ')'.
+fn task_state(stat: &std::path::Path) -> Option<u8> {
+    let stat = std::fs::read(stat).ok()?;
+    let i = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(i + 2).copied()
 }
 
 /// Bring the loopback interface of the current network namespace up (it starts down), so that
@@ -655,4 +692,44 @@ pub fn send_with_fd(
         return Err(io::Error::other("short send"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake `/proc/<pid>` with the given main-thread state and `(tid, state)` tasks.
+    fn fake_process(root: &std::path::Path, pid: u32, state: char, tasks: &[(u32, char)]) {
+        let dir = root.join(pid.to_string());
+        // A command name with a space and a ')' inside: the state follows the last ')'.
+        let stat = |id: u32, s: char| format!("{id} (a) b) {s} 1 1 1 0 -1\n");
+        std::fs::create_dir_all(dir.join("task")).unwrap();
+        std::fs::write(dir.join("stat"), stat(pid, state)).unwrap();
+        for &(tid, s) in tasks {
+            let t = dir.join("task").join(tid.to_string());
+            std::fs::create_dir_all(&t).unwrap();
+            std::fs::write(t.join("stat"), stat(tid, s)).unwrap();
+        }
+    }
+
+    /// Regression: a process whose main thread exited while another thread ran on showed `Z`
+    /// in `/proc/<pid>/stat`, and the sweep after a session's cell skipped it as a zombie: it
+    /// outlived the cell, and its thread kept running between calls.
+    #[test]
+    fn a_process_whose_main_thread_ended_is_live_while_another_thread_runs() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = root.path();
+        fake_process(proc, 10, 'R', &[(10, 'R')]);
+        fake_process(proc, 11, 'T', &[(11, 'T')]);
+        fake_process(proc, 12, 'Z', &[(12, 'Z'), (13, 'R')]);
+        fake_process(proc, 14, 'Z', &[(14, 'Z')]);
+        fake_process(proc, 15, 'Z', &[]);
+        fake_process(proc, 16, 'X', &[(16, 'X')]);
+        let live = |pid: u32| is_live(&proc.join(pid.to_string()));
+        assert!(live(10) && live(11) && live(12));
+        assert!(!live(14) && !live(15) && !live(16));
+        // Gone by the time it is looked at.
+        assert!(!live(99));
+        assert_eq!(task_state(&proc.join("12/task/13/stat")), Some(b'R'));
+    }
 }

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use runcell_core::intake::{self, SchemaContext, Source, TargetKind};
 use runcell_core::limits::Limits;
+use runcell_core::request::Field;
 use runcell_core::units::{format_duration, format_size};
 #[cfg(test)]
 use runcell_core::InputFile;
-use runcell_core::intake::{self, SchemaContext, Source, TargetKind};
-use runcell_core::request::Field;
 use runcell_core::{
     python_stack, Engine, EngineConfig, ExecRequest, Language, Offers, Policy, RuntimeStatus,
     SessionPolicy, Verdict,
@@ -25,11 +25,10 @@ use serde_json::{json, Value};
 /// and packages where the operator offers them), and `session_id`. A model is not the party
 /// that should size its own sandbox: the other limits stay the operator's defaults.
 pub fn arguments(offers: Offers) -> Vec<&'static str> {
-    let mut names: Vec<&'static str> =
-        intake::allowed(Source::Mcp, TargetKind::OneShot, offers)
-            .iter()
-            .map(Field::name)
-            .collect();
+    let mut names: Vec<&'static str> = intake::allowed(Source::Mcp, TargetKind::OneShot, offers)
+        .iter()
+        .map(Field::name)
+        .collect();
     names.push("session_id");
     names
 }
@@ -130,9 +129,7 @@ fn input_schema(language: Language, config: &EngineConfig, sessions: &SessionPol
                 "description": SESSION_ID_HELP,
             }),
         );
-        if let Some(Value::Object(items)) = props
-            .get_mut("files")
-            .and_then(|f| f.get_mut("items"))
+        if let Some(Value::Object(items)) = props.get_mut("files").and_then(|f| f.get_mut("items"))
         {
             // The item's own words: its fields are described where a model reads them.
             items.remove("description");
@@ -555,7 +552,12 @@ mod tests {
         assert_eq!(req.language.as_deref(), Some("python"));
         assert_eq!(req.limits.timeout, Some(runcell_core::limits::Millis(2500)));
         assert_eq!(req.files, vec![InputFile::text("a.txt", "hi")]);
-        let req = c.request(def, obj(json!({"code": "x", "timeout": null})), TargetKind::OneShot)
+        let req = c
+            .request(
+                def,
+                obj(json!({"code": "x", "timeout": null})),
+                TargetKind::OneShot,
+            )
             .unwrap();
         assert_eq!(req.limits.timeout, None);
     }
@@ -589,11 +591,18 @@ mod tests {
             ),
         ];
         for (args, want) in cases {
-            let e = c.request(def, args.clone(), TargetKind::OneShot).unwrap_err();
+            let e = c
+                .request(def, args.clone(), TargetKind::OneShot)
+                .unwrap_err();
             assert!(e.contains(want), "{args:?}: {e}");
         }
         // Within the policy or not is the engine's call, made by the executor.
-        let req = c.request(def, obj(json!({"code": "x", "timeout": 1e300})), TargetKind::OneShot)
+        let req = c
+            .request(
+                def,
+                obj(json!({"code": "x", "timeout": 1e300})),
+                TargetKind::OneShot,
+            )
             .unwrap();
         let engine = runcell_core::Engine::new(policy());
         let e = engine.validate(&req).unwrap_err();

@@ -258,7 +258,11 @@ struct Endpoint {
 impl HttpEndpoint {
     /// Tools for the runtimes of the run service's host under its policy, run through it
     /// (interface `mcp-http`).
-    pub fn new(runs: RunService, options: HttpOptions, shutdown: CancellationToken) -> HttpEndpoint {
+    pub fn new(
+        runs: RunService,
+        options: HttpOptions,
+        shutdown: CancellationToken,
+    ) -> HttpEndpoint {
         HttpEndpoint {
             shared: Arc::new(Endpoint {
                 runs,

@@ -4,7 +4,6 @@
 //! names or `unknown`, the category one of the verdict's or the API's fixed categories, so a
 //! client cannot blow up the number of series.
 
-
 use std::sync::Mutex;
 
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
@@ -274,7 +273,6 @@ impl Metrics {
     pub fn rejected(&self, reason: &'static str) {
         self.rejections.get_or_create(&ReasonLabel { reason }).inc();
     }
-
 
     /// The text exposition, with the gauges and the warm pool's figures read now.
     pub fn render(
@@ -550,7 +548,6 @@ fn pool_families(out: &mut String, pool: &[PoolStats]) {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -49,4 +49,3 @@ pub(crate) async fn request_meta(mut req: Request, next: Next) -> Response {
     }
     deliver::guard(res, hold, closed.drop_guard())
 }
-

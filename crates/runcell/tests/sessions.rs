@@ -780,3 +780,421 @@ fn a_session_too_small_for_its_interpreter_and_an_invalid_streamed_call_are_400s
     // The session is untouched and still answers.
     assert_eq!(code(&s, &id, "echo ok")["stdout"], "ok\n");
 }
+
+/// A process of a server's sandbox, seen from the host: its pid there and in the sandbox, the
+/// state of each of its threads (`R`, `S`, `T` for stopped, `Z`, ...) and its command line.
+#[derive(Debug)]
+struct SandboxProcess {
+    /// (Read in failure messages, through `Debug`.)
+    #[allow(dead_code)]
+    host_pid: u32,
+    pid: u32,
+    threads: Vec<char>,
+    /// Its first 80 characters.
+    #[allow(dead_code)]
+    cmdline: String,
+}
+
+impl SandboxProcess {
+    /// A thread of it may run: it is neither stopped nor a zombie.
+    fn runnable(&self) -> bool {
+        self.threads.iter().any(|s| !matches!(s, 'T' | 'Z' | 'X'))
+    }
+    /// It has a thread that is not a zombie (stopped or not).
+    fn alive(&self) -> bool {
+        self.threads.iter().any(|s| !matches!(s, 'Z' | 'X'))
+    }
+}
+
+/// Every process in the cgroups of server `server`'s sandboxes (each sandbox's pid 1, its
+/// interpreter, whatever they started), right now.
+fn sandbox_processes(server: u32) -> Vec<SandboxProcess> {
+    let mut pids = std::collections::BTreeSet::new();
+    for group in common::cgroups_of(server) {
+        if let Ok(procs) = std::fs::read_to_string(group.join("cgroup.procs")) {
+            pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+    }
+    pids.into_iter()
+        .filter_map(|host_pid| {
+            let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+            let pid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()?;
+            let threads = std::fs::read_dir(format!("/proc/{host_pid}/task"))
+                .ok()?
+                .flatten()
+                .filter_map(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                    stat[stat.rfind(')')? + 2..].chars().next()
+                })
+                .collect();
+            let cmdline = std::fs::read(format!("/proc/{host_pid}/cmdline")).unwrap_or_default();
+            Some(SandboxProcess {
+                host_pid,
+                pid,
+                threads,
+                cmdline: String::from_utf8_lossy(&cmdline)
+                    .replace('\0', " ")
+                    .chars()
+                    .take(80)
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// Between calls nothing of server `server`'s only session runs: every process of its sandbox
+/// but pid 1 is stopped (or a zombie). Returns them.
+fn assert_frozen(server: u32, when: &str) -> Vec<SandboxProcess> {
+    let procs = sandbox_processes(server);
+    assert!(
+        procs.iter().any(|p| p.pid == 1),
+        "{when}: the session's pid 1 was not found: {procs:?}"
+    );
+    let running: Vec<&SandboxProcess> = procs
+        .iter()
+        .filter(|p| p.pid != 1 && p.runnable())
+        .collect();
+    assert!(
+        running.is_empty(),
+        "{when}: processes of the session run between calls: {running:?}"
+    );
+    procs
+}
+
+/// Regression (attack pass): an idle session burned 5 CPU-seconds in 5 s, because a thread a
+/// cell started in the interpreter ran on between calls. The session is frozen between calls:
+/// a thread that records the time every 10 ms records nothing while the host waits.
+#[test]
+fn an_idle_session_runs_nothing_between_calls() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let v = code(
+        &s,
+        &id,
+        "import threading, time\nticks = []\ndef tick():\n    while True:\n        \
+         ticks.append(time.monotonic())\n        time.sleep(0.01)\n\
+         threading.Thread(target=tick, daemon=True).start()\n\
+         def burn():\n    while True:\n        pass\n\
+         spin = threading.Thread(target=burn, daemon=True)\nspin.start()",
+    );
+    assert_eq!(v["error"], Value::Null, "{v}");
+    assert_frozen(s.pid(), "after the call");
+    let waiting = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let waited = waiting.elapsed().as_secs_f64();
+    assert_frozen(s.pid(), "after the wait");
+    // The largest gap between two ticks, or between the last tick and now, spans the wait:
+    // CLOCK_MONOTONIC is the host's, and the session was stopped before the first call
+    // answered and ran again only once the second arrived.
+    let v = code(
+        &s,
+        &id,
+        "ts = ticks + [time.monotonic()]\nprint(repr(max(b - a for a, b in zip(ts, ts[1:]))), \
+         len(ticks) > 1, spin.is_alive())",
+    );
+    let out = v["stdout"].as_str().unwrap();
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.get(1..), Some(&["True", "True"][..]), "{v}");
+    let gap: f64 = fields[0].parse().unwrap();
+    // (A millisecond for the conversions between the two clocks' readings, not a margin.)
+    assert!(
+        gap >= waited - 0.001,
+        "the thread ran while the session was idle: largest gap {gap} s, waited {waited} s"
+    );
+}
+
+/// Regression (attack pass): a process started after its cell ended kept running (a thread
+/// of the interpreter started it once the cell's processes were killed). Frozen, the thread
+/// starts nothing until the next call, and what it starts then ends with that call.
+#[test]
+fn a_thread_starts_no_process_between_calls() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let m = common::marker("frozenburn");
+    let v = code(
+        &s,
+        &id,
+        &format!(
+            "import subprocess, sys, threading, time\ndef later():\n    time.sleep(0.2)\n    \
+             subprocess.Popen([sys.executable, '-c', 'while True: pass', '{m}'])\n\
+             threading.Thread(target=later, daemon=True).start()\nx = 1"
+        ),
+    );
+    assert_eq!(v["error"], Value::Null, "{v}");
+    // Well past the thread's 200 ms.
+    std::thread::sleep(Duration::from_secs(1));
+    let started = common::processes_with_marker(&m);
+    assert!(started.is_empty(), "started between calls: {started:?}");
+    let procs = assert_frozen(s.pid(), "a second after the call");
+    assert!(
+        procs.iter().any(|p| p.pid != 1),
+        "no interpreter: {procs:?}"
+    );
+    // Thawed for the next call, the thread starts its process during that call; it does not
+    // outlive the call.
+    let v = code(&s, &id, "print(x)");
+    assert_eq!(v["stdout"], "1\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+    let left = common::processes_with_marker(&m);
+    assert!(left.is_empty(), "a process outlived its call: {left:?}");
+    assert_frozen(s.pid(), "after the next call");
+}
+
+/// Freezing keeps every language's interpreter and its state: stopped after each call,
+/// continued for the next (Node's epoll and Ruby's timer thread among what must survive it).
+#[test]
+fn a_frozen_interpreter_keeps_its_state_in_each_language() {
+    for (lang, set, get) in [
+        ("python", "x = 1", "print(x)"),
+        ("node", "let x = 1", "console.log(x)"),
+        ("ruby", "x = 1", "puts x"),
+        ("bash", "x=1", "echo $x"),
+    ] {
+        if !has(lang) {
+            continue;
+        }
+        // One server per language: the frozen check looks at all of a server's sandboxes.
+        let s = server(&[]);
+        let id = create(&s, KEY_A, json!({ "language": lang }));
+        let v = code(&s, &id, set);
+        assert_eq!(v["error"], Value::Null, "{lang}: {v}");
+        assert_frozen(s.pid(), lang);
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..2 {
+            let v = code(&s, &id, get);
+            assert_eq!(v["stdout"], "1\n", "{lang}: {v}");
+            assert_eq!(v["state_lost"], json!(false), "{lang}: {v}");
+            assert_frozen(s.pid(), lang);
+        }
+    }
+}
+
+/// A call that runs out of time in a session frozen before it is still interrupted (SIGINT
+/// to the thawed interpreter), keeps the state, and leaves the session frozen again.
+#[test]
+fn a_timeout_interrupts_a_call_of_a_frozen_session_and_keeps_its_state() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    code(
+        &s,
+        &id,
+        "import threading, time\nx = 41\ndef tick():\n    while True:\n        \
+         time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()",
+    );
+    assert_frozen(s.pid(), "before the slow call");
+    let v = exec(
+        &s,
+        KEY_A,
+        &id,
+        json!({"code": "time.sleep(30)", "timeout": 1}),
+    );
+    assert_eq!(v["error"]["category"], "timeout", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("keeps its state"),
+        "{v}"
+    );
+    assert_frozen(s.pid(), "after the interrupted call");
+    let v = code(&s, &id, "print(x + 1)");
+    assert_eq!(v["stdout"], "42\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+}
+
+/// A SIGCONT from inside cannot thaw a frozen session. A child made with a raw clone whose
+/// exit signal is SIGCONT continues the interpreter when the end of the cell kills it: pid 1
+/// stops the interpreter again. A POSIX timer that sends the interpreter SIGCONT every 10 ms
+/// would continue it between calls: pid 1 (its parent, told of every continue) ends it, and
+/// a call says the state was lost.
+#[test]
+fn a_sigcont_from_inside_does_not_thaw_a_session() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let v = code(
+        &s,
+        &id,
+        "import ctypes, os, time\nx = 1\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+         nr = {'x86_64': 56, 'aarch64': 220}[os.uname().machine]\n\
+         # clone(SIGCONT, 0, 0, 0, 0): a fork whose end sends its parent SIGCONT\n\
+         pid = libc.syscall(*map(ctypes.c_long, (nr, 18, 0, 0, 0, 0)))\n\
+         if pid == 0:\n    while True:\n        time.sleep(1)\nprint(pid > 0)",
+    );
+    assert_eq!(v["stdout"], "True\n", "{v}");
+    assert_frozen(s.pid(), "after the clone's end");
+    let v = code(&s, &id, "print(x)");
+    assert_eq!(v["stdout"], "1\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+
+    let id = {
+        let (st, _) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::DELETE,
+            &format!("/v1/sessions/{id}"),
+            None,
+        );
+        assert_eq!(st, 204);
+        create(&s, KEY_A, json!({ "language": "python" }))
+    };
+    let first = code(
+        &s,
+        &id,
+        "import ctypes, signal, threading, time\n\
+         class Sigevent(ctypes.Structure):\n    _fields_ = [('value', ctypes.c_void_p), \
+         ('signo', ctypes.c_int), ('notify', ctypes.c_int), ('rest', ctypes.c_byte * 48)]\n\
+         class Timespec(ctypes.Structure):\n    _fields_ = [('s', ctypes.c_long), ('ns', ctypes.c_long)]\n\
+         class Itimerspec(ctypes.Structure):\n    _fields_ = [('interval', Timespec), ('value', Timespec)]\n\
+         libc = ctypes.CDLL(None, use_errno=True)\ntimer = ctypes.c_void_p()\n\
+         ev = Sigevent(None, signal.SIGCONT, 0)  # SIGEV_SIGNAL\n\
+         armed = libc.timer_create(1, ctypes.byref(ev), ctypes.byref(timer)) == 0 and \
+         libc.timer_settime(timer, 0, ctypes.byref(Itimerspec(Timespec(0, 10**7), Timespec(0, 10**7))), None) == 0\n\
+         ticks = []\ndef tick():\n    while True:\n        ticks.append(time.monotonic())\n        \
+         time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()\n\
+         print(armed)",
+    );
+    assert_eq!(
+        first["stdout"], "True\n",
+        "the timer was not armed: {first}"
+    );
+    // Either pid 1 ended the interpreter once the timer continued it, or (a kernel that stops
+    // a timer whose SIGCONT a SIGSTOP discarded) it stayed stopped. Either way it did not run
+    // while the host waited: its ticks, if it still has them, span the wait.
+    let waiting = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let waited = waiting.elapsed().as_secs_f64();
+    let second = code(
+        &s,
+        &id,
+        "if 'ticks' in globals():\n    ts = ticks + [time.monotonic()]\n    \
+         print(repr(max(b - a for a, b in zip(ts, ts[1:]))))\nelse:\n    print('lost')",
+    );
+    match second["stdout"].as_str().unwrap().trim() {
+        "lost" => assert!(
+            first["state_lost"] == json!(true) || second["state_lost"] == json!(true),
+            "the lost state was not said: {first} {second}"
+        ),
+        gap => {
+            let gap: f64 = gap.parse().unwrap();
+            assert!(
+                gap >= waited - 0.001,
+                "the interpreter ran between calls: largest gap {gap} s, waited {waited} s"
+            );
+            assert_eq!(second["state_lost"], json!(false), "{second}");
+        }
+    }
+}
+
+/// Regression (attack pass follow-up): a process whose main thread ended while another of its
+/// threads ran on shows as a zombie in /proc/<pid>/stat, and the sweep after a session's cell
+/// skipped it: it outlived the cell, its thread running between calls.
+#[test]
+fn a_process_whose_main_thread_ended_does_not_outlive_the_cell() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let v = code(
+        &s,
+        &id,
+        "import os, subprocess, sys, time\n\
+         body = 'import ctypes, threading\\ndef burn():\\n    while True:\\n        pass\\n\
+         threading.Thread(target=burn, daemon=True).start()\\nctypes.CDLL(None).pthread_exit(None)'\n\
+         p = subprocess.Popen([sys.executable, '-c', body])\n\
+         def state():\n    try:\n        stat = open(f'/proc/{p.pid}/stat').read()\n        \
+         return stat.rsplit(')', 1)[1].split()[0], len(os.listdir(f'/proc/{p.pid}/task'))\n    \
+         except OSError:\n        return None, 0\n\
+         while True:\n    st = state()\n    if st[0] is None or (st[0] == 'Z' and st[1] > 1):\n        \
+         break\n    time.sleep(0.01)\nprint(os.getpid(), *st)",
+    );
+    let out = v["stdout"].as_str().unwrap().to_string();
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.get(1..), Some(&["Z", "2"][..]), "{v}");
+    let interpreter: u32 = fields[0].parse().unwrap();
+    let procs = sandbox_processes(s.pid());
+    let left: Vec<&SandboxProcess> = procs
+        .iter()
+        .filter(|p| p.pid != 1 && p.pid != interpreter && p.alive())
+        .collect();
+    assert!(left.is_empty(), "a process outlived its cell: {left:?}");
+    // Killed at the end of the cell (and reaped by its parent now).
+    let v = code(&s, &id, "print(p.wait(timeout=60))");
+    assert_eq!(v["stdout"], "-9\n", "{v}");
+    assert_eq!(v["state_lost"], json!(false), "{v}");
+}
+
+/// Regression (attack pass): a symlink planted by a session's code turned a PUT into a 500.
+/// A symlink where a directory of the path should be is a 409 conflict, and nothing outside
+/// /workspace is written; one at the file's own name is replaced by the file, its target
+/// untouched; a directory planted at the name uploads used to stage their content under does
+/// not stop them; downloads never follow a symlink.
+#[test]
+fn a_symlink_planted_in_the_workspace_is_never_written_through() {
+    let s = server(&[]);
+    let id = create(&s, KEY_A, json!({ "language": "python" }));
+    let outside = "import os\n\
+        def outside():\n    return sorted((n, open('/tmp/' + n).read() if os.path.isfile('/tmp/' + n) else None) \
+        for n in os.listdir('/tmp')), os.path.exists('/nowhere')\n";
+    let v = code(
+        &s,
+        &id,
+        &format!(
+            "{outside}open('/tmp/target', 'w').write('original')\n\
+             os.symlink('/tmp/target', 'out.txt')\nos.symlink('/tmp', 'd')\nos.mkdir('sub')\n\
+             os.symlink('/tmp', 'sub/link')\nos.symlink('/nowhere', 'dangling')\n\
+             os.symlink('/tmp/target', 'ln.txt')\nos.mkdir('.runcell-part')\n\
+             open('.runcell-part/keep', 'w').write('k')\nbefore = outside()\nprint(before)"
+        ),
+    );
+    assert_eq!(v["error"], Value::Null, "{v}");
+    let put = |path: &str, body: &str| {
+        raw(
+            &s,
+            reqwest::Method::PUT,
+            &format!("/v1/sessions/{id}/files/{path}"),
+            Some(body),
+        )
+    };
+    for (path, at) in [
+        ("d/x.txt", "d"),
+        ("d/new/x.txt", "d"),
+        ("d%2Fx.txt", "d"),
+        ("sub/link/x.txt", "sub/link"),
+        ("dangling/x.txt", "dangling"),
+    ] {
+        let res = put(path, "written through");
+        assert_eq!(res.status().as_u16(), 409, "{path}");
+        let body: Value = res.json().unwrap();
+        assert_eq!(body["error"]["category"], "conflict", "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("a symbolic link is in the way at {at}")),
+            "{path}: {body}"
+        );
+    }
+    // A symlink at the file's own name: the file takes the name.
+    assert_eq!(put("out.txt", "new").status().as_u16(), 204);
+    assert_eq!(put("y.txt", "y").status().as_u16(), 204);
+    for path in ["ln.txt", "d/target", "d%2Ftarget", "sub/link/target"] {
+        let res = raw(
+            &s,
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{id}/files/{path}"),
+            None,
+        );
+        assert_eq!(res.status().as_u16(), 404, "GET {path} followed a symlink");
+    }
+    let v = code(
+        &s,
+        &id,
+        "print(outside() == before, os.path.islink('out.txt'), open('out.txt').read(), \
+         open('y.txt').read(), open('.runcell-part/keep').read(), os.path.islink('d'), \
+         [n for n in os.listdir('.') if n.startswith('.runcell-part-')])",
+    );
+    assert_eq!(v["stdout"], "True False new y k True []\n", "{v}");
+}

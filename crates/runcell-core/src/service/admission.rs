@@ -207,8 +207,8 @@ fn take_place(shared: &Shared, owner: &Owner) -> Result<(), RunError> {
         )));
     }
     let mine = s.places_by.get(owner).copied().unwrap_or(0);
-    let share = (owner_share(p.places() as u64, p.keys, others(&s.places_by, owner)) as usize)
-        .max(1);
+    let share =
+        (owner_share(p.places() as u64, p.keys, others(&s.places_by, owner)) as usize).max(1);
     if mine >= share {
         return Err(RunError::rate_limited(format!(
             "This API key has {mine} requests in line, its share of the server's {} places \
@@ -516,7 +516,10 @@ mod tests {
         assert_eq!(a.stats().places, 0);
         assert_eq!(a.stats().bytes, 150);
         let other = a.reserve(None).unwrap();
-        assert!(other.take_bytes(60).is_err(), "the waiting run's bytes still count");
+        assert!(
+            other.take_bytes(60).is_err(),
+            "the waiting run's bytes still count"
+        );
         kept.retake_place().unwrap();
         drop(kept);
         assert_eq!(a.stats().bytes, 0);
@@ -532,10 +535,7 @@ mod tests {
         // Key a queues three, then key b one: b is served before a's second.
         let queued_a: Vec<Ticket> = (0..3).map(|_| a.reserve(Some("a")).unwrap()).collect();
         let b = a.reserve(Some("b")).unwrap();
-        let mut waits: Vec<_> = queued_a
-            .iter()
-            .map(|t| Box::pin(t.slot()))
-            .collect();
+        let mut waits: Vec<_> = queued_a.iter().map(|t| Box::pin(t.slot())).collect();
         let mut wait_b = Box::pin(b.slot());
         // Register every waiter (in this order) before any slot frees.
         for w in &mut waits {

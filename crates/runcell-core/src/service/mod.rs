@@ -270,7 +270,11 @@ impl RunService {
         }
     }
 
-    async fn intake(&self, ticket: &Ticket, call: Call) -> Result<Admitted, (RunSummary, RunError)> {
+    async fn intake(
+        &self,
+        ticket: &Ticket,
+        call: Call,
+    ) -> Result<Admitted, (RunSummary, RunError)> {
         let s = &self.inner;
         let owner = call.caller.key_id.clone();
         let kind = call.target.kind();
@@ -324,7 +328,10 @@ impl RunService {
                     files: Vec::new(),
                     ..request.clone()
                 };
-                Ok((engine.validate(&request)?, Some(engine.validate(&creation)?)))
+                Ok((
+                    engine.validate(&request)?,
+                    Some(engine.validate(&creation)?),
+                ))
             }
             _ => Ok((engine.validate(&request)?, None)),
         })
@@ -337,9 +344,16 @@ impl RunService {
         })?
         .map_err(|e: crate::engine::ValidationError| fail(&summary, RunError::from(e)))?;
         let (valid, create) = validated;
-        self.approve(ticket, &call.caller, &summary, &valid, call.source, call.approved)
-            .await
-            .map_err(|e| fail(&summary, e))?;
+        self.approve(
+            ticket,
+            &call.caller,
+            &summary,
+            &valid,
+            call.source,
+            call.approved,
+        )
+        .await
+        .map_err(|e| fail(&summary, e))?;
         let kill = KillSwitch::new().map_err(|e| {
             tracing::error!(error = %e, "cannot create a kill switch");
             fail(
@@ -397,8 +411,7 @@ impl RunService {
         approved: bool,
     ) -> Result<(), RunError> {
         let net = &self.inner.engine.config().network;
-        if !net.approval || valid.network().is_empty() || approved || source == Source::Operator
-        {
+        if !net.approval || valid.network().is_empty() || approved || source == Source::Operator {
             return Ok(());
         }
         let run = PendingRun {
@@ -458,9 +471,7 @@ impl RunService {
 
     /// Whether a session exists for the caller and is free (before a file's body is read).
     pub fn check_session_idle(&self, caller: &Caller, id: &str) -> Result<(), RunError> {
-        self.inner
-            .sessions
-            .check_idle(caller.key_id.as_deref(), id)
+        self.inner.sessions.check_idle(caller.key_id.as_deref(), id)
     }
 
     /// The files of a session's /workspace. `ticket` is the operation's place in line.

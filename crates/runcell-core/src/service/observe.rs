@@ -90,8 +90,7 @@ pub trait Observer: Send + Sync + 'static {
 
     /// A run that ended with a verdict (whatever the verdict says), after `seconds` since it
     /// was admitted.
-    fn finished(&self, _caller: &Caller, _run: &RunSummary, _verdict: &Verdict, _seconds: f64) {
-    }
+    fn finished(&self, _caller: &Caller, _run: &RunSummary, _verdict: &Verdict, _seconds: f64) {}
 }
 
 /// Tells nobody (the command line).

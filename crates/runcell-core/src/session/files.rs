@@ -50,7 +50,10 @@ impl Session {
         // The file crosses pid 1 and the server's memory whole: it is bounded like an uploaded
         // file, not by the session's disk (a sparse file of that size costs the session
         // nothing).
-        let cap = engine.policy().max_input_file_bytes.min(self.limits().disk.0);
+        let cap = engine
+            .policy()
+            .max_input_file_bytes
+            .min(self.limits().disk.0);
         let limits = CollectLimits {
             max_files: 1,
             max_file_bytes: cap,
@@ -79,7 +82,10 @@ impl Session {
     /// Write one file into /workspace (replacing what is there).
     pub fn write_file(&mut self, engine: &Engine, path: &str, data: &[u8]) -> Result<(), RunError> {
         let rel = workspace_path(path).map_err(|e| RunError::invalid(e.to_string()))?;
-        let cap = engine.policy().max_input_file_bytes.min(self.limits().disk.0);
+        let cap = engine
+            .policy()
+            .max_input_file_bytes
+            .min(self.limits().disk.0);
         if data.len() as u64 > cap {
             return Err(RunError::invalid(format!(
                 "The file is {} bytes, more than the limit of {cap} bytes per file.",
@@ -93,17 +99,36 @@ impl Session {
         };
         // A sandbox that cannot be rebuilt is the host's failure, not the request's.
         let sandbox = self.ensure_sandbox(engine)?;
-        sandbox
-            .put_files(&[file])
-            .map_err(|e| write_error(&rel, &crate::error::chain(&e)))
+        sandbox.put_files(&[file]).map_err(|e| {
+            let at = match &e {
+                runcell_jail::SandboxError::Setup { path: Some(p), .. } => Some(p.clone()),
+                _ => None,
+            };
+            write_error(&rel, &crate::error::chain(&e), at.as_deref())
+        })
     }
 }
 
 /// A write into /workspace that pid 1 refused, as what the caller can act on: a full disk
-/// and something in the way are the request's; anything else is the host's.
-fn write_error(rel: &str, chain: &str) -> RunError {
+/// and something in the way are the request's; anything else is the host's. `at` is the path
+/// pid 1 named, when it named one.
+fn write_error(rel: &str, chain: &str, at: Option<&std::path::Path>) -> RunError {
     if chain.contains("No space") || chain.contains("Disk quota") {
         RunError::invalid("The file does not fit: the session's disk is full.")
+    } else if chain.contains("symbolic link is in the way") {
+        // Planted by the session's own code where a directory of the path should be: pid 1
+        // never writes through one, and the link is the caller's to remove.
+        let at = at.map_or_else(
+            || rel.to_string(),
+            |p| {
+                p.strip_prefix(WORKSPACE)
+                    .map_or_else(|_| p.display().to_string(), |p| p.display().to_string())
+            },
+        );
+        RunError::new(
+            ErrorKind::Conflict,
+            format!("{rel}: a symbolic link is in the way at {at} (files are never written through one)."),
+        )
     } else if chain.contains("directory is in the way") || chain.contains("Not a directory") {
         // The path is fine; what is in the workspace now is in the way.
         RunError::new(
@@ -124,14 +149,29 @@ mod tests {
 
     #[test]
     fn write_refusals_are_the_requests_and_failures_the_hosts() {
-        let e = write_error("a", "writing /workspace/a: No space left on device (os error 28)");
+        let e = write_error(
+            "a",
+            "writing /workspace/a: No space left on device (os error 28)",
+            None,
+        );
         assert_eq!(e.kind, ErrorKind::InvalidRequest);
-        let e = write_error("a/b", "creating /workspace/a: a directory is in the way");
+        let e = write_error(
+            "a/b",
+            "creating /workspace/a: a directory is in the way",
+            None,
+        );
         assert_eq!(e.kind, ErrorKind::Conflict);
         assert!(e.message.starts_with("a/b:"), "{e}");
-        let e = write_error("a", "Not a directory (os error 20)");
+        let e = write_error("a", "Not a directory (os error 20)", None);
         assert_eq!(e.kind, ErrorKind::Conflict);
-        let e = write_error("a", "the control socket closed");
+        let link = std::path::Path::new("/workspace/d");
+        let e = write_error("d/x", "a symbolic link is in the way", Some(link));
+        assert_eq!(e.kind, ErrorKind::Conflict);
+        assert!(
+            e.message.contains("symbolic link is in the way at d"),
+            "{e}"
+        );
+        let e = write_error("a", "the control socket closed", None);
         assert_eq!(e.kind, ErrorKind::SandboxFailure);
     }
 }

@@ -205,8 +205,7 @@ impl Sessions {
             // stay within what all runs may use, or the kernel would have to find the room by
             // killing runs of other keys; and one key holds at most its share of that.
             if let Some(budget) = self.engine.config().all_runs_memory_bytes {
-                t.holdings(owner)
-                    .admit(holds, budget, self.policy.keys)?;
+                t.holdings(owner).admit(holds, budget, self.policy.keys)?;
             }
             let slot = Arc::new(Slot {
                 id: info::new_id(),
@@ -378,11 +377,7 @@ impl Sessions {
     }
 
     /// The files of a session's /workspace.
-    pub fn list_files(
-        &self,
-        owner: Option<&str>,
-        id: &str,
-    ) -> Result<WorkspaceListing, RunError> {
+    pub fn list_files(&self, owner: Option<&str>, id: &str) -> Result<WorkspaceListing, RunError> {
         let (slot, mut session) = self.checkout(owner, id, None)?;
         let r = session.list_files(&self.engine);
         self.checkin(&slot, session);

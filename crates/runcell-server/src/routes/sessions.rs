@@ -44,7 +44,12 @@ pub(crate) async fn create(
     let bytes = req.read(None).await?;
     let request = parse_request(&state, &bytes, TargetKind::CreateSession)?;
     drop(bytes);
-    let call = Call::new(req.caller.clone(), Source::Api, Target::CreateSession, request);
+    let call = Call::new(
+        req.caller.clone(),
+        Source::Api,
+        Target::CreateSession,
+        request,
+    );
     let admitted = state.service().admit(req.ticket.clone(), call).await?;
     let info = admitted.create().await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
@@ -124,7 +129,12 @@ pub(crate) async fn execute(
     let bytes = req.read(None).await?;
     let request = parse_request(&state, &bytes, TargetKind::Session)?;
     drop(bytes);
-    let call = Call::new(req.caller.clone(), Source::Api, Target::Session(id), request);
+    let call = Call::new(
+        req.caller.clone(),
+        Source::Api,
+        Target::Session(id),
+        request,
+    );
     // Checked (the session exists for this key, the call fits it) before anything waits or a
     // stream's 200 is sent.
     let admitted = state.service().admit(req.ticket.clone(), call).await?;
