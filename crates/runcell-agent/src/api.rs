@@ -40,6 +40,37 @@ impl Default for AgentPolicy {
     }
 }
 
+impl AgentPolicy {
+    /// The operator's bounds for agent requests, as the settings give them.
+    pub fn from_settings(s: &runcell_core::policy::AgentSettings) -> AgentPolicy {
+        let defaults = AgentPolicy::default();
+        let mut policy = AgentPolicy {
+            max_iterations: s.max_iterations.unwrap_or(defaults.max_iterations),
+            max_calls: s.max_calls.unwrap_or(defaults.max_calls),
+            max_code_retries: s.max_code_retries.unwrap_or(defaults.max_code_retries),
+            allowed_models: s.models.clone(),
+            default_model: s.model.clone(),
+            ..defaults
+        };
+        if let Some(t) = s.timeout {
+            policy.defaults.deadline = t;
+        }
+        policy
+    }
+}
+
+/// The model API client the settings describe (`None`: an upstream that is not
+/// `anthropic` or `openai`; the settings model refuses those before this is called).
+pub fn upstream_from_settings(s: &runcell_core::policy::AgentSettings) -> Option<crate::Upstream> {
+    let wire = crate::Wire::parse(&s.upstream)?;
+    Some(crate::Upstream::new(
+        wire,
+        s.base_url.as_deref(),
+        s.api_key.clone(),
+        s.model.clone(),
+    ))
+}
+
 /// One tool of a request: `{"type": "runcell_tool" | "heroku_tool", "name": "code_exec_python",
 /// "runtime_params": {"max_calls": 5}}`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

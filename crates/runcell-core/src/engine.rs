@@ -12,7 +12,7 @@ use runcell_jail::{
 };
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
-use crate::limits::{FileTableError, Limit, LimitError, LimitOverrides, Limits, Policy};
+use crate::limits::{FileTableError, Limit, LimitError, LimitOverrides, LimitPolicy, Limits};
 use crate::pool::{Pool, PoolSizes, PoolStats, Preload, SandboxKey, Warm};
 use crate::request::{workspace_path, ExecRequest, PathError};
 use crate::units::format_size;
@@ -21,7 +21,7 @@ use crate::verdict::{classify, lossy, EnforcementReport, ErrorCategory, Phase, U
 /// How the engine runs.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    pub policy: Policy,
+    pub policy: LimitPolicy,
     /// Refuse to run when any isolation layer is missing.
     pub strict: bool,
     /// The runcell binary, exec'd as the sandbox helper.
@@ -52,7 +52,7 @@ impl EngineConfig {
             .unwrap_or(1);
         // What runs may use of the host's memory: all of it but a reserve for the host.
         let usable = memory.map(crate::limits::usable_memory);
-        let mut policy = Policy::for_host(usable.unwrap_or(1 << 30), cpus);
+        let mut policy = LimitPolicy::for_host(usable.unwrap_or(1 << 30), cpus);
         // A sandbox inherits this process's hard limit of open files: more cannot be granted,
         // so it cannot be offered either.
         if let Some(hard) = runcell_jail::open_files_hard_limit() {
@@ -327,7 +327,7 @@ impl Engine {
         &self.config
     }
 
-    pub fn policy(&self) -> &Policy {
+    pub fn policy(&self) -> &LimitPolicy {
         &self.config.policy
     }
 
@@ -1176,7 +1176,7 @@ mod tests {
 
     fn engine() -> Engine {
         let mut c = EngineConfig::for_host();
-        c.policy = Policy::for_host(8 << 30, 2);
+        c.policy = LimitPolicy::for_host(8 << 30, 2);
         Engine::new(c)
     }
 

@@ -861,7 +861,7 @@ mod tests {
     #[test]
     fn a_bounded_schema_states_the_policy() {
         let mut config = EngineConfig::for_host();
-        config.policy = crate::limits::Policy::for_host(8 << 30, 2);
+        config.policy = crate::limits::LimitPolicy::for_host(8 << 30, 2);
         let ctx = SchemaContext::new(Source::Api, TargetKind::OneShot)
             .with_policy(&config, Duration::from_secs(3600));
         let s = request_schema(&ctx);

@@ -2,7 +2,7 @@
 //! the CLI, the HTTP API and the MCP server all call.
 //!
 //! This is the boundary front ends use: they build an [`ExecRequest`], have the engine
-//! [`Engine::validate`] it against the operator's [`Policy`] (a typed [`ValidationError`]
+//! [`Engine::validate`] it against the operator's [`LimitPolicy`] (a typed [`ValidationError`]
 //! otherwise), and run it with [`Engine::execute_valid`] (or [`Engine::execute_blocking`] from
 //! async code), passing an [`OutputSink`] for live output and a [`KillSwitch`] to stop it.
 //! Nothing above this crate reaches into the jail.
@@ -16,6 +16,7 @@ pub mod intake;
 pub mod limits;
 pub mod network;
 pub mod packages;
+pub mod policy;
 pub mod pool;
 pub mod request;
 pub mod schema;
@@ -29,9 +30,10 @@ pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationEr
 pub use error::{ErrorKind, RunError};
 pub use exec::ExecutionFailed;
 pub use intake::{Offers, SessionSettings, Source, Target, TargetKind};
-pub use limits::{Limit, LimitOverrides, Limits, Policy};
+pub use limits::{Limit, LimitOverrides, LimitPolicy, Limits};
 pub use network::{NetworkError, NetworkPolicy};
 pub use packages::PackagePolicy;
+pub use policy::Policy;
 pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::NetworkRequest;
 pub use request::{ExecRequest, InputFile};

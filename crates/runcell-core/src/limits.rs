@@ -628,7 +628,7 @@ impl LimitOverrides {
     }
 }
 
-impl Policy {
+impl LimitPolicy {
     /// The limits of a request as this policy bounds them, for a server's OpenAPI document:
     /// the numeric form only (seconds, bytes, cores, counts), from each limit's minimum to
     /// the policy's maximum. (Strings with units, "256M", are accepted too, and said so in
@@ -657,9 +657,9 @@ impl Policy {
     }
 }
 
-impl Policy {
+impl LimitPolicy {
     /// The file-table bound (`pids × open_files` within `max_open_files_per_run`, see
-    /// [`Policy::check_file_table`]) as JSON Schema can say it: an `anyOf` of tiers, one per
+    /// [`LimitPolicy::check_file_table`]) as JSON Schema can say it: an `anyOf` of tiers, one per
     /// power of two of `pids` up to its maximum, each allowing the `open_files` that fit beside
     /// it. A limit left out (or null) is the default, so a tier the default does not fit in
     /// requires the limit. Stricter than the check between two tiers, never looser.
@@ -806,12 +806,16 @@ pub struct FileTableError {
     pub max: u64,
 }
 
-/// The operator's policy: defaults and the most a request may ask for.
+/// The operator's limits: defaults and the most a request may ask for, and the caps on what a
+/// request carries and gets back. (Part of the whole [`crate::Policy`]; the API still calls
+/// it `Policy`.)
 #[derive(
     Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
 )]
 #[serde(into = "PolicyWire")]
-pub struct Policy {
+#[schemars(rename = "Policy")]
+#[schema(as = Policy)]
+pub struct LimitPolicy {
     pub defaults: Limits,
     pub max: Limits,
     /// Largest accepted program source.
@@ -854,8 +858,8 @@ struct PolicyWire {
     max_output_files: u64,
 }
 
-impl From<Policy> for PolicyWire {
-    fn from(p: Policy) -> Self {
+impl From<LimitPolicy> for PolicyWire {
+    fn from(p: LimitPolicy) -> Self {
         PolicyWire {
             max_output_files: p.max.output_files.0,
             defaults: p.defaults,
@@ -872,7 +876,7 @@ impl From<Policy> for PolicyWire {
     }
 }
 
-impl Policy {
+impl LimitPolicy {
     /// Share the memory runs may use (`usable_bytes`, see [`usable_memory`]) between `runs`
     /// at once: each run's maximum memory, and its maximum disk (its tmpfs pages are memory
     /// too), is at most its share, never below the defaults.
@@ -884,8 +888,8 @@ impl Policy {
 
     /// Maxima for this host: no more memory than it has, no more cores than it has, and
     /// generous but finite caps elsewhere.
-    pub fn for_host(host_memory_bytes: u64, host_cpus: u64) -> Policy {
-        Policy {
+    pub fn for_host(host_memory_bytes: u64, host_cpus: u64) -> LimitPolicy {
+        LimitPolicy {
             defaults: Limits::DEFAULT,
             max: Limits {
                 timeout: Millis::secs(3600),
@@ -951,7 +955,7 @@ pub const CAP_NAMES: &[&str] = &[
     "output_total",
 ];
 
-impl Policy {
+impl LimitPolicy {
     /// Set a cap from the text of a setting: a size (`1M`) or a count (`100`).
     pub fn set_cap(&mut self, name: &str, text: &str) -> Result<(), String> {
         let count = || {
@@ -1059,8 +1063,8 @@ pub fn host_memory_bytes(meminfo: &std::path::Path) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn policy() -> Policy {
-        Policy::for_host(8 << 30, 2)
+    fn policy() -> LimitPolicy {
+        LimitPolicy::for_host(8 << 30, 2)
     }
 
     fn overrides(json: &str) -> Result<LimitOverrides, String> {
@@ -1336,7 +1340,7 @@ mod tests {
         assert_eq!(usable_memory(24 << 30), 21 << 30);
         assert_eq!(usable_memory(4 << 30), 3 << 30);
         assert_eq!(usable_memory(1 << 30), 512 << 20);
-        let mut p = Policy::for_host(21 << 30, 2);
+        let mut p = LimitPolicy::for_host(21 << 30, 2);
         p.share_memory(21 << 30, 4);
         assert_eq!(p.max.memory, Bytes((21 << 30) / 4));
         assert_eq!(p.max.disk, Bytes((21 << 30) / 4));
@@ -1389,7 +1393,7 @@ mod tests {
 
     #[test]
     fn open_files_are_clamped_to_the_hosts_hard_limit() {
-        let mut p = Policy::for_host(8 << 30, 2);
+        let mut p = LimitPolicy::for_host(8 << 30, 2);
         assert_eq!(p.clamp_open_files(20_000), Some(65_536));
         assert_eq!(p.max.open_files.0, 20_000);
         assert!(p.defaults.open_files.0 <= 20_000);

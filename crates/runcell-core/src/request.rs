@@ -705,7 +705,7 @@ mod tests {
 #[cfg(test)]
 mod proptests {
     use super::*;
-    use crate::limits::{Limit, Limits, Policy};
+    use crate::limits::{Limit, LimitPolicy, Limits};
     use proptest::prelude::*;
 
     /// Paths built from the pieces that matter ('/', '.', '..', NUL, multi-byte characters),
@@ -881,7 +881,7 @@ mod proptests {
     /// Check `resolve` against the definition: in range for every limit, or an error that
     /// names a limit that really is out of range.
     fn check_resolve(o: &LimitOverrides) -> Result<(), TestCaseError> {
-        let policy = Policy::for_host(8 << 30, 2);
+        let policy = LimitPolicy::for_host(8 << 30, 2);
         let asked = o.apply_to(policy.defaults);
         match policy.resolve(o) {
             Ok(l) => {

@@ -15,7 +15,7 @@ use runcell_core::units::{format_duration, format_size};
 #[cfg(test)]
 use runcell_core::InputFile;
 use runcell_core::{
-    python_stack, Engine, EngineConfig, ExecRequest, Language, Offers, Policy, RuntimeStatus,
+    python_stack, Engine, EngineConfig, ExecRequest, Language, LimitPolicy, Offers, RuntimeStatus,
     SessionPolicy, Verdict,
 };
 use serde_json::{json, Value};
@@ -179,7 +179,7 @@ fn node_detects_modules(version: Option<&str>) -> bool {
 }
 
 /// What a model needs to know to write a working program the first time.
-fn description(rt: &RuntimeInfo, policy: &Policy) -> (String, String) {
+fn description(rt: &RuntimeInfo, policy: &LimitPolicy) -> (String, String) {
     let v = display_version(rt);
     let d: &Limits = &policy.defaults;
     let (title, intro, env) = match rt.language {
@@ -407,7 +407,7 @@ mod tests {
 
     fn policy() -> EngineConfig {
         let mut c = EngineConfig::for_host();
-        c.policy = Policy::for_host(8 << 30, 2);
+        c.policy = LimitPolicy::for_host(8 << 30, 2);
         c.network = Default::default();
         c.packages = Default::default();
         c

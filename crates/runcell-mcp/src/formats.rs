@@ -169,7 +169,7 @@ pub fn render(catalog: &Catalog, format: Format) -> Value {
 mod tests {
     use super::*;
 
-    fn config(policy: Policy) -> runcell_core::EngineConfig {
+    fn config(policy: LimitPolicy) -> runcell_core::EngineConfig {
         let mut c = runcell_core::EngineConfig::for_host();
         c.policy = policy;
         c.network = Default::default();
@@ -177,7 +177,7 @@ mod tests {
         c
     }
     use crate::catalog::RuntimeInfo;
-    use runcell_core::{Language, Policy};
+    use runcell_core::{Language, LimitPolicy};
 
     #[test]
     fn every_format_carries_the_mcp_input_schema() {
@@ -190,7 +190,7 @@ mod tests {
                 unavailable: None,
             })
             .collect();
-        let c = Catalog::new(&config(Policy::for_host(1 << 30, 1)), &rts);
+        let c = Catalog::new(&config(LimitPolicy::for_host(1 << 30, 1)), &rts);
         let mcp = render(&c, Format::Mcp);
         let anthropic = render(&c, Format::Anthropic);
         let openai = render(&c, Format::OpenAi);
@@ -210,7 +210,7 @@ mod tests {
     #[test]
     fn strict_schemas_close_every_object_and_make_optional_nullable() {
         let catalog = Catalog::new(
-            &config(Policy::for_host(8 << 30, 2)),
+            &config(LimitPolicy::for_host(8 << 30, 2)),
             &[RuntimeInfo {
                 language: Language::Python,
                 version: Some("3.11".into()),

@@ -8,31 +8,15 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
 use runcell_core::{Limits, Verdict};
 use serde::Serialize;
 
-/// Where audit lines go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuditTarget {
-    Stderr,
-    File(PathBuf),
-    Off,
-}
-
-impl AuditTarget {
-    /// `stderr`, `off`, or a file path.
-    pub fn parse(s: &str) -> AuditTarget {
-        match s.trim() {
-            "stderr" | "-" => AuditTarget::Stderr,
-            "off" | "none" => AuditTarget::Off,
-            path => AuditTarget::File(PathBuf::from(path)),
-        }
-    }
-}
+/// Where audit lines go (the policy's).
+pub use runcell_core::policy::AuditTarget;
 
 enum Out {
     Stderr,

@@ -13,38 +13,8 @@ use subtle::ConstantTimeEq;
 use crate::error::ApiError;
 use crate::AppState;
 
-/// A configured API key with its id (what logs show). `Debug` never shows the key.
-#[derive(Clone)]
-pub struct ApiKey {
-    pub id: String,
-    key: String,
-    /// This key's runs may ask only for destinations these entries cover (within the
-    /// server's network policy too). `None`: the server's policy alone.
-    pub allow_net: Option<Vec<runcell_proxy::NetRule>>,
-    /// May approve or deny runs waiting for network approval (`/v1/approvals`).
-    pub admin: bool,
-}
-
-impl ApiKey {
-    pub fn new(id: impl Into<String>, key: impl Into<String>) -> ApiKey {
-        ApiKey {
-            id: id.into(),
-            key: key.into(),
-            allow_net: None,
-            admin: false,
-        }
-    }
-
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ApiKey({}, redacted)", self.id)
-    }
-}
+/// A configured API key with its id (the policy's). `Debug` never shows the key.
+pub use runcell_core::policy::ApiKey;
 
 /// The id of the key a request was authenticated with (`None` when the server runs without
 /// keys), as a request extension for handlers, the audit log and MCP.
@@ -71,7 +41,7 @@ impl Keys {
     pub fn new(keys: &[ApiKey]) -> Keys {
         Keys(Arc::new(
             keys.iter()
-                .map(|k| (k.id.clone(), digest(k.key.as_bytes())))
+                .map(|k| (k.id.clone(), digest(k.key().as_bytes())))
                 .collect(),
         ))
     }

@@ -18,7 +18,6 @@
 
 pub mod audit;
 pub mod auth;
-pub mod config;
 pub mod connections;
 pub mod deliver;
 pub mod error;
@@ -32,10 +31,8 @@ pub mod routes;
 pub mod state;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::Router;
-use runcell_core::EngineConfig;
 
 pub use crate::audit::{AuditLog, AuditTarget, Caller};
 pub use crate::auth::{ApiKey, KeyId};
@@ -47,109 +44,28 @@ pub use crate::middleware::RequestMeta;
 pub use crate::openapi::openapi;
 pub use crate::state::{AppState, Observe, MAX_SLOTS};
 
-/// How the server runs. `Debug` never shows the keys.
-#[derive(Clone)]
-pub struct ServerConfig {
-    /// Default 127.0.0.1:8080.
-    pub listen: SocketAddr,
-    /// Accepted API keys. Empty: no authentication, which is only allowed on loopback.
-    pub api_keys: Vec<ApiKey>,
-    /// Sandboxes running at once. Default: the number of cores.
-    pub max_concurrent: usize,
-    /// Requests waiting for a sandbox beyond those. Default: 4 × max_concurrent.
-    pub max_queue: usize,
-    /// Largest request body. Default: the policy's code, stdin and input-file caps (base64
-    /// counted) plus 1 MiB.
-    pub max_body_bytes: usize,
-    /// Client connections open at once, in total and from one address; beyond them a new
-    /// connection is closed at once. `None`: derived at start from the open-files limit
-    /// (see [`connections::ConnectionLimits::for_fd_limit`]).
-    pub max_connections: Option<usize>,
-    pub max_connections_per_peer: Option<usize>,
-    /// On SIGTERM/SIGINT, how long running executions may take before they are killed.
-    pub shutdown_grace: Duration,
-    /// Where the audit log goes (default: stderr).
-    pub audit: AuditTarget,
-    /// Warm sandboxes kept ready per language (none by default here; `runcell serve`'s
-    /// configuration sets a small Python pool unless told otherwise).
-    pub pool: runcell_core::PoolSizes,
-    /// Modules the warm Python interpreters import before they are ready.
-    pub preload: runcell_core::Preload,
-    /// What sessions may do: how many, how long.
-    pub sessions: runcell_core::SessionPolicy,
-    /// The model behind `POST /v1/agents`; `None`: not configured (the route says how).
-    pub agent: Option<AgentSettings>,
-    pub engine: EngineConfig,
-    /// The commit this server was built from (`runcell_build_info`).
-    pub commit: Option<String>,
-}
+/// How the server runs: the operator's whole policy (runcell-core's, resolved from the
+/// settings by the binary).
+pub use runcell_core::Policy as ServerConfig;
 
-impl std::fmt::Debug for ServerConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerConfig")
-            .field("listen", &self.listen)
-            .field("api_keys", &self.api_keys)
-            .field("max_concurrent", &self.max_concurrent)
-            .field("max_queue", &self.max_queue)
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("max_connections", &self.max_connections)
-            .field("max_connections_per_peer", &self.max_connections_per_peer)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("audit", &self.audit)
-            .field("pool", &self.pool)
-            .field("preload", &self.preload)
-            .field("sessions", &self.sessions)
-            .field("agent", &self.agent)
-            .field("engine", &self.engine)
-            .finish()
-    }
-}
+/// The default body cap for a limits policy.
+pub use runcell_core::policy::default_max_body_bytes;
 
-/// The agent loop's upstream and bounds.
+/// The agent loop's upstream and bounds, built from the policy's agent settings.
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
     pub upstream: runcell_agent::Upstream,
     pub policy: runcell_agent::api::AgentPolicy,
 }
 
-/// The default body cap for a policy: room for the largest code, stdin and input files
-/// (base64 is 4/3 of the bytes) plus JSON overhead.
-pub fn default_max_body_bytes(policy: &runcell_core::Policy) -> usize {
-    let total = policy.max_code_bytes
-        + policy.max_stdin_bytes
-        + policy.max_input_total_bytes.div_ceil(3) * 4
-        + (1 << 20);
-    usize::try_from(total).unwrap_or(usize::MAX)
-}
-
-impl ServerConfig {
-    pub fn new(engine: EngineConfig) -> ServerConfig {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            api_keys: Vec::new(),
-            max_concurrent: cores,
-            max_queue: 4 * cores,
-            max_body_bytes: default_max_body_bytes(&engine.policy),
-            max_connections: None,
-            max_connections_per_peer: None,
-            shutdown_grace: Duration::from_secs(30),
-            audit: AuditTarget::Stderr,
-            pool: runcell_core::PoolSizes::default(),
-            preload: runcell_core::Preload::default(),
-            sessions: runcell_core::SessionPolicy::default(),
-            agent: None,
-            commit: None,
-            engine,
-        }
-    }
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig::new(EngineConfig::for_host())
+impl AgentSettings {
+    /// The model the settings name (`None` for an upstream the settings model would have
+    /// refused).
+    pub fn from_settings(s: &runcell_core::policy::AgentSettings) -> Option<AgentSettings> {
+        Some(AgentSettings {
+            upstream: runcell_agent::api::upstream_from_settings(s)?,
+            policy: runcell_agent::api::AgentPolicy::from_settings(s),
+        })
     }
 }
 

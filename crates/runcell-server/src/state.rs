@@ -119,7 +119,10 @@ impl AppState {
                 audit,
                 runtimes: Mutex::new(None),
                 shutdown: runcell_mcp::CancellationToken::new(),
-                agent: config.agent.clone(),
+                agent: config
+                    .agent
+                    .as_ref()
+                    .and_then(crate::AgentSettings::from_settings),
             }),
         }
     }

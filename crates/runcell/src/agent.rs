@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use runcell_agent::api::AgentPolicy;
 use runcell_agent::conversation::{Conversation, Item};
-use runcell_agent::{offered, Bounds, Event, ServiceTools, Upstream, Wire};
+use runcell_agent::{offered, Event, ServiceTools};
 use runcell_core::{Caller, Engine, InputFile, Language, RunService};
 
 pub struct AgentOptions {
@@ -18,10 +18,8 @@ pub struct AgentOptions {
     pub files: Vec<InputFile>,
     pub max_calls: Option<u32>,
     pub json: bool,
-    pub upstream: Option<String>,
-    pub base_url: Option<String>,
-    pub api_key: Option<String>,
-    pub model: Option<String>,
+    /// The model API, from the settings (flags, environment, the file's `[agent]`).
+    pub agent: Option<runcell_core::policy::AgentSettings>,
 }
 
 /// Exit status: 0 with an answer, 1 when the loop failed (the upstream, the budget), 2 for a
@@ -31,7 +29,7 @@ pub fn agent(engine: Engine, o: AgentOptions) -> ExitCode {
         eprintln!("runcell agent: {m}");
         ExitCode::from(2)
     };
-    let Some(wire) = o.upstream.as_deref().and_then(Wire::parse) else {
+    let Some(settings) = o.agent.as_ref() else {
         return usage(
             "no model API configured: set RUNCELL_AGENT_UPSTREAM=anthropic|openai (or \
              --upstream), RUNCELL_AGENT_MODEL and RUNCELL_AGENT_API_KEY; for a local \
@@ -39,9 +37,10 @@ pub fn agent(engine: Engine, o: AgentOptions) -> ExitCode {
                 .into(),
         );
     };
-    let Some(model) = o.model.clone() else {
-        return usage("no model: set RUNCELL_AGENT_MODEL (or --model)".into());
+    let Some(upstream) = runcell_agent::api::upstream_from_settings(settings) else {
+        return usage(format!("unknown model API {:?}", settings.upstream));
     };
+    let model = settings.model.clone();
     let Some(language) = Language::parse(&o.language) else {
         return usage(format!("unknown language '{}'", o.language));
     };
@@ -51,24 +50,11 @@ pub fn agent(engine: Engine, o: AgentOptions) -> ExitCode {
     if !unknown.is_empty() {
         return usage(format!("{} is not available on this host", language.name()));
     }
-    let policy = AgentPolicy {
-        defaults: Bounds::default(),
-        max_iterations: 30,
-        max_calls: 30,
-        max_code_retries: 10,
-        allowed_models: Vec::new(),
-        default_model: model.clone(),
-    };
+    let policy = AgentPolicy::from_settings(settings);
     let mut bounds = policy.defaults.clone();
     if let Some(n) = o.max_calls {
         bounds.max_calls.insert(tool.clone(), n);
     }
-    let upstream = Upstream::new(
-        wire,
-        o.base_url.as_deref(),
-        o.api_key.clone(),
-        model.clone(),
-    );
     // The model's runs go through the run service as every door's: a model's source (it
     // writes code, files and a timeout; the operator's defaults size the sandbox), one
     // session per language, each run cut to what is left of the budget.

@@ -8,10 +8,11 @@ use std::time::Instant;
 
 mod agent;
 mod repl;
+mod settings;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use runcell_core::limits::{Limit, Policy};
+use runcell_core::limits::{Limit, LimitPolicy};
 use runcell_core::units::format_size;
 use runcell_core::verdict::ErrorCategory;
 use runcell_core::{
@@ -26,6 +27,10 @@ struct Cli {
     /// ~/.local/share/runcell).
     #[arg(long, global = true, env = "RUNCELL_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// The TOML settings file (settings: the defaults, then this file, then the environment,
+    /// then the flags; see docs/serve.md). Read by every command.
+    #[arg(long, global = true, env = "RUNCELL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -80,12 +85,11 @@ enum Command {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// TOML configuration file (lowest precedence after the defaults).
-    #[arg(long, env = "RUNCELL_CONFIG", value_name = "FILE")]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address to listen on: ADDR:PORT, HOST:PORT (localhost:8080) or :PORT (loopback)
     /// [default: 127.0.0.1:8080]. Without an API key only a loopback address is allowed.
-    #[arg(long, env = "RUNCELL_LISTEN", value_name = "ADDR", value_parser = runcell_server::config::parse_listen)]
+    #[arg(long, value_name = "ADDR", value_parser = settings::parse_listen)]
     listen: Option<std::net::SocketAddr>,
     /// An API key clients must send (`Authorization: Bearer KEY` or `X-API-Key: KEY`), at
     /// least 16 characters. Repeatable; the environment variable takes a comma-separated list.
@@ -93,35 +97,34 @@ struct ServeArgs {
     /// Prefer the environment or the file: arguments are visible to every user in `ps`.
     #[arg(
         long = "api-key",
-        env = "RUNCELL_API_KEY",
         value_delimiter = ',',
         hide_env_values = true,
         value_name = "KEY"
     )]
     api_keys: Vec<String>,
     /// Sandboxes running at once [default: the number of cores].
-    #[arg(long, env = "RUNCELL_MAX_CONCURRENT", value_name = "N")]
+    #[arg(long, value_name = "N")]
     max_concurrent: Option<usize>,
     /// Requests waiting for a sandbox; beyond them the server answers 429 with Retry-After
     /// [default: 4 x max-concurrent].
-    #[arg(long, env = "RUNCELL_MAX_QUEUE", value_name = "N")]
+    #[arg(long, value_name = "N")]
     max_queue: Option<usize>,
     /// Client connections open at once; beyond it a new connection is closed at once
     /// [default: what the open-files limit leaves after the sandboxes' share; the soft limit
     /// is raised to the hard one at start].
-    #[arg(long, env = "RUNCELL_MAX_CONNECTIONS", value_name = "N")]
+    #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
     /// Client connections open at once from one address [default: a quarter of
     /// max-connections]. Behind a reverse proxy every client is the proxy: raise it there.
-    #[arg(long, env = "RUNCELL_MAX_CONNECTIONS_PER_PEER", value_name = "N")]
+    #[arg(long, value_name = "N")]
     max_connections_per_peer: Option<usize>,
     /// Largest request body (e.g. 10M); larger ones get 413 [default: room for the largest
     /// code, stdin and input files the policy allows].
-    #[arg(long, env = "RUNCELL_MAX_BODY", value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE")]
     max_body: Option<String>,
     /// On SIGTERM/SIGINT, how long running executions may take before they are killed
     /// (seconds, or with a unit) [default: 30s]. A second signal ends the grace at once.
-    #[arg(long, env = "RUNCELL_SHUTDOWN_GRACE", value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
     /// Default limit of a request that does not ask, as NAME=VALUE (repeatable; the
     /// environment variable takes a comma-separated list); values as in a request (10s, 256M,
@@ -129,7 +132,6 @@ struct ServeArgs {
     #[arg(
         long_help = limit_help("Default limit of a request that does not ask, as NAME=VALUE (repeatable; the environment variable takes a comma-separated list); values as in a request (10s, 256M, 0.5)."),
         long = "default-limit",
-        env = "RUNCELL_DEFAULT_LIMITS",
         value_delimiter = ',',
         value_name = "NAME=VALUE"
     )]
@@ -139,7 +141,6 @@ struct ServeArgs {
     #[arg(
         long_help = limit_help("The most a request may ask for, as NAME=VALUE (same names; repeatable). A request above it gets a 400 naming the limit and the maximum [default: this host's memory and cores, and runcell's maxima for the rest: see GET /v1/runtimes]."),
         long = "max-limit",
-        env = "RUNCELL_MAX_LIMITS",
         value_delimiter = ',',
         value_name = "NAME=VALUE"
     )]
@@ -148,7 +149,6 @@ struct ServeArgs {
     #[arg(
         long_help = format!("Caps on what a request carries and gets back, as NAME=VALUE (repeatable). Names: {}.", runcell_core::limits::CAP_NAMES.join(", ")),
         long = "cap",
-        env = "RUNCELL_CAPS",
         value_delimiter = ',',
         value_name = "NAME=VALUE"
     )]
@@ -157,94 +157,73 @@ struct ServeArgs {
     /// variable takes a comma-separated list; 0 turns a language's pool off). They are built
     /// with the default limits; a request that asks for other memory, pids, cpus, disk or I/O
     /// limits starts cold [default: python=1 per two cores, at most 4].
-    #[arg(
-        long = "pool",
-        env = "RUNCELL_POOL",
-        value_delimiter = ',',
-        value_name = "LANG=N"
-    )]
+    #[arg(long = "pool", value_delimiter = ',', value_name = "LANG=N")]
     pool: Vec<String>,
     /// Modules the warm Python interpreters import before a request arrives, as
     /// LANG=MODULE,MODULE (repeatable; e.g. python=numpy,pandas,matplotlib.pyplot): a request's
     /// own `import pandas` then finds it loaded. Each warm sandbox holds their memory.
-    #[arg(long = "preload", env = "RUNCELL_PRELOAD", value_name = "LANG=MODULES")]
+    #[arg(long = "preload", value_name = "LANG=MODULES")]
     preload: Vec<String>,
     /// Live sessions at most (POST /v1/sessions; 429 beyond) [default: 32].
-    #[arg(long, env = "RUNCELL_MAX_SESSIONS", value_name = "N")]
+    #[arg(long, value_name = "N")]
     max_sessions: Option<usize>,
     /// Live sessions per API key at most [default: 8].
-    #[arg(long, env = "RUNCELL_MAX_SESSIONS_PER_KEY", value_name = "N")]
+    #[arg(long, value_name = "N")]
     max_sessions_per_key: Option<usize>,
     /// Idle time after which a session ends, unless its request asks for another [default:
     /// 10m].
-    #[arg(long, env = "RUNCELL_SESSION_TTL", value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION")]
     session_ttl: Option<String>,
     /// The longest idle TTL a session request may ask for [default: 1h].
-    #[arg(long, env = "RUNCELL_SESSION_MAX_TTL", value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION")]
     session_max_ttl: Option<String>,
     /// A session ends this long after its creation, however busy [default: 4h].
-    #[arg(long, env = "RUNCELL_SESSION_LIFETIME", value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION")]
     session_lifetime: Option<String>,
     /// The model API behind POST /v1/agents: anthropic (Messages) or openai (Chat
     /// Completions, also vLLM, Ollama, LM Studio).
-    #[arg(long, env = "RUNCELL_AGENT_UPSTREAM", value_name = "anthropic|openai")]
+    #[arg(long, value_name = "anthropic|openai")]
     agent_upstream: Option<String>,
     /// The model API's base URL [default: the vendor's public URL, as its SDK has it].
-    #[arg(long, env = "RUNCELL_AGENT_BASE_URL", value_name = "URL")]
+    #[arg(long, value_name = "URL")]
     agent_base_url: Option<String>,
     /// The model API's key (prefer the environment variable: flags show in ps).
-    #[arg(
-        long,
-        env = "RUNCELL_AGENT_API_KEY",
-        value_name = "KEY",
-        hide_env_values = true
-    )]
+    #[arg(long, value_name = "KEY", hide_env_values = true)]
     agent_api_key: Option<String>,
     /// The model a request gets when it names none.
-    #[arg(long, env = "RUNCELL_AGENT_MODEL", value_name = "MODEL")]
+    #[arg(long, value_name = "MODEL")]
     agent_model: Option<String>,
     /// The models a request may name (repeatable or comma-separated) [default: any].
-    #[arg(
-        long,
-        env = "RUNCELL_AGENT_MODELS",
-        value_name = "MODEL",
-        value_delimiter = ','
-    )]
+    #[arg(long, value_name = "MODEL", value_delimiter = ',')]
     agent_models: Vec<String>,
     /// What runs may ask of the network (network by permission): HOST[:PORT] entries,
     /// repeatable or comma-separated; a name, *.domain or a literal address (loopback,
     /// private and metadata addresses only literally, with their port) [default: none, no
     /// run has network].
-    #[arg(
-        long = "allow-net",
-        env = "RUNCELL_ALLOW_NET",
-        value_name = "HOST[:PORT]",
-        value_delimiter = ','
-    )]
+    #[arg(long = "allow-net", value_name = "HOST[:PORT]", value_delimiter = ',')]
     allow_net: Vec<String>,
     /// Connections per run through the egress proxy [default: 64].
-    #[arg(long, env = "RUNCELL_NET_MAX_CONNECTIONS", value_name = "N")]
+    #[arg(long, value_name = "N")]
     net_max_connections: Option<u32>,
     /// Bytes per run through the egress proxy, both ways together [default: 64M].
-    #[arg(long, env = "RUNCELL_NET_MAX_BYTES", value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE")]
     net_max_bytes: Option<String>,
     /// A run that asks for network waits until a person approves it: over HTTP an admin key
     /// (GET /v1/approvals, POST /v1/approvals/ID), over MCP the client's user (elicitation).
-    #[arg(long, env = "RUNCELL_NET_APPROVAL")]
+    #[arg(long)]
     net_approval: bool,
     /// How long such a run waits before it is refused [default: 5m].
-    #[arg(long, env = "RUNCELL_NET_APPROVAL_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION")]
     net_approval_timeout: Option<String>,
     /// Who approves MCP calls: admin (the /v1/approvals queue, as for HTTP) or client (the
     /// MCP client's user, through elicitation: the client is the caller itself, so choose it
     /// only where clients are people's) [default: admin].
-    #[arg(long, env = "RUNCELL_NET_APPROVAL_BY", value_name = "admin|client")]
+    #[arg(long, value_name = "admin|client")]
     net_approval_by: Option<String>,
     /// API keys that may also approve runs waiting for network (ids admin-1, ...);
     /// repeatable or comma-separated.
     #[arg(
         long = "admin-key",
-        env = "RUNCELL_ADMIN_KEY",
         value_name = "KEY",
         value_delimiter = ',',
         hide_env_values = true
@@ -253,26 +232,21 @@ struct ServeArgs {
     /// Python packages runs may ask for (vetted installs: binary wheels from the index, in a
     /// sandbox that reaches only the index), repeatable or comma-separated; `*`: any
     /// [default: none].
-    #[arg(
-        long = "allow-package",
-        env = "RUNCELL_ALLOW_PACKAGES",
-        value_name = "NAME",
-        value_delimiter = ','
-    )]
+    #[arg(long = "allow-package", value_name = "NAME", value_delimiter = ',')]
     allow_packages: Vec<String>,
     /// The package index (PEP 503) installs come from [default: https://pypi.org/simple].
-    #[arg(long, env = "RUNCELL_PACKAGE_INDEX", value_name = "URL")]
+    #[arg(long, value_name = "URL")]
     package_index: Option<String>,
     /// The wall-clock budget of one agent request, model calls and runs together [default:
     /// 5m].
-    #[arg(long, env = "RUNCELL_AGENT_TIMEOUT", value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION")]
     agent_timeout: Option<String>,
     /// Where the audit log (one JSON line per execution) goes: stderr, off, or a file path
     /// (appended to, created 0640) [default: stderr].
-    #[arg(long, env = "RUNCELL_AUDIT_LOG", value_name = "stderr|off|FILE")]
+    #[arg(long, value_name = "stderr|off|FILE")]
     audit_log: Option<String>,
     /// Refuse to run code when any isolation layer is missing on this host.
-    #[arg(long, env = "RUNCELL_STRICT")]
+    #[arg(long)]
     strict: bool,
 }
 
@@ -362,16 +336,28 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(runcell_core::HELPER_ARG.as_ref()) {
         runcell_core::helper_main();
     }
-    let cli = match Cli::try_parse() {
+    let matches = match command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return argument_error(e),
+    };
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => return argument_error(e),
     };
-    let host = runcell_runtimes::Host {
-        data_dir: cli
-            .data_dir
-            .clone()
-            .unwrap_or_else(runcell_runtimes::default_data_dir),
+    let ctx = Ctx {
+        host: runcell_runtimes::Host {
+            data_dir: cli
+                .data_dir
+                .clone()
+                .unwrap_or_else(runcell_runtimes::default_data_dir),
+        },
+        config: cli.config.clone(),
+        matches: matches
+            .subcommand()
+            .map(|(_, m)| m.clone())
+            .unwrap_or_default(),
     };
+    let host = ctx.host.clone();
     if matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
         // Before any thread starts: the servers free a run's output and files after each
         // request, and glibc would otherwise keep those buffers resident (the soak test's
@@ -380,10 +366,10 @@ fn main() -> ExitCode {
         init_logging();
     }
     let result = match cli.command {
-        Command::Run(args) => Ok(run(*args, host)),
+        Command::Run(args) => Ok(run(*args, &ctx)),
         Command::Setup => setup(&host),
-        Command::Repl(args) => Ok(repl_cmd(args, host)),
-        Command::Agent(args) => Ok(agent_cmd(*args, host)),
+        Command::Repl(args) => Ok(repl_cmd(args, &ctx)),
+        Command::Agent(args) => Ok(agent_cmd(*args, &ctx)),
         Command::Doctor { json } => doctor(json, host),
         Command::Completion { shell } => {
             use clap::CommandFactory;
@@ -395,9 +381,9 @@ fn main() -> ExitCode {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve(args) => serve(*args, host),
-        Command::Mcp(args) => mcp(args, host),
-        Command::Tools(args) => tools(args, host),
+        Command::Serve(_) => serve(&ctx),
+        Command::Mcp(_) => mcp(&ctx),
+        Command::Tools(args) => tools(args, &ctx),
     };
     match result {
         Ok(code) => code,
@@ -406,6 +392,54 @@ fn main() -> ExitCode {
             ExitCode::from(125)
         }
     }
+}
+
+/// What every command gets: where runtimes live, the settings file, and its own flags.
+struct Ctx {
+    host: runcell_runtimes::Host,
+    config: Option<PathBuf>,
+    /// The command's flags, which the settings model reads as its last source.
+    matches: clap::ArgMatches,
+}
+
+impl Ctx {
+    /// The operator's policy: the defaults, the file, the environment, the command's flags.
+    fn policy(&self) -> Result<runcell_core::Policy, settings::SettingsError> {
+        settings::from_process(self.config.as_deref(), Some(&self.matches))?
+            .resolve(self.host.clone())
+    }
+}
+
+/// The command line: clap's, with each flag's environment variable in its help (the settings
+/// model reads the variables itself, so that it knows where each value came from).
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |mut sc| {
+            let ids: Vec<String> = sc.get_arguments().map(|a| a.get_id().to_string()).collect();
+            for id in ids {
+                let Some(env) = settings::env_of(&id) else {
+                    continue;
+                };
+                sc = sc.mut_arg(id, |a| {
+                    let short = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                    let long = a.get_long_help().map(|h| h.to_string());
+                    let a = a.help(format!("{short} [env: {env}]"));
+                    match long {
+                        Some(l) => a.long_help(format!("{l}\n[env: {env}]")),
+                        None => a,
+                    }
+                });
+            }
+            sc
+        });
+    }
+    cmd
 }
 
 /// Logs of `runcell serve` and `runcell mcp` go to stderr (stdout is MCP's channel) through
@@ -528,7 +562,7 @@ impl RunArgs {
 }
 
 /// Turn the CLI's arguments into a request, or the message of an invalid_request verdict.
-fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String> {
+fn build_request(args: &RunArgs, policy: &LimitPolicy) -> Result<ExecRequest, String> {
     let invalid = |m: String| m;
     let (code, path) = match (&args.code, &args.file) {
         (Some(c), _) => (c.clone(), None),
@@ -643,7 +677,7 @@ fn build_request(args: &RunArgs, policy: &Policy) -> Result<ExecRequest, String>
 
 /// Host files named by `--file SRC[:DEST]` arguments, read (within the per-file cap) into
 /// input files for /workspace.
-fn read_file_args(specs: &[String], policy: &Policy) -> Result<Vec<InputFile>, String> {
+fn read_file_args(specs: &[String], policy: &LimitPolicy) -> Result<Vec<InputFile>, String> {
     let mut files = Vec::new();
     for spec in specs {
         let (src, dest) = match spec.split_once(':') {
@@ -686,20 +720,28 @@ struct AgentArgs {
     #[arg(long)]
     json: bool,
     /// anthropic or openai.
-    #[arg(long, env = "RUNCELL_AGENT_UPSTREAM")]
+    #[arg(long = "upstream", id = "agent_upstream")]
     upstream: Option<String>,
-    #[arg(long, env = "RUNCELL_AGENT_BASE_URL")]
+    /// The model API's base URL.
+    #[arg(long = "base-url", id = "agent_base_url")]
     base_url: Option<String>,
-    #[arg(long, env = "RUNCELL_AGENT_API_KEY", hide_env_values = true)]
+    /// The model API's key (prefer the environment variable: flags show in ps).
+    #[arg(long = "api-key", id = "agent_api_key")]
     api_key: Option<String>,
-    #[arg(long, env = "RUNCELL_AGENT_MODEL")]
+    /// The model.
+    #[arg(long = "model", id = "agent_model")]
     model: Option<String>,
 }
 
-fn agent_cmd(args: AgentArgs, host: runcell_runtimes::Host) -> ExitCode {
-    let mut config = EngineConfig::for_host();
-    config.host = host;
-    let engine = Engine::new(config);
+fn agent_cmd(args: AgentArgs, ctx: &Ctx) -> ExitCode {
+    let policy = match ctx.policy() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("runcell agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let engine = Engine::new(policy.engine.clone());
     let files = match read_file_args(&args.files, engine.policy()) {
         Ok(f) => f,
         Err(e) => {
@@ -715,10 +757,7 @@ fn agent_cmd(args: AgentArgs, host: runcell_runtimes::Host) -> ExitCode {
             files,
             max_calls: args.max_calls,
             json: args.json,
-            upstream: args.upstream,
-            base_url: args.base_url,
-            api_key: args.api_key,
-            model: args.model,
+            agent: policy.agent,
         },
     )
 }
@@ -738,11 +777,15 @@ struct ReplArgs {
     strict: bool,
 }
 
-fn repl_cmd(args: ReplArgs, host: runcell_runtimes::Host) -> ExitCode {
-    let mut config = EngineConfig::for_host();
-    config.strict = args.strict;
-    config.host = host;
-    let engine = Engine::new(config);
+fn repl_cmd(args: ReplArgs, ctx: &Ctx) -> ExitCode {
+    let policy = match ctx.policy() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("runcell repl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let engine = Engine::new(policy.engine);
     let mut limits = runcell_core::LimitOverrides::default();
     for pair in &args.limit {
         let parsed = pair.split_once('=').and_then(|(name, text)| {
@@ -772,20 +815,20 @@ fn repl_cmd(args: ReplArgs, host: runcell_runtimes::Host) -> ExitCode {
     )
 }
 
-fn run(args: RunArgs, host: runcell_runtimes::Host) -> ExitCode {
-    let mut config = EngineConfig::for_host();
-    config.strict = args.strict;
-    config.host = host;
-    // On the command line the caller is the operator: what it allows is the policy, and the
-    // run asks for all of it. An entry that does not parse is refused by the request's check.
-    config.network.allow = runcell_proxy::parse_rules(&args.allow_net).unwrap_or_default();
-    // Likewise for packages: any from the index the caller names.
+fn run(args: RunArgs, ctx: &Ctx) -> ExitCode {
+    // The operator's policy (the file, the environment; `--allow-net`, `--package-index` and
+    // `--strict` are its settings too): on the command line the caller is the operator, so
+    // what it allows is what the run may ask for, and it may ask for any package.
+    let mut config = match ctx.policy() {
+        Ok(p) => p.engine,
+        Err(e) => {
+            return answer_refused(
+                &args,
+                Verdict::failed(ErrorCategory::InvalidRequest, e.to_string()),
+            )
+        }
+    };
     config.packages.allow_any = true;
-    if let Some(index) = &args.package_index {
-        config.packages.index_url = index.clone();
-        // A mirror serves its own files.
-        config.packages.file_hosts.clear();
-    }
     let engine = Engine::new(config);
     // The output directory is checked before anything runs: a directory that is not empty is
     // refused as an invalid request rather than discovered after the program has run.
@@ -904,6 +947,18 @@ fn run_one(engine: Engine, req: ExecRequest, sink: Box<dyn OutputSink + Send>) -
     .unwrap_or_else(|e| runcell_core::service::refusal_verdict(&e))
 }
 
+/// A run refused before it could start: its verdict, as `--json` promises, and exit 2.
+fn answer_refused(args: &RunArgs, verdict: Verdict) -> ExitCode {
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        let _ = serde_json::to_writer(&mut out, &verdict);
+        let _ = out.write_all(b"\n");
+    } else {
+        eprintln!("{}", summary(&verdict));
+    }
+    exit_code(&verdict)
+}
+
 /// runcell's exit code when the code did not compile (sysexits' EX_DATAERR).
 const COMPILE_ERROR_EXIT: i32 = 65;
 
@@ -959,58 +1014,14 @@ fn summary(v: &Verdict) -> String {
 }
 
 /// `runcell serve`: the HTTP API, until SIGTERM or SIGINT.
-fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
-    use runcell_server::config::{build, FileConfig, Overrides};
-    let file = match &args.config {
-        Some(path) => FileConfig::load(path)?,
-        None => FileConfig::default(),
-    };
-    let mut engine = EngineConfig::for_host();
-    engine.host = host;
-    let overrides = Overrides {
-        listen: args.listen,
-        api_keys: args.api_keys,
-        max_concurrent: args.max_concurrent,
-        max_queue: args.max_queue,
-        max_connections: args.max_connections,
-        max_connections_per_peer: args.max_connections_per_peer,
-        max_body: args.max_body,
-        shutdown_grace: args.shutdown_grace,
-        strict: args.strict,
-        audit_log: args.audit_log,
-        default_limits: args.default_limits,
-        max_limits: args.max_limits,
-        caps: args.caps,
-        pool: args.pool,
-        preload: args.preload,
-        max_sessions: args.max_sessions,
-        max_sessions_per_key: args.max_sessions_per_key,
-        session_ttl: args.session_ttl,
-        session_max_ttl: args.session_max_ttl,
-        session_lifetime: args.session_lifetime,
-        agent_upstream: args.agent_upstream,
-        agent_base_url: args.agent_base_url,
-        agent_api_key: args.agent_api_key,
-        agent_model: args.agent_model,
-        agent_models: args.agent_models,
-        agent_timeout: args.agent_timeout,
-        allow_net: args.allow_net,
-        net_max_connections: args.net_max_connections,
-        net_max_bytes: args.net_max_bytes,
-        net_approval: args.net_approval,
-        net_approval_timeout: args.net_approval_timeout,
-        net_approval_by: args.net_approval_by,
-        admin_keys: args.admin_keys,
-        allow_packages: args.allow_packages,
-        package_index: args.package_index,
-    };
-    let mut config = build(overrides, file, engine)?;
-    config.commit = Some(env!("RUNCELL_COMMIT").to_string());
+fn serve(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let mut policy = ctx.policy()?;
+    policy.commit = Some(env!("RUNCELL_COMMIT").to_string());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    let result = rt.block_on(runcell_server::serve(config));
+    let result = rt.block_on(runcell_server::serve(policy));
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
     result?;
     Ok(ExitCode::SUCCESS)
@@ -1252,19 +1263,13 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
 
 #[derive(Args)]
 struct McpArgs {
-    /// The `runcell serve` TOML file whose limits, caps and strictness apply here too.
-    #[arg(long, env = "RUNCELL_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
     /// Refuse to run code when any isolation layer is missing on this host.
-    #[arg(long, env = "RUNCELL_STRICT")]
+    #[arg(long)]
     strict: bool,
 }
 
 #[derive(Args)]
 struct ToolsArgs {
-    /// The `runcell serve` TOML file: the tools then state that server's limits.
-    #[arg(long, env = "RUNCELL_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
     /// anthropic: [{name, description, input_schema}] for the Messages API; openai:
     /// [{type: "function", function: {name, description, parameters}}] for Chat Completions;
     /// openai-responses: [{type: "function", name, description, parameters}] for the
@@ -1290,10 +1295,10 @@ enum ToolsFormat {
 
 /// `runcell mcp`: MCP on stdio until the client closes stdin. stdout carries only the protocol;
 /// everything else goes to stderr.
-fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
+fn mcp(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     use runcell_mcp::{Catalog, McpServer};
-    let mut config = configured_engine(args.config.as_deref(), host)?;
-    config.strict |= args.strict;
+    let policy = ctx.policy()?;
+    let config = policy.engine.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1315,19 +1320,16 @@ fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
             if strict { " (strict)" } else { "" },
             names.join(", ")
         );
-        // Calls run through the run service as every door's: as many sandboxes at once as
-        // the host has cores, a bounded line behind them.
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let admission = runcell_core::AdmissionPolicy {
-            max_concurrent: cores,
-            max_queue: 4 * cores,
-            max_body_bytes: runcell_server::default_max_body_bytes(engine.policy()) as u64,
-            keys: 1,
-        };
+        // Calls run through the run service as every door's: the policy's sandboxes at
+        // once (a sandbox per core by default), a bounded line behind them.
         let service = runcell_core::RunService::new(
             engine,
             runcell_core::ServiceConfig {
-                admission,
+                admission: runcell_core::AdmissionPolicy {
+                    keys: 1,
+                    ..policy.admission()
+                },
+                sessions: policy.sessions,
                 ..runcell_core::ServiceConfig::local()
             },
             std::sync::Arc::new(runcell_core::service::Quiet),
@@ -1344,24 +1346,10 @@ fn mcp(args: McpArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// `runcell tools`: the MCP tools of this host in another tool-calling format.
-/// The engine as `runcell serve` would configure it from its TOML file (limits, caps,
-/// strictness), or the host's defaults without one.
-fn configured_engine(
-    file: Option<&std::path::Path>,
-    host: runcell_runtimes::Host,
-) -> anyhow::Result<EngineConfig> {
-    use runcell_server::config::{build, FileConfig, Overrides};
-    let mut engine = EngineConfig::for_host();
-    engine.host = host;
-    let Some(path) = file else {
-        return Ok(engine);
-    };
-    Ok(build(Overrides::default(), FileConfig::load(path)?, engine)?.engine)
-}
-
-fn tools(args: ToolsArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
-    let config = configured_engine(args.config.as_deref(), host)?;
+/// `runcell tools`: the MCP tools of this host in another tool-calling format, within the
+/// operator's policy.
+fn tools(args: ToolsArgs, ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let config = ctx.policy()?.engine;
     let catalog = runcell_mcp::Catalog::for_host(&Engine::new(config));
     let format = match args.format {
         ToolsFormat::Anthropic => runcell_mcp::Format::Anthropic,

@@ -268,6 +268,19 @@ fn ask(question: &str, extra: Value) -> Value {
     body
 }
 
+/// The server's log once `done` says it holds what the test waits for (at most a minute: hang
+/// protection, not a timing assertion).
+fn log_with(s: &common::ServeProcess, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = s.log();
+        if done(&log) || std::time::Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn metrics(s: &common::ServeProcess) -> String {
     reqwest::blocking::get(s.url("/metrics"))
         .unwrap()
@@ -382,7 +395,11 @@ fn a_failed_import_goes_back_as_a_tool_error_and_the_fix_answers_in_both_wire_fo
         );
         assert_eq!(reqs[0]["body"]["model"], "scripted-model");
 
-        let log = s.log();
+        // The server writes its audit lines before it answers; the test reads its stderr on a
+        // thread of its own, which may not have them yet.
+        let log = log_with(&s, |log| {
+            log.matches("\"event\":\"model_call\"").count() >= 3
+        });
         assert!(!v.to_string().contains(UPSTREAM_KEY));
         assert!(!log.contains(UPSTREAM_KEY), "{wire}: the key is in the log");
         let lines: Vec<Value> = log
@@ -591,7 +608,9 @@ fn upstream_failures_are_retried_or_answered_with_a_category() {
         ] {
             assert!(m.contains(line), "{wire}: {line} in\n{m}");
         }
-        let log = s.log();
+        let log = log_with(&s, |log| {
+            log.matches("\"event\":\"model_call\"").count() >= 5
+        });
         assert_eq!(
             log.matches("\"event\":\"model_call\"").count(),
             5,

@@ -40,7 +40,7 @@ pub struct RuntimesResponse {
     pub runtimes: Vec<RuntimeInfo>,
     pub limits: LimitsInfo,
     /// The whole policy: limits plus the caps on code, stdin and files.
-    pub policy: runcell_core::Policy,
+    pub policy: runcell_core::LimitPolicy,
 }
 
 /// What a request gets without asking, and the most it may ask for.
