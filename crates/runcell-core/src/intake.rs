@@ -763,7 +763,10 @@ mod tests {
             TargetKind::Session,
             TargetKind::NewSession,
         ] {
-            let mut body = json!({"language": "python", "network": {"allow": []}, "packages": []});
+            let mut body = json!({"network": {"allow": []}, "packages": []});
+            if target != TargetKind::Session {
+                body["language"] = json!("python");
+            }
             if target != TargetKind::CreateSession {
                 body["code"] = json!("x");
             }

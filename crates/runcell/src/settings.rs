@@ -1352,7 +1352,14 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused_naming_the_setting_and_its_source() {
-        let cases: [(Option<&str>, &[(&str, &str)], &[&str], &[&str]); 12] = [
+        /// A file, variables, flags, and the words the error must contain.
+        type Case<'a> = (
+            Option<&'a str>,
+            &'a [(&'a str, &'a str)],
+            &'a [&'a str],
+            &'a [&'a str],
+        );
+        let cases: [Case; 12] = [
             (None, &[], &["--max-concurrent", "99999999"],
              &["max_concurrent", "--max-concurrent", "between 1 and"]),
             (Some("max_queue = 9999999999\n"), &[], &[],

@@ -37,19 +37,17 @@ pub enum DecisionKind {
 }
 
 fn require_admin(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
-    if !state.inner.keys.is_empty() {
-        if !caller
-            .key_id
-            .as_ref()
-            .is_some_and(|k| state.inner.admin_keys.contains(k))
-        {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "Approving runs needs an admin key (admin = true in its [[api_keys]] entry, or \
-                 --admin-key).",
-            ));
-        }
+    let admin = caller
+        .key_id
+        .as_ref()
+        .is_some_and(|k| state.inner.admin_keys.contains(k));
+    if !state.inner.keys.is_empty() && !admin {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "Approving runs needs an admin key (admin = true in its [[api_keys]] entry, or \
+             --admin-key).",
+        ));
     }
     Ok(())
 }
