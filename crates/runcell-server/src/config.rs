@@ -31,7 +31,8 @@
 //! allow = ["tabulate", "openpyxl"]   # or ["*"]: any from the index
 //! index_url = "https://pypi.org/simple"   # a private mirror works (then its own file hosts)
 //! file_hosts = ["files.pythonhosted.org:443"]
-//! install_timeout = "5m"
+//! install_timeout = "5m"       # and never longer than what is left of the request's timeout
+//! cache_max = "2G"             # the installed layers on disk, together (least recently used go)
 //!
 //! [limits.default]            # what a request gets when it does not ask
 //! timeout = "10s"
@@ -177,6 +178,8 @@ pub struct FilePackages {
     pub index_url: Option<String>,
     pub file_hosts: Option<Vec<String>>,
     pub install_timeout: Option<toml::Value>,
+    /// The most the package cache may hold on disk.
+    pub cache_max: Option<toml::Value>,
 }
 
 /// `[network]`: network by permission.
@@ -271,6 +274,7 @@ pub struct Overrides {
     /// Packages runs may ask for (comma-separated entries allowed; `*`: any).
     pub allow_packages: Vec<String>,
     pub package_index: Option<String>,
+    pub package_cache_max: Option<String>,
     /// The wall-clock budget of one agent request.
     pub agent_timeout: Option<String>,
 }
@@ -745,6 +749,19 @@ pub fn build(
     if let Some(t) = &fp.install_timeout {
         pk.install_timeout = duration_setting("packages.install_timeout", &toml_to_json(t))?;
     }
+    if let Some(v) = o
+        .package_cache_max
+        .clone()
+        .map(Value::String)
+        .or(fp.cache_max.as_ref().map(toml_to_json))
+    {
+        pk.cache_max_bytes = size_setting("packages.cache_max", &v)? as u64;
+        if pk.cache_max_bytes == 0 {
+            return Err(ServerError::Config(
+                "packages: cache_max must be more than 0".into(),
+            ));
+        }
+    }
     if pk.enabled() {
         pk.destinations()
             .map_err(|e| ServerError::Config(format!("packages: {e}")))?;
@@ -879,6 +896,30 @@ mod tests {
         assert_eq!(p.max.cpus.0, 1500);
         assert_eq!(p.max_code_bytes, 64 << 10);
         assert_eq!(p.output_files_returned(), 10);
+    }
+
+    #[test]
+    fn the_package_cache_is_bounded_by_the_file_or_the_flag() {
+        let c = build(Overrides::default(), file(""), engine()).unwrap();
+        assert_eq!(c.engine.packages.cache_max_bytes, 2 << 30);
+        let f = "[packages]\ncache_max = \"512M\"\n";
+        let c = build(Overrides::default(), file(f), engine()).unwrap();
+        assert_eq!(c.engine.packages.cache_max_bytes, 512 << 20);
+        let o = Overrides {
+            package_cache_max: Some("1G".into()),
+            ..Overrides::default()
+        };
+        let c = build(o, file(f), engine()).unwrap();
+        assert_eq!(c.engine.packages.cache_max_bytes, 1 << 30);
+        for bad in ["cache_max = \"lots\"", "cache_max = 0"] {
+            let e = build(
+                Overrides::default(),
+                file(&format!("[packages]\n{bad}\n")),
+                engine(),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("cache_max"), "{e}");
+        }
     }
 
     #[test]

@@ -263,6 +263,10 @@ struct ServeArgs {
     /// The package index (PEP 503) installs come from [default: https://pypi.org/simple].
     #[arg(long, env = "RUNCELL_PACKAGE_INDEX", value_name = "URL")]
     package_index: Option<String>,
+    /// The most the package cache may hold on disk, all installed layers together; the least
+    /// recently used that no run is using are removed beyond it [default: 2G].
+    #[arg(long, env = "RUNCELL_PACKAGE_CACHE_MAX", value_name = "SIZE")]
+    package_cache_max: Option<String>,
     /// The wall-clock budget of one agent request, model calls and runs together [default:
     /// 5m].
     #[arg(long, env = "RUNCELL_AGENT_TIMEOUT", value_name = "DURATION")]
@@ -978,6 +982,7 @@ fn serve(args: ServeArgs, host: runcell_runtimes::Host) -> anyhow::Result<ExitCo
         admin_keys: args.admin_keys,
         allow_packages: args.allow_packages,
         package_index: args.package_index,
+        package_cache_max: args.package_cache_max,
     };
     let mut config = build(overrides, file, engine)?;
     config.commit = Some(env!("RUNCELL_COMMIT").to_string());
