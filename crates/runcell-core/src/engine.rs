@@ -93,6 +93,8 @@ pub struct Engine {
     pool: Option<Arc<Pool>>,
     /// Runtimes located in the last [`RUNTIME_TTL`], shared by the engine's clones.
     runtimes: Arc<Mutex<HashMap<Language, (Instant, Runtime)>>>,
+    /// Package installs in flight, shared by the engine's clones (see [`crate::packages`]).
+    packages: crate::packages::Packages,
 }
 
 /// How long a located runtime is reused. Locating one reads a dozen files (the Python
@@ -114,16 +116,6 @@ pub struct ValidRequest {
     network: Vec<runcell_proxy::NetRule>,
     /// The packages to install for it (Python).
     packages: Vec<crate::packages::Requirement>,
-    /// The install's own run: the operator's entries for its destinations (instead of the
-    /// network policy's), and bigger collection limits.
-    install: Option<InstallRun>,
-}
-
-/// What is particular to a package install's run.
-#[derive(Debug, Clone)]
-struct InstallRun {
-    policy: Vec<runcell_proxy::NetRule>,
-    collect: CollectLimits,
 }
 
 impl ValidRequest {
@@ -230,6 +222,7 @@ impl Engine {
             config,
             pool: None,
             runtimes: Arc::default(),
+            packages: Default::default(),
         }
     }
 
@@ -416,7 +409,6 @@ impl Engine {
             files,
             network,
             packages,
-            install: None,
         })
     }
 
@@ -527,12 +519,17 @@ impl Engine {
                 return verdict;
             }
         };
-        let mut packages = None;
+        // Held until the run is over: a layer in use is never evicted.
+        let mut layer = None;
         if !v.packages.is_empty() {
-            match self.package_layer(&v.packages, &runtime, cancel) {
-                Ok((dir, report)) => {
-                    runtime = runtime.with_python_path(dir);
-                    packages = Some(report);
+            let deadline = Instant::now() + v.limits.timeout();
+            match self
+                .packages
+                .layer(self, &v.packages, &runtime, deadline, cancel)
+            {
+                Ok(l) => {
+                    runtime = runtime.with_python_path(l.site());
+                    layer = Some(l);
                 }
                 Err(mut verdict) => {
                     verdict.language = Some(v.language.name().into());
@@ -560,155 +557,8 @@ impl Engine {
         let mut verdict = self.run(v, &runtime, sink, cancel);
         verdict.language = Some(v.language.name().into());
         verdict.limits = Some(v.limits);
-        verdict.packages = packages;
+        verdict.packages = layer.map(|l| l.report().clone());
         verdict
-    }
-
-    /// The package layer of `reqs`: from the cache, or installed now (phase one, see
-    /// [`crate::packages`]). Its site directory, and what the verdict says of it; or the
-    /// verdict of a failed install.
-    fn package_layer(
-        &self,
-        reqs: &[crate::packages::Requirement],
-        python: &Runtime,
-        cancel: Option<&KillSwitch>,
-    ) -> Result<(PathBuf, crate::verdict::PackagesReport), Box<Verdict>> {
-        use crate::packages::{install_script, layer_key, COMPLETE};
-        let policy = &self.config.packages;
-        let key = layer_key(reqs, &policy.index_url, &python.executable);
-        let root = self.config.host.data_dir.join("packages");
-        let dir = root.join(&key);
-        let mut report = crate::verdict::PackagesReport {
-            requirements: reqs.iter().map(|r| r.text.clone()).collect(),
-            layer: key.clone(),
-            cached: true,
-            install_seconds: None,
-        };
-        if dir.join(COMPLETE).is_file() {
-            return Ok((dir.join("site"), report));
-        }
-        // One install at a time in this process: two requests for one set install it once.
-        static INSTALLS: Mutex<()> = Mutex::new(());
-        let _one = INSTALLS.lock().unwrap_or_else(|e| e.into_inner());
-        if dir.join(COMPLETE).is_file() {
-            return Ok((dir.join("site"), report));
-        }
-        let failed =
-            |category: ErrorCategory, message: String| Box::new(Verdict::failed(category, message));
-        let destinations = policy.destinations().map_err(|e| {
-            failed(
-                ErrorCategory::RuntimeUnavailable,
-                format!("Installing packages: {e}."),
-            )
-        })?;
-        let bash = self
-            .locate(Language::Bash)
-            .map_err(|e| failed(ErrorCategory::RuntimeUnavailable, e.to_string()))?;
-        let p = &self.config.policy;
-        let mut limits = p
-            .resolve(&LimitOverrides::default())
-            .map_err(|e| failed(ErrorCategory::SandboxFailure, e.to_string()))?;
-        limits.timeout.0 = (policy.install_timeout.as_millis() as u64).min(p.max.timeout.0);
-        limits.disk = p.max.disk;
-        limits.memory = p
-            .max
-            .memory
-            .min(limits.memory.max(crate::limits::Bytes(1 << 30)));
-        limits.output_files = p.max.output_files;
-        let install = ValidRequest {
-            language: Language::Bash,
-            limits,
-            code: install_script(reqs, policy),
-            stdin: None,
-            files: Vec::new(),
-            network: destinations.clone(),
-            packages: Vec::new(),
-            install: Some(InstallRun {
-                policy: destinations,
-                collect: CollectLimits {
-                    max_files: 50_000,
-                    max_file_bytes: limits.disk.0,
-                    max_total_bytes: limits.disk.0,
-                    max_entries: 100_000,
-                    max_read_bytes: limits.disk.0,
-                    deadline_ms: 60_000,
-                },
-            }),
-        };
-        let started = std::time::Instant::now();
-        let mut out = self.run(&install, &bash, &mut runcell_jail::NoSink, cancel);
-        let said = |v: &Verdict| {
-            let text = format!("{}{}", v.stdout, v.stderr);
-            let tail: Vec<&str> = text.lines().rev().take(12).collect();
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        };
-        match out.exit_code {
-            Some(0) => {}
-            Some(3) => {
-                return Err(failed(
-                    ErrorCategory::RuntimeUnavailable,
-                    format!(
-                        "Installing packages is not possible on this host: {}",
-                        said(&out)
-                    ),
-                ))
-            }
-            _ => {
-                let why = match &out.error {
-                    Some(e) if e.category != ErrorCategory::RuntimeError => e.message.clone(),
-                    _ => said(&out),
-                };
-                return Err(failed(
-                    ErrorCategory::InvalidRequest,
-                    format!(
-                        "Installing {} failed (binary wheels only, from {}): {why}",
-                        report.requirements.join(" "),
-                        policy.index_url
-                    ),
-                ));
-            }
-        }
-        if out.files_omitted > 0 || out.files.iter().any(|f| f.truncated) {
-            return Err(failed(
-                ErrorCategory::InvalidRequest,
-                format!(
-                    "The packages {} are larger than an install may keep.",
-                    report.requirements.join(" ")
-                ),
-            ));
-        }
-        // Written aside, then renamed into place: a layer is complete or absent.
-        let tmp = root.join(format!(".tmp-{key}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let keep = |e: String| {
-            failed(
-                ErrorCategory::SandboxFailure,
-                format!("Keeping the packages: {e}"),
-            )
-        };
-        std::fs::create_dir_all(&root).map_err(|e| keep(e.to_string()))?;
-        crate::files::write_all(&tmp, &mut out.files).map_err(keep)?;
-        if let Some(f) = out.files.iter().find(|f| f.not_written.is_some()) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(keep(format!(
-                "{} was not written ({})",
-                f.path,
-                f.not_written.as_deref().unwrap_or_default()
-            )));
-        }
-        std::fs::create_dir_all(tmp.join("site")).map_err(|e| keep(e.to_string()))?;
-        std::fs::write(tmp.join(COMPLETE), report.requirements.join("\n"))
-            .map_err(|e| keep(e.to_string()))?;
-        match std::fs::rename(&tmp, &dir) {
-            Ok(()) => {}
-            Err(_) if dir.join(COMPLETE).is_file() => {
-                let _ = std::fs::remove_dir_all(&tmp);
-            }
-            Err(e) => return Err(keep(e.to_string())),
-        }
-        report.cached = false;
-        report.install_seconds = Some(round_secs(started.elapsed()));
-        Ok((dir.join("site"), report))
     }
 
     pub(crate) fn program(
@@ -762,7 +612,7 @@ impl Engine {
         // and the runtime told where the proxy is (no warm sandbox has either).
         let networked = !v.network.is_empty();
         // A warm sandbox has neither the proxy's listener nor a package layer.
-        let fresh = networked || !v.packages.is_empty() || v.install.is_some();
+        let fresh = networked || !v.packages.is_empty();
         let with_proxy;
         let runtime = if networked {
             with_proxy = runtime.with_proxy(runcell_proxy::SANDBOX_PROXY_PORT);
@@ -795,10 +645,7 @@ impl Engine {
         let proxy = match networked {
             false => None,
             true => {
-                let mut permit = self.config.network.permit(&v.network);
-                if let Some(install) = &v.install {
-                    permit.policy = install.policy.clone();
-                }
+                let permit = self.config.network.permit(&v.network);
                 match sandbox
                     .take_proxy_listener()
                     .map(|l| runcell_proxy::start(l, permit))
@@ -973,11 +820,7 @@ impl Engine {
         // Every process of the run is dead now (pid 1 killed and reaped them before it
         // reported; a session's interpreter excepted); what they left in /workspace is the
         // output. A sandbox killed outright (cancelled, or pid 1 lost) has no files to give.
-        let collect = match &v.install {
-            Some(i) => i.collect,
-            None => self.collect_limits(limits),
-        };
-        if let Ok(collected) = sandbox.collect(&collect) {
+        if let Ok(collected) = sandbox.collect(&self.collect_limits(limits)) {
             let notes;
             (verdict.files, verdict.files_omitted, notes) = crate::files::to_verdict(collected);
             verdict.warnings.extend(notes);

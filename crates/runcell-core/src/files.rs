@@ -143,8 +143,7 @@ fn write_one(
         return Err("its content was over the size cap and did not come back".into());
     };
     let rel = crate::request::workspace_path(&f.path).map_err(|e| e.to_string())?;
-    let parts: Vec<&str> = rel.split('/').collect();
-    if let Some(hidden) = parts.iter().find(|p| p.starts_with('.')) {
+    if let Some(hidden) = rel.split('/').find(|p| p.starts_with('.')) {
         return Err(format!(
             "'{hidden}' is a hidden name; runcell never writes names that start with '.' \
              (.git, .ssh, ...) to the host"
@@ -153,6 +152,22 @@ fn write_one(
     let content = base64::engine::general_purpose::STANDARD
         .decode(b64)
         .map_err(|e| format!("bad content: {e}"))?;
+    write_under(top, created, &rel, &content)
+}
+
+/// Write `content` at `rel` beneath `top`, creating its directories (each recorded in
+/// `created`, and entered only if this writer created it), with the guarantees of
+/// [`write_all`] but for hidden names, which are the caller's to refuse: never through a
+/// symlink, never over anything, 0644 files and 0755 directories. Returns the normal form of
+/// `rel`. Also used for package layers, which are written beneath their own new directory.
+pub(crate) fn write_under(
+    top: &OwnedFd,
+    created: &mut HashSet<String>,
+    rel: &str,
+    content: &[u8],
+) -> Result<String, String> {
+    let rel = crate::request::workspace_path(rel).map_err(|e| e.to_string())?;
+    let parts: Vec<&str> = rel.split('/').collect();
     let (name, dirs) = parts.split_last().ok_or("empty path")?;
     let mut cur: Option<OwnedFd> = None;
     let mut prefix = String::new();
@@ -190,7 +205,7 @@ fn write_one(
         e => format!("cannot create {rel}: {e}"),
     })?;
     let mut file = std::fs::File::from(fd);
-    if let Err(e) = file.write_all(&content) {
+    if let Err(e) = file.write_all(content) {
         drop(file);
         let _ = unlinkat(base, *name, AtFlags::empty());
         return Err(format!("cannot write {rel}: {e}"));

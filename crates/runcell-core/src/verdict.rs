@@ -259,9 +259,11 @@ pub struct Verdict {
     Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
 )]
 pub struct PackagesReport {
-    /// The requirements, as asked.
+    /// The requirements, normalised (one per name, PEP 503 names, sorted extras and
+    /// specifiers).
     pub requirements: Vec<String>,
-    /// The layer's name in the cache (the hash of the requirement set, index and interpreter).
+    /// The layer's name in the cache (the hash of the files it holds: sets that install the
+    /// same files share it).
     pub layer: String,
     /// Whether the layer was in the cache already (nothing was installed).
     pub cached: bool,

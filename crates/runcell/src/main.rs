@@ -237,6 +237,10 @@ struct ServeArgs {
     /// The package index (PEP 503) installs come from [default: https://pypi.org/simple].
     #[arg(long, value_name = "URL")]
     package_index: Option<String>,
+    /// The most the package cache may hold on disk, all installed layers together; the least
+    /// recently used that no run is using are removed beyond it [default: 2G].
+    #[arg(long, value_name = "SIZE")]
+    package_cache_max: Option<String>,
     /// The wall-clock budget of one agent request, model calls and runs together [default:
     /// 5m].
     #[arg(long, value_name = "DURATION")]

@@ -212,6 +212,12 @@ pub const SETTINGS: &[Setting] = &[
         "RUNCELL_PACKAGE_INDEX",
         One,
     ),
+    s(
+        "packages.cache_max",
+        "package_cache_max",
+        "RUNCELL_PACKAGE_CACHE_MAX",
+        One,
+    ),
     file_only("packages.file_hosts", List),
     file_only("packages.install_timeout", One),
 ];
@@ -1085,6 +1091,19 @@ impl Settings {
         if let Some(d) = self.duration("packages.install_timeout")? {
             pk.install_timeout = d;
         }
+        if let Some(n) = self.size("packages.cache_max")? {
+            if n == 0 {
+                return Err(SettingsError {
+                    key: "packages.cache_max".into(),
+                    origin: self
+                        .origin_of("packages.cache_max")
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
+                    message: "packages: cache_max must be more than 0".into(),
+                });
+            }
+            pk.cache_max_bytes = n;
+        }
         if pk.enabled() {
             let origin = self
                 .origin_of("packages.index_url")
@@ -1386,6 +1405,26 @@ mod tests {
                 assert!(e.contains(needle), "expected '{needle}' in: {e}");
             }
         }
+    }
+
+    #[test]
+    fn the_package_cache_is_bounded_by_the_file_the_environment_or_the_flag() {
+        let c = resolve(None, &[], &[]).unwrap();
+        assert_eq!(c.engine.packages.cache_max_bytes, 2 << 30);
+        let f = "[packages]\ncache_max = \"512M\"\n";
+        let c = resolve(Some(f), &[], &[]).unwrap();
+        assert_eq!(c.engine.packages.cache_max_bytes, 512 << 20);
+        let c = resolve(Some(f), &[("RUNCELL_PACKAGE_CACHE_MAX", "256M")], &[]).unwrap();
+        assert_eq!(c.engine.packages.cache_max_bytes, 256 << 20);
+        let c = resolve(
+            Some(f),
+            &[("RUNCELL_PACKAGE_CACHE_MAX", "256M")],
+            &["--package-cache-max", "1G"],
+        )
+        .unwrap();
+        assert_eq!(c.engine.packages.cache_max_bytes, 1 << 30);
+        let e = resolve(None, &[], &["--package-cache-max", "0"]).unwrap_err();
+        assert!(e.to_string().contains("more than 0"), "{e}");
     }
 
     #[test]

@@ -34,6 +34,24 @@ impl KillSwitch {
     pub(super) fn fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
     }
+
+    /// Whether it has been triggered (it stays so). For waits outside a run, e.g. a request
+    /// that waits for another one's package install between steps.
+    pub fn is_triggered(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            &*self.0,
+            rustix::event::PollFlags::IN,
+        )];
+        let now = super::timespec(std::time::Duration::ZERO);
+        matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+    }
+}
+
+/// Readable once triggered: a waiter can poll it next to its own descriptors.
+impl AsFd for KillSwitch {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
 }
 
 /// See [`KillSwitch::kill_on_drop`].
@@ -73,5 +91,14 @@ mod tests {
         assert!(!triggered(&ks));
         drop(ks.kill_on_drop());
         assert!(triggered(&ks));
+    }
+
+    #[test]
+    fn asking_whether_it_was_triggered_does_not_reset_it() {
+        let ks = KillSwitch::new().unwrap();
+        assert!(!ks.is_triggered());
+        ks.clone().trigger();
+        assert!(ks.is_triggered());
+        assert!(ks.is_triggered(), "still triggered");
     }
 }
