@@ -161,7 +161,15 @@ impl Tools for ServiceTools {
                 target.kind(),
                 self.service.offers(),
             )
-            .map_err(|e| format!("{}: {}", e.category(), e.message))?;
+            .map_err(|e| {
+                // Counted and audited like any refusal (the model asked for it).
+                self.service.refused(
+                    &self.caller,
+                    &runcell_core::RunSummary::of_language(language.name()),
+                    &e,
+                );
+                format!("{}: {}", e.category(), e.message)
+            })?;
             req.language = Some(language.name().to_string());
             if target == Target::NewSession {
                 // The request's files are in every run: written when its session starts.
@@ -191,5 +199,17 @@ impl Tools for ServiceTools {
             }
             Ok(verdict)
         })
+    }
+
+    /// The MCP server's trimmed text, without the session's id: the loop keeps the session
+    /// itself, and a model that passed the id back would be refused (it is not an argument
+    /// of these tools).
+    fn result_text(&self, verdict: &Verdict) -> String {
+        let shown = Verdict {
+            session_id: None,
+            execution_count: None,
+            ..verdict.clone()
+        };
+        runcell_mcp::result::summary(&shown)
     }
 }

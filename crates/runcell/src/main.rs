@@ -62,11 +62,14 @@ enum Command {
     /// `Accept: text/event-stream`), GET /v1/runtimes, GET /metrics (Prometheus), GET /healthz
     /// and GET /openapi.json (no key needed).
     ///
-    /// Every setting comes from a flag, else its environment variable, else the TOML file
-    /// given with --config, else its default. The file uses the same names in snake_case
-    /// (listen, max_concurrent, max_queue, max_body, shutdown_grace, strict, audit_log), API
-    /// keys as [[api_keys]] tables with `id` and `key` (the file must then be chmod 600), limits
-    /// under [limits.default] and [limits.max], caps under [caps]. See docs/serve.md.
+    /// Every setting comes from its default, then the TOML file given with --config
+    /// (RUNCELL_CONFIG), then its environment variable, then its flag: each over the one
+    /// before (NAME=VALUE lists such as the limits entry by entry). The file uses the same
+    /// names in snake_case (listen, max_concurrent, max_queue, max_body, shutdown_grace,
+    /// strict, audit_log), API keys as [[api_keys]] tables with `id` and `key` (the file must
+    /// then be chmod 600), limits under [limits.default] and [limits.max], caps under [caps].
+    /// An invalid setting is refused naming it and where its value came from. The same
+    /// settings apply to `runcell mcp`, `tools`, `run`, `repl` and `agent`. See docs/serve.md.
     #[command(verbatim_doc_comment)]
     Serve(Box<ServeArgs>),
     /// Serve MCP (Model Context Protocol) on stdin/stdout, for Claude Desktop, Cursor and
@@ -85,8 +88,6 @@ enum Command {
 
 #[derive(Args)]
 struct ServeArgs {
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
     /// Address to listen on: ADDR:PORT, HOST:PORT (localhost:8080) or :PORT (loopback)
     /// [default: 127.0.0.1:8080]. Without an API key only a loopback address is allowed.
     #[arg(long, value_name = "ADDR", value_parser = settings::parse_listen)]
@@ -408,9 +409,25 @@ struct Ctx {
 
 impl Ctx {
     /// The operator's policy: the defaults, the file, the environment, the command's flags.
-    fn policy(&self) -> Result<runcell_core::Policy, settings::SettingsError> {
-        settings::from_process(self.config.as_deref(), Some(&self.matches))?
-            .resolve(self.host.clone())
+    fn policy(&self) -> anyhow::Result<runcell_core::Policy> {
+        self.resolve(None)
+    }
+
+    /// The policy of a command that runs one sandbox at a time (`run`, `repl`, `agent`): what
+    /// is shared between the runs at once (memory, the host's file table) is shared by one,
+    /// unless the settings say how many run at once.
+    fn policy_for_one(&self) -> anyhow::Result<runcell_core::Policy> {
+        self.resolve(Some("1"))
+    }
+
+    fn resolve(&self, concurrency: Option<&str>) -> anyhow::Result<runcell_core::Policy> {
+        let mut s = settings::from_process(self.config.as_deref(), Some(&self.matches))
+            .context("invalid configuration")?;
+        if let Some(n) = concurrency {
+            s.default_to("max_concurrent", n);
+        }
+        s.resolve(self.host.clone())
+            .context("invalid configuration")
     }
 }
 
@@ -738,10 +755,10 @@ struct AgentArgs {
 }
 
 fn agent_cmd(args: AgentArgs, ctx: &Ctx) -> ExitCode {
-    let policy = match ctx.policy() {
+    let policy = match ctx.policy_for_one() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("runcell agent: {e}");
+            eprintln!("runcell agent: {e:#}");
             return ExitCode::from(2);
         }
     };
@@ -782,10 +799,10 @@ struct ReplArgs {
 }
 
 fn repl_cmd(args: ReplArgs, ctx: &Ctx) -> ExitCode {
-    let policy = match ctx.policy() {
+    let policy = match ctx.policy_for_one() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("runcell repl: {e}");
+            eprintln!("runcell repl: {e:#}");
             return ExitCode::from(2);
         }
     };
@@ -823,12 +840,12 @@ fn run(args: RunArgs, ctx: &Ctx) -> ExitCode {
     // The operator's policy (the file, the environment; `--allow-net`, `--package-index` and
     // `--strict` are its settings too): on the command line the caller is the operator, so
     // what it allows is what the run may ask for, and it may ask for any package.
-    let mut config = match ctx.policy() {
+    let mut config = match ctx.policy_for_one() {
         Ok(p) => p.engine,
         Err(e) => {
             return answer_refused(
                 &args,
-                Verdict::failed(ErrorCategory::InvalidRequest, e.to_string()),
+                Verdict::failed(ErrorCategory::InvalidRequest, format!("{e:#}")),
             )
         }
     };

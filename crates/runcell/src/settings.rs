@@ -358,6 +358,14 @@ impl Settings {
         out
     }
 
+    /// A default of the command's own for `key`, below every source.
+    pub fn default_to(&mut self, key: &str, text: &str) {
+        self.values.entry(key.to_string()).or_insert((
+            Raw::Text(text.to_string()),
+            Origin::Flag(format!("{}'s default", key.replace('_', "-"))),
+        ));
+    }
+
     fn get(&self, key: &str) -> Option<&(Raw, Origin)> {
         self.values.get(key)
     }

@@ -11,9 +11,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::upstream::*;
+
+use std::path::Path;
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -148,139 +149,6 @@ async fn a_failed_import_is_fixed_in_the_same_session_and_answered() {
     assert_eq!(sessions.stats().live, 0);
 }
 
-/// The venv with the official `openai` and `anthropic` packages.
-fn venv_python() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/agent-venv/bin/python");
-    assert!(
-        p.exists(),
-        "the openai and anthropic Python packages are not installed at {}: run scripts/test.sh",
-        p.display()
-    );
-    p
-}
-
-fn upstream_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream")
-}
-
-/// tests/upstream/scripted.py on a loopback port, replaying `steps` in one wire format.
-struct ScriptedUpstream {
-    child: Child,
-    base: String,
-    dir: tempfile::TempDir,
-}
-
-impl ScriptedUpstream {
-    fn start(wire: &str, steps: Value) -> ScriptedUpstream {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("script.json"), steps.to_string()).unwrap();
-        let mut child = Command::new(venv_python())
-            .arg(upstream_dir().join("scripted.py"))
-            .args(["--wire", wire, "--script"])
-            .arg(dir.path().join("script.json"))
-            .arg("--record")
-            .arg(dir.path().join("requests.jsonl"))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let root = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("scripted upstream did not start: {line:?}"))
-            .to_string();
-        // Each vendor's base URL as its SDK has it: Anthropic's without /v1, OpenAI's with.
-        let base = if wire == "openai" {
-            format!("{root}/v1")
-        } else {
-            root
-        };
-        ScriptedUpstream { child, base, dir }
-    }
-
-    /// The requests runcell sent, each checked by the upstream (`invalid` says what was wrong).
-    fn requests(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.dir.path().join("requests.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    /// The requests, asserting that every one of them was valid in its wire format.
-    fn valid_requests(&self) -> Vec<Value> {
-        let r = self.requests();
-        for q in &r {
-            assert!(
-                q.get("invalid").is_none(),
-                "runcell sent an invalid request: {q}"
-            );
-        }
-        r
-    }
-
-    /// `runcell serve` with this upstream behind /v1/agents.
-    fn serve(&self, wire: &str, extra: &[&str]) -> common::ServeProcess {
-        let mut args = vec![
-            "--pool",
-            "python=0",
-            "--agent-upstream",
-            wire,
-            "--agent-base-url",
-            &self.base,
-            "--agent-model",
-            "scripted-model",
-        ];
-        args.extend_from_slice(extra);
-        common::ServeProcess::start(&args, &[("RUNCELL_AGENT_API_KEY", UPSTREAM_KEY)])
-    }
-}
-
-impl Drop for ScriptedUpstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-const UPSTREAM_KEY: &str = "sk-upstream-secret-4711";
-
-fn agents(s: &common::ServeProcess, body: Value) -> (u16, Value) {
-    let res = reqwest::blocking::Client::new()
-        .post(s.url("/v1/agents"))
-        .json(&body)
-        .timeout(Duration::from_secs(90))
-        .send()
-        .unwrap();
-    let status = res.status().as_u16();
-    (status, res.json().unwrap())
-}
-
-fn ask(question: &str, extra: Value) -> Value {
-    let mut body = json!({"messages": [{"role": "user", "content": question}],
-        "tools": [{"type": "runcell_tool", "name": "code_exec_python"}]});
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    body
-}
-
-/// The server's log once `done` says it holds what the test waits for (at most a minute: hang
-/// protection, not a timing assertion).
-fn log_with(s: &common::ServeProcess, done: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let log = s.log();
-        if done(&log) || std::time::Instant::now() > deadline {
-            return log;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn metrics(s: &common::ServeProcess) -> String {
     reqwest::blocking::get(s.url("/metrics"))
         .unwrap()
@@ -288,37 +156,6 @@ fn metrics(s: &common::ServeProcess) -> String {
         .unwrap()
 }
 
-/// The tool results runcell sent in one request, in the wire's own shape: (text, is_error).
-fn tool_results(wire: &str, request: &Value) -> Vec<(String, bool)> {
-    let msgs = request["body"]["messages"].as_array().unwrap();
-    if wire == "openai" {
-        msgs.iter()
-            .filter(|m| m["role"] == "tool")
-            .map(|m| {
-                let text = m["content"].as_str().unwrap().to_string();
-                let err = text.starts_with("ERROR");
-                (text, err)
-            })
-            .collect()
-    } else {
-        msgs.iter()
-            .filter_map(|m| m["content"].as_array())
-            .flatten()
-            .filter(|b| b["type"] == "tool_result")
-            .map(|b| {
-                (
-                    b["content"].as_str().unwrap().to_string(),
-                    b["is_error"].as_bool().unwrap(),
-                )
-            })
-            .collect()
-    }
-}
-
-/// The hosted example, in both wire formats: a failed import goes back to the model as a tool
-/// error naming its category, the corrected run (in the same session: `data` is still
-/// defined) answers, and the answer comes back with usage summed, each step, audit lines
-/// for each model call and run, and metrics. The upstream key reaches the upstream only.
 #[test]
 #[cfg_attr(
     not(host_agent_clients),
@@ -727,6 +564,161 @@ fn the_cli_shows_each_step_then_the_answer() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("RUNCELL_AGENT_UPSTREAM"));
+}
+
+/// Regression (issue 21): the agent loop deserialized a model's tool arguments straight into
+/// the request, so a model's `memory: "4G"` (and `disk`, `pids`, `cpus`) and a 3600 s
+/// `timeout` were accepted up to the operator's maximum (MCP refused the same arguments), and
+/// the request's time budget was checked only before model calls (a 3 s budget took 12.2 s).
+/// Now a model never sizes its sandbox, and a run's timeout is cut to what is left of the
+/// budget; the CLI's loop is the same code (ServiceTools).
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn a_model_never_sizes_its_sandbox_and_its_runs_end_with_the_budget() {
+    let sleeper = "import time\ntime.sleep(60)\nprint('late')";
+    let up = ScriptedUpstream::start(
+        "openai",
+        json!([
+            {"arguments": {"code": "print(1)", "memory": "4G", "pids": 4096}},
+            {"arguments": {"code": sleeper, "timeout": 3600}},
+            {"text": "never asked"},
+        ]),
+    );
+    let s = up.serve("openai", &["--agent-timeout", "6s"]);
+    let (status, v) = agents(&s, ask("q", json!({})));
+    assert_eq!(
+        (status, v["error"]["category"].as_str()),
+        (504, Some("timeout")),
+        "{v}"
+    );
+    // The model was told that it may not size the sandbox; nothing of that call ran.
+    let reqs = up.valid_requests();
+    let results = tool_results("openai", &reqs[1]);
+    assert!(
+        results[0].1 && results[0].0.contains("unknown field `memory`"),
+        "{results:?}"
+    );
+    // The sleeping run was cut to the budget (its limits say so), and never finished.
+    let ran = |log: &str| -> Vec<Value> {
+        run_lines(log)
+            .into_iter()
+            .filter(|l| l["category"] != "invalid_request")
+            .collect()
+    };
+    let log = log_with(&s, |log| !ran(log).is_empty());
+    let refused: Vec<Value> = run_lines(&log)
+        .into_iter()
+        .filter(|l| l["category"] == "invalid_request")
+        .collect();
+    assert_eq!(refused.len(), 1, "the refused call is audited: {log}");
+    let runs = ran(&log);
+    assert_eq!(runs.len(), 1, "only the second call ran: {log}");
+    let timeout = runs[0]["limits"]["timeout"].as_f64().unwrap();
+    assert!(
+        timeout <= 6.0,
+        "the run's timeout is cut to the budget: {}",
+        runs[0]
+    );
+    assert_ne!(runs[0]["category"], "ok", "{}", runs[0]);
+}
+
+/// Regression (issue 21): an agent request kept every run's full verdict (10 tool calls of
+/// 64 MiB output each answered 640 MiB). A step keeps at most 16 KiB of each of stdout and
+/// stderr, and its files without their content; the model is given its own trimmed text.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn agent_steps_keep_a_bounded_record_of_each_run() {
+    let up = ScriptedUpstream::start(
+        "anthropic",
+        json!([
+            {"code": "print('x' * 500_000)\nopen('out.bin', 'wb').write(b'y' * 300_000)"},
+            {"text": "done"},
+        ]),
+    );
+    let s = up.serve("anthropic", &[]);
+    let (status, v) = agents(&s, ask("q", json!({})));
+    assert_eq!(status, 200, "{v}");
+    let step = &v["runcell"]["steps"][0]["verdict"];
+    let stdout = step["stdout"].as_str().unwrap();
+    assert!(stdout.len() <= 16 * 1024, "{} bytes", stdout.len());
+    assert_eq!(step["stdout_truncated"], true);
+    let file = &step["files"][0];
+    assert_eq!(
+        (file["path"].as_str(), file["size"].as_u64()),
+        (Some("out.bin"), Some(300_000))
+    );
+    assert!(file["content_base64"].is_null(), "{file}");
+    assert!(v.to_string().len() < 100_000, "the answer stays small");
+}
+
+/// Regression (issue 21): `/v1/agents` requests took no place in line (150 requests of one
+/// key made 150 simultaneous model calls with max_concurrent 2). An agent request holds a
+/// place from its body to its answer, so requests beyond the line are refused at once.
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn agent_requests_hold_a_place_in_line() {
+    let up = ScriptedUpstream::start(
+        "openai",
+        json!([{"hang": true}, {"hang": true}, {"hang": true}]),
+    );
+    let s = std::sync::Arc::new(up.serve(
+        "openai",
+        &[
+            "--max-concurrent",
+            "1",
+            "--max-queue",
+            "1",
+            "--shutdown-grace",
+            "1s",
+        ],
+    ));
+    // Two places: two requests wait on the model.
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let _ = reqwest::blocking::Client::new()
+                    .post(s.url("/v1/agents"))
+                    .json(&ask("q", json!({})))
+                    .timeout(Duration::from_secs(120))
+                    .send();
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while up.requests().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model was never asked"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The third is refused without asking the model (and at once: a server that let it in
+    // would keep it waiting on the hanging model past this client's timeout).
+    let res = reqwest::blocking::Client::new()
+        .post(s.url("/v1/agents"))
+        .json(&ask("q", json!({})))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .expect("an answer, not a wait on the model");
+    assert_eq!(res.status().as_u16(), 429);
+    let v: Value = res.json().unwrap();
+    assert_eq!(v["error"]["category"], "rate_limited", "{v}");
+    assert_eq!(up.requests().len(), 2, "the model was asked only twice");
+    // The model goes away: the waiting requests end, and so does the server.
+    drop(up);
+    for h in held {
+        let _ = h.join();
+    }
 }
 
 #[test]

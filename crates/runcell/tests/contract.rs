@@ -457,10 +457,16 @@ struct McpStdio {
 
 impl McpStdio {
     fn start(args: &[&str]) -> McpStdio {
+        McpStdio::start_with(args, &[])
+    }
+
+    /// With these environment variables (settings such as RUNCELL_ALLOW_NET).
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> McpStdio {
         let mut child = Command::new(runcell_bin())
             .arg("mcp")
             .args(args)
             .env_remove("RUNCELL_CONFIG")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -671,6 +677,300 @@ fn mcp_tool_arguments_are_accepted_and_refused_as_pinned() {
     let msg = mcp.call("code_exec_cobol", json!({"code": "x"}));
     assert_eq!(msg["error"]["code"], -32602, "{msg}");
     assert!(msg.get("result").is_none(), "{msg}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls in a session: HTTP, MCP (issue 21: one intake, one table for every door)
+// ---------------------------------------------------------------------------------------------
+
+/// A call in a bash session whose creation set `timeout` 20 and `memory` 128M: what a call may
+/// set (its clocks and output caps) and what it may not (the session's sandbox, network and
+/// packages: sessions run offline), refused with the reason, never dropped.
+fn http_session_call_rows() -> Vec<(&'static str, Value, Expect)> {
+    vec![
+        (
+            "code only: the session's limits",
+            json!({"code": "true"}),
+            Accepted(&[("timeout_ms", 20_000), ("memory_bytes", 128 << 20)]),
+        ),
+        (
+            "the call's own timeout",
+            json!({"code": "true", "timeout": "2s"}),
+            Accepted(&[("timeout_ms", 2000), ("memory_bytes", 128 << 20)]),
+        ),
+        (
+            "the call's own output cap",
+            json!({"code": "echo hello", "output": 2}),
+            Stdout("he"),
+        ),
+        ("stdin", json!({"code": "cat", "stdin": "in"}), Stdout("in")),
+        (
+            "files",
+            json!({"code": "cat f", "files": [{"path": "f", "content": "ff"}]}),
+            Stdout("ff"),
+        ),
+        ("missing code", json!({}), refused(&["code"])),
+        (
+            "a limit of the session's sandbox",
+            json!({"code": "true", "memory": "1G"}),
+            refused(&["memory", "session's own"]),
+        ),
+        (
+            "processes",
+            json!({"code": "true", "pids": 8}),
+            refused(&["pids", "session's own"]),
+        ),
+        (
+            "network",
+            json!({"code": "true", "network": {"allow": ["example.com:443"]}}),
+            refused(&["offline"]),
+        ),
+        (
+            "packages",
+            json!({"code": "true", "packages": ["tabulate"]}),
+            refused(&["offline"]),
+        ),
+        (
+            "empty network and packages",
+            json!({"code": "true", "network": {"allow": []}, "packages": []}),
+            Accepted(&[("timeout_ms", 20_000)]),
+        ),
+        (
+            "a ttl",
+            json!({"code": "true", "ttl": 5}),
+            refused(&["ttl"]),
+        ),
+        (
+            "a language",
+            json!({"code": "true", "language": "bash"}),
+            refused(&["language"]),
+        ),
+        (
+            "an unknown field",
+            json!({"code": "true", "timeot": 1}),
+            refused(&["timeot"]),
+        ),
+    ]
+}
+
+#[test]
+fn http_session_calls_are_accepted_and_refused_as_pinned() {
+    let server = ServeProcess::start(&["--pool", "python=0"], &[]);
+    let client = http_client();
+    let (status, created) = post(
+        &client,
+        &server.url("/v1/sessions"),
+        json!({"language": "bash", "timeout": 20, "memory": "128M"}).to_string(),
+    );
+    assert_eq!(status, 201, "{created}");
+    let url = server.url(&format!(
+        "/v1/sessions/{}/execute",
+        created["id"].as_str().unwrap()
+    ));
+    for (row, body, expect) in http_session_call_rows() {
+        let (status, v) = post(&client, &url, body.to_string());
+        match expect {
+            Accepted(limits) => {
+                assert_eq!(status, 200, "{row}: {v}");
+                assert_eq!(v["error"], Value::Null, "{row}: {v}");
+                assert_old_limit_names(&v["limits"], limits, row);
+            }
+            Stdout(out) => {
+                assert_eq!(status, 200, "{row}: {v}");
+                assert_eq!(v["stdout"], out, "{row}: {v}");
+            }
+            Refused { limit, mentions } => {
+                assert_eq!(status, 400, "{row}: {v}");
+                assert_eq!(v["error"]["category"], "invalid_request", "{row}: {v}");
+                if let Some(limit) = limit {
+                    assert_eq!(v["error"]["limit"], limit, "{row}: {v}");
+                }
+                assert_mentions(v["error"]["message"].as_str().unwrap(), mentions, row);
+            }
+        }
+    }
+}
+
+/// MCP's `session_id`: "new" starts a session (offline, as every session), an id continues
+/// it; what an MCP tool takes is the same table's (code, files, timeout; network and packages
+/// where the operator offers them, refused for a session with the reason).
+fn mcp_session_rows() -> Vec<(&'static str, Value, Expect)> {
+    vec![
+        (
+            "code in the session",
+            json!({"code": "echo $X"}),
+            Stdout("1\n"),
+        ),
+        (
+            "a timeout of its own",
+            json!({"code": "true", "timeout": 3}),
+            Accepted(&[("timeout_ms", 3000)]),
+        ),
+        (
+            "network in a session",
+            json!({"code": "true", "network": {"allow": ["127.0.0.2:9"]}}),
+            refused(&["offline"]),
+        ),
+        (
+            "packages in a session",
+            json!({"code": "true", "packages": ["tabulate"]}),
+            refused(&["offline"]),
+        ),
+        (
+            "a limit the tool does not take",
+            json!({"code": "true", "memory": "1G"}),
+            refused(&["memory"]),
+        ),
+        (
+            "a language",
+            json!({"code": "true", "language": "go"}),
+            refused(&["language"]),
+        ),
+    ]
+}
+
+#[test]
+fn mcp_session_calls_are_accepted_and_refused_as_pinned() {
+    // The operator offers network and packages: the tools take both keys.
+    let mut mcp = McpStdio::start_with(
+        &[],
+        &[
+            ("RUNCELL_ALLOW_NET", "127.0.0.2:9"),
+            ("RUNCELL_ALLOW_PACKAGES", "tabulate"),
+        ],
+    );
+    // A new session refuses network and packages as a session does.
+    let msg = mcp.call(
+        "code_exec_bash",
+        json!({"code": "true", "session_id": "new", "network": {"allow": ["127.0.0.2:9"]}}),
+    );
+    check_mcp_row("network for a new session", &msg, &refused(&["offline"]));
+    let msg = mcp.call(
+        "code_exec_bash",
+        json!({"code": "export X=1", "session_id": "new"}),
+    );
+    check_mcp_row("a new session", &msg, &Accepted(&DEFAULT_LIMITS));
+    let id = msg["result"]["structuredContent"]["session_id"]
+        .as_str()
+        .expect("the new session's id")
+        .to_string();
+    for (row, mut args, expect) in mcp_session_rows() {
+        args["session_id"] = json!(id);
+        let msg = mcp.call("code_exec_bash", args);
+        check_mcp_row(row, &msg, &expect);
+    }
+    // Another language's tool in this session: refused, naming the session's.
+    let msg = mcp.call("code_exec_python", json!({"code": "1", "session_id": id}));
+    check_mcp_row("another tool", &msg, &refused(&["bash session"]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agent tool calls (issue 21): a model's arguments, as the intake lets a model send them
+// ---------------------------------------------------------------------------------------------
+
+/// One agent request whose model makes these tool calls in turn (python), then answers: what
+/// each call got back (its text, and whether it is an error).
+fn agent_tool_call_rows() -> Vec<(&'static str, Value, Expect)> {
+    vec![
+        ("code", json!({"code": "print(1)"}), Stdout("1")),
+        (
+            "a limit a model may not set",
+            json!({"code": "print(2)", "memory": "4G"}),
+            refused(&["unknown field `memory`"]),
+        ),
+        (
+            "a timeout",
+            json!({"code": "print(3)", "timeout": 5}),
+            Stdout("3"),
+        ),
+        (
+            "processes",
+            json!({"code": "print(4)", "pids": 4096}),
+            refused(&["unknown field `pids`"]),
+        ),
+        (
+            "files",
+            json!({"code": "print(open('f').read())", "files": [{"path": "f", "content": "5"}]}),
+            Stdout("5"),
+        ),
+        (
+            "network",
+            json!({"code": "print(6)", "network": {"allow": ["127.0.0.2:9"]}}),
+            refused(&["unknown field `network`"]),
+        ),
+        ("state kept", json!({"code": "print(1 + 6)"}), Stdout("7")),
+        (
+            "packages",
+            json!({"code": "print(8)", "packages": ["tabulate"]}),
+            refused(&["unknown field `packages`"]),
+        ),
+        ("more code", json!({"code": "print(9)"}), Stdout("9")),
+        (
+            "a session of its own choosing",
+            json!({"code": "print(10)", "session_id": "new"}),
+            refused(&["unknown field `session_id`"]),
+        ),
+        ("and more", json!({"code": "print(11)"}), Stdout("11")),
+        (
+            "a language",
+            json!({"code": "print(12)", "language": "go"}),
+            refused(&["unknown field `language`"]),
+        ),
+    ]
+}
+
+#[test]
+#[cfg_attr(
+    not(host_agent_clients),
+    ignore = "needs the openai and anthropic Python packages (scripts/test.sh installs them in target/agent-venv)"
+)]
+fn agent_tool_calls_are_accepted_and_refused_as_pinned() {
+    use common::upstream::{agents, ask, tool_results, ScriptedUpstream};
+    let rows = agent_tool_call_rows();
+    let mut steps: Vec<Value> = rows
+        .iter()
+        .map(|(_, args, _)| json!({"arguments": args}))
+        .collect();
+    steps.push(json!({"text": "done"}));
+    let up = ScriptedUpstream::start("openai", Value::Array(steps));
+    // The operator offers network and packages (to MCP clients and the API): a model in the
+    // agent loop still may not ask for them.
+    let s = up.serve(
+        "openai",
+        &["--allow-net", "127.0.0.2:9", "--allow-package", "tabulate"],
+    );
+    let (status, v) = agents(
+        &s,
+        ask(
+            "q",
+            json!({"tools": [{"type": "runcell_tool", "name": "code_exec_python",
+                              "runtime_params": {"max_calls": 20}}],
+                   "max_iterations": 20}),
+        ),
+    );
+    assert_eq!(status, 200, "{v}");
+    let reqs = up.valid_requests();
+    let results = tool_results("openai", reqs.last().unwrap());
+    assert_eq!(results.len(), rows.len(), "{results:?} {v} {}", reqs.len());
+    for ((row, _, expect), (text, is_error)) in rows.iter().zip(&results) {
+        match expect {
+            Stdout(out) => {
+                assert!(!is_error, "{row}: {text}");
+                let printed = text.lines().skip_while(|l| *l != "--- stdout ---").nth(1);
+                assert_eq!(printed, Some(*out), "{row}: {text}");
+                assert!(
+                    !text.contains("session_id"),
+                    "the loop keeps the session: {text}"
+                );
+            }
+            Refused { mentions, .. } => {
+                assert!(is_error, "{row}: {text}");
+                assert!(text.contains("invalid_request"), "{row}: {text}");
+                assert_mentions(text, mentions, row);
+            }
+            Accepted(_) => unreachable!("rows say what ran by its output"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -821,6 +821,98 @@ fn runs_waiting_for_approval_do_not_fill_the_queue() {
     assert_eq!(statuses, [403; 8], "{statuses:?}");
 }
 
+/// Regression (issue 21): runs waiting for approval gave their place in line back and kept
+/// their bodies outside admission (15 waiting runs held 916 MiB). A waiting run still holds
+/// its body's bytes of the server's body budget: with a budget of one 1 MiB body, a run
+/// waiting with 600 KiB leaves room for a small body, not for another 600 KiB.
+#[test]
+fn runs_waiting_for_approval_hold_their_bodies_within_the_budget() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"boss\"\nkey = \"{BOSS}\"\nadmin = true\n\
+             [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"60s\"\n",
+            srv.entry()
+        ),
+        &[
+            "--max-concurrent",
+            "1",
+            "--max-queue",
+            "0",
+            "--max-body",
+            "1M",
+        ],
+    );
+    let s = std::sync::Arc::new(s);
+    let padding = "x".repeat(600 << 10);
+    let body = serde_json::json!({"language": "python", "code": "print(1)",
+        "network": {"allow": [srv.entry()]},
+        "files": [{"path": "pad.txt", "content": padding}]});
+    // One key (the admin's, which runs code too): the whole budget is its own.
+    let (s2, b2) = (s.clone(), body);
+    let waiting = std::thread::spawn(move || post(&s2, BOSS, b2));
+    let client = reqwest::blocking::Client::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let listed = client
+            .get(s.url("/v1/approvals"))
+            .header("x-api-key", BOSS)
+            .send()
+            .unwrap()
+            .json::<serde_json::Value>()
+            .unwrap()["approvals"]
+            .as_array()
+            .unwrap()
+            .len();
+        if listed == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the run did not wait");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Its place in line is free (a small run gets in and runs) ...
+    let (status, v) = post(
+        &s,
+        BOSS,
+        serde_json::json!({"language": "python", "code": "print(2)"}),
+    );
+    assert_eq!((status, v["stdout"].as_str()), (200, Some("2\n")), "{v}");
+    // ... but its bytes are held: another 600 KiB body does not fit beside them.
+    let (status, v) = post(
+        &s,
+        BOSS,
+        serde_json::json!({"language": "python", "code": "print(3)",
+            "files": [{"path": "pad.txt", "content": padding}]}),
+    );
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["category"], "rate_limited", "{v}");
+    // Denied, the waiting run gives its bytes back.
+    let id = client
+        .get(s.url("/v1/approvals"))
+        .header("x-api-key", BOSS)
+        .send()
+        .unwrap()
+        .json::<serde_json::Value>()
+        .unwrap()["approvals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    client
+        .post(s.url(&format!("/v1/approvals/{id}")))
+        .header("x-api-key", BOSS)
+        .json(&serde_json::json!({"decision": "deny"}))
+        .send()
+        .unwrap();
+    assert_eq!(waiting.join().unwrap().0, 403);
+    let (status, v) = post(
+        &s,
+        BOSS,
+        serde_json::json!({"language": "python", "code": "print(open('pad.txt').read(3))",
+            "files": [{"path": "pad.txt", "content": padding}]}),
+    );
+    assert_eq!((status, v["stdout"].as_str()), (200, Some("xxx\n")), "{v}");
+}
+
 /// Regression (attack pass): an AnyIP route (`ip route add local 11.22.33.0/24 dev lo`) makes
 /// every address of a prefix the host's own, but the proxy read only the "/32 host LOCAL"
 /// routes of fib_trie, so a name resolving into the prefix reached a listener of the host

@@ -1198,3 +1198,104 @@ fn a_symlink_planted_in_the_workspace_is_never_written_through() {
     );
     assert_eq!(v["stdout"], "True False new y k True []\n", "{v}");
 }
+
+/// Regression (issue 21): a session refused for a limit answered 400 without the `limit` field
+/// that one-shot runs carry (the README promises it for every refusal about a limit).
+#[test]
+fn a_session_refused_for_a_limit_names_the_limit() {
+    let s = server(&[]);
+    for (body, limit) in [
+        (json!({"language": "python", "memory": "1T"}), "memory"),
+        (json!({"language": "python", "pids": 100_000}), "pids"),
+        (json!({"language": "python", "timeout": 0}), "timeout"),
+    ] {
+        let (st, v) = call(&s, KEY_A, reqwest::Method::POST, "/v1/sessions", Some(body));
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"]["category"], "invalid_request", "{v}");
+        assert_eq!(v["error"]["limit"], limit, "{v}");
+    }
+    // A call in a session that asks for a limit of the session's own sandbox: refused, never
+    // dropped, naming it.
+    let id = create(&s, KEY_A, json!({"language": "bash"}));
+    let (st, v) = call(
+        &s,
+        KEY_A,
+        reqwest::Method::POST,
+        &format!("/v1/sessions/{id}/execute"),
+        Some(json!({"code": "true", "memory": "1G"})),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("memory is the session's own"),
+        "{v}"
+    );
+    // What applies to one call (its clocks and output caps) it may set.
+    let v = exec(&s, KEY_A, &id, json!({"code": "echo hello", "output": 3}));
+    assert_eq!(v["stdout"], "hel", "{v}");
+    assert_eq!(v["limits"]["output"], 3, "{v}");
+}
+
+/// Regression (issue 21): a node session with a small `open_files` (17) crashed node
+/// (SIGSEGV, or EMFILE reading its own runner) and answered 500 `sandbox_failure`; a session
+/// whose interpreter cannot start within the limits its request lowered is the request's to
+/// fix: 400 naming the limit, as `pids` already was.
+#[test]
+fn a_node_session_with_too_few_open_files_is_refused_naming_the_limit() {
+    if !has("node") {
+        eprintln!("SKIP: no node on this host");
+        return;
+    }
+    let s = server(&[]);
+    for n in [16, 17] {
+        let (st, v) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::POST,
+            "/v1/sessions",
+            Some(json!({"language": "node", "open_files": n})),
+        );
+        assert_eq!(st, 400, "open_files {n}: {v}");
+        assert_eq!(v["error"]["category"], "invalid_request", "{v}");
+        assert_eq!(v["error"]["limit"], "open_files", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("within the session's limits"),
+            "{v}"
+        );
+    }
+    // Nothing of the refused sessions is left.
+    assert_eq!(sandboxes_of(s.pid()), 0);
+}
+
+/// Regression (issue 21): one key could take the whole budget that idle sessions share (two
+/// idle sessions of one key held 20 of 20.6 GiB and every other key got 429). With two keys,
+/// each may hold half; the other key still finds room.
+#[test]
+fn idle_sessions_of_one_key_leave_room_for_another() {
+    // One sandbox at a time: the sessions' budget is then the whole of what runs may use,
+    // which is also the maximum of one run's memory.
+    let s = server(&["--max-concurrent", "1"]);
+    let (st, rt) = call(&s, KEY_A, reqwest::Method::GET, "/v1/runtimes", None);
+    assert_eq!(st, 200);
+    let budget = rt["limits"]["maximum"]["memory"].as_u64().unwrap();
+    let mib = 1u64 << 20;
+    assert!(budget > 1024 * mib, "a host this small cannot show it");
+    // Memory limits are limits, not allocations: a session holds what it may use.
+    let half = budget / 2 - 64 * mib;
+    let first = json!({"language": "bash", "memory": half, "disk": 4 * mib});
+    create(&s, KEY_A, first.clone());
+    let more = json!({"language": "bash", "memory": 128 * mib, "disk": 4 * mib});
+    let (st, v) = call(&s, KEY_A, reqwest::Method::POST, "/v1/sessions", Some(more));
+    assert_eq!(st, 429, "key A is past its half: {v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("share"),
+        "{v}"
+    );
+    // Key B gets its own half.
+    create(&s, KEY_B, first);
+}

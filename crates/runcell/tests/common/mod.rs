@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod upstream;
+
 /// The margin a time bound allows on top of the limit under test: runcell's start-up, the
 /// sandbox's setup and teardown, and the scheduling delays of a loaded 2-core machine (the
 /// tests run in parallel, next to other builds). A run limited to `T` must end within

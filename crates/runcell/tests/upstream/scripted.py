@@ -144,29 +144,30 @@ def answer(wire, step, n):
     usage_in, usage_out = step.get("usage", [10, 3])
     text, code = step.get("text"), step.get("code")
     arguments = step.get("arguments", {"code": code})
+    calls = code is not None or "arguments" in step
     if wire == "anthropic":
         content = []
         if text is not None:
             content.append({"type": "text", "text": text})
-        if code is not None:
+        if calls:
             content.append({"type": "tool_use", "id": f"toolu_{n:04d}", "name": tool,
                             "input": arguments})
         body = {"id": f"msg_{n:04d}", "type": "message", "role": "assistant",
                 "model": "scripted-model", "content": content,
-                "stop_reason": "tool_use" if code is not None else "end_turn",
+                "stop_reason": "tool_use" if calls else "end_turn",
                 "stop_sequence": None,
                 "usage": {"input_tokens": usage_in, "output_tokens": usage_out}}
         anthropic.types.Message.model_validate(body, strict=False)
     else:
         message = {"role": "assistant", "content": text}
-        if code is not None:
+        if calls:
             message["tool_calls"] = [{"id": f"call_{n:04d}", "type": "function",
                                       "function": {"name": tool,
                                                    "arguments": json.dumps(arguments)}}]
         body = {"id": f"chatcmpl-{n:04d}", "object": "chat.completion", "created": int(time.time()),
                 "model": "scripted-model",
                 "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": "tool_calls" if code is not None else "stop"}],
+                             "finish_reason": "tool_calls" if calls else "stop"}],
                 "usage": {"prompt_tokens": usage_in, "completion_tokens": usage_out,
                           "total_tokens": usage_in + usage_out}}
         openai.types.chat.ChatCompletion.model_validate(body)

@@ -1,0 +1,210 @@
+//! The one run service's admission (issue 21), seen from outside through `runcell serve`:
+//! every route that carries a body takes its place in line before reading it, a route that
+//! names a session checks it before reading, and a key holds at most its share of the line.
+//!
+//! Before issue 21, `POST /v1/sessions`, `POST /v1/agents` and `PUT /v1/sessions/{id}/files/...`
+//! read whole bodies before any place in line (50 bodies of 100 MiB took the server to about
+//! 5 GiB), the PUT even before checking that its session existed. These tests send the head
+//! of a large request and none of its body: a server that reads first would wait for the
+//! body; one that admits first answers at once. (The memory figures are in
+//! `benches/bodies.sh`.)
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::ServeProcess;
+use serde_json::Value;
+
+const KEY_A: &str = "admission-key-a-0123456789";
+const KEY_B: &str = "admission-key-b-0123456789";
+
+/// How long an answer that needs no body may take: far below the server's 30 s body
+/// deadline (a server that waited for the body would answer 408 only then), and generous for
+/// a loaded machine.
+const ANSWER_WITHIN: Duration = Duration::from_secs(20);
+
+/// Send the head of a request announcing `length` bytes of body, and `sent` bytes of it.
+fn open_request(s: &ServeProcess, method: &str, path: &str, length: u64, sent: usize) -> TcpStream {
+    let mut c = TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
+    write!(
+        c,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    )
+    .unwrap();
+    c.write_all(&vec![b' '; sent]).unwrap();
+    c.flush().unwrap();
+    c
+}
+
+/// The status and JSON body of the answer on `c`, which must come within [`ANSWER_WITHIN`].
+fn answer(mut c: TcpStream) -> (u16, Value) {
+    c.set_read_timeout(Some(ANSWER_WITHIN)).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        match c.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf);
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= len {
+                        break;
+                    }
+                }
+            }
+            Err(e) => panic!(
+                "no answer within {ANSWER_WITHIN:?} ({e}): the server is waiting for the body; \
+                 got so far: {}",
+                String::from_utf8_lossy(&buf)
+            ),
+        }
+    }
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Regression (issue 21): with the line full, every route that carries a body answers 429 at
+/// once instead of reading the body first.
+#[test]
+fn bodies_wait_for_a_place_in_line_on_every_route() {
+    // One place in line, and one key (so that the place is all the server's).
+    let s = ServeProcess::start(
+        &[
+            "--api-key",
+            KEY_A,
+            "--max-concurrent",
+            "1",
+            "--max-queue",
+            "0",
+            "--pool",
+            "python=0",
+            "--agent-upstream",
+            "openai",
+            "--agent-base-url",
+            "http://127.0.0.1:9/v1",
+            "--agent-model",
+            "m",
+        ],
+        &[],
+    );
+    // The one place: a request whose body trickles (it holds its place while it arrives).
+    let holder = open_request(&s, "POST", "/v1/execute", 1000, 10);
+    // The holder's place is taken once its head is read: wait until a second request is
+    // refused, which is the state under test (hang protection only).
+    let mut refused = None;
+    for _ in 0..100 {
+        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 0));
+        if st == 429 {
+            refused = Some(v);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = refused.expect("the holder never took its place");
+    assert_eq!(v["error"]["category"], "rate_limited", "{v}");
+    // 50 MiB announced, none of it sent: each route refuses at once.
+    let big = 50 << 20;
+    for (method, path) in [
+        ("POST", "/v1/sessions"),
+        ("POST", "/v1/agents"),
+        ("POST", "/v1/agents/chat/completions"),
+        ("POST", "/v1/sessions/ses_0123456789abcdef/execute"),
+        ("PUT", "/v1/sessions/ses_0123456789abcdef/files/data.csv"),
+        ("GET", "/v1/sessions/ses_0123456789abcdef/files/data.csv"),
+    ] {
+        let (st, v) = answer(open_request(&s, method, path, big, 0));
+        assert_eq!(st, 429, "{method} {path}: {v}");
+        assert_eq!(
+            v["error"]["category"], "rate_limited",
+            "{method} {path}: {v}"
+        );
+    }
+    drop(holder);
+}
+
+/// Regression (issue 21): a PUT of a file into a session that does not exist (or is another
+/// key's) read its whole body before the session was looked up; it is refused first.
+#[test]
+fn a_put_to_a_missing_session_is_refused_before_its_body() {
+    let s = ServeProcess::start(&["--api-key", KEY_A, "--pool", "python=0"], &[]);
+    let c = open_request(
+        &s,
+        "PUT",
+        "/v1/sessions/ses_0123456789abcdef0123456789abcdef/files/big.bin",
+        30 << 20,
+        0,
+    );
+    let (st, v) = answer(c);
+    assert_eq!(st, 404, "{v}");
+    assert_eq!(v["error"]["category"], "not_found", "{v}");
+}
+
+/// A key holds at most its share of the line (half of it with two keys), so that one key
+/// cannot fill the queue for another; with one key, all of it.
+#[test]
+fn one_key_holds_at_most_its_share_of_the_line() {
+    let s = ServeProcess::start(
+        &[
+            "--api-key",
+            KEY_A,
+            "--api-key",
+            KEY_B,
+            "--max-concurrent",
+            "1",
+            "--max-queue",
+            "3",
+            "--pool",
+            "python=0",
+        ],
+        &[],
+    );
+    // Key A's two places (half of four), each held by a body that trickles.
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| open_request(&s, "POST", "/v1/execute", 1000, 10))
+        .collect();
+    let mut refused = None;
+    for _ in 0..100 {
+        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 0));
+        if st == 429 {
+            refused = Some(v);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = refused.expect("key A's requests never took their places");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("share"),
+        "key A is refused for its share, not a full server: {v}"
+    );
+    // Key B runs all the same.
+    let res = reqwest::blocking::Client::new()
+        .post(s.url("/v1/execute"))
+        .header("authorization", format!("Bearer {KEY_B}"))
+        .json(&serde_json::json!({"language": "bash", "code": "echo b"}))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let v: Value = res.json().unwrap();
+    assert_eq!(v["stdout"], "b\n", "{v}");
+    drop(held);
+}
