@@ -116,6 +116,94 @@ pub struct ValidRequest {
     network: Vec<runcell_proxy::NetRule>,
     /// The packages to install for it (Python).
     packages: Vec<crate::packages::Requirement>,
+    /// Environment variables the request adds for its program.
+    env: Vec<(String, String)>,
+}
+
+/// Environment variables a request may add, at most, and their names and values together.
+pub const MAX_ENV_VARS: usize = 64;
+pub const MAX_ENV_BYTES: u64 = 64 << 10;
+
+/// A request's `env` checked: names a shell would take, values without NUL, within the caps.
+fn checked_env(
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, ValidationError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(ValidationError::Env(format!(
+            "{} variables is more than the limit of {MAX_ENV_VARS}",
+            env.len()
+        )));
+    }
+    let total: u64 = env.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
+    if total > MAX_ENV_BYTES {
+        return Err(ValidationError::Env(format!(
+            "the variables hold {}, more than the limit of {}",
+            format_size(total),
+            format_size(MAX_ENV_BYTES)
+        )));
+    }
+    for (k, v) in env {
+        let name_ok = k.len() <= 128
+            && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !name_ok {
+            return Err(ValidationError::Env(format!(
+                "{:?} is not a variable name (letters, digits and underscores, not starting \
+                 with a digit)",
+                crate::request::prefix(k, 64)
+            )));
+        }
+        if v.contains('\0') {
+            return Err(ValidationError::Env(format!(
+                "the value of {k} contains a NUL byte"
+            )));
+        }
+        if runcell_runtimes::RESERVED_ENV.contains(&k.as_str()) {
+            return Err(ValidationError::Env(format!(
+                "{k} is set by runcell for the runtime; it cannot be changed"
+            )));
+        }
+    }
+    Ok(env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+/// `runtime` with a request's environment variables, which must not name any runcell sets for
+/// it (its PATH, HOME, the interpreter's settings, a package layer's PYTHONPATH, the proxy's
+/// variables): the verdict's refusal names the first.
+pub(crate) fn with_request_env(
+    runtime: &Runtime,
+    env: &[(String, String)],
+) -> Result<Runtime, String> {
+    if env.is_empty() {
+        return Ok(runtime.clone());
+    }
+    let plan = runtime.plan();
+    let ours: Vec<&str> = plan
+        .run
+        .env
+        .iter()
+        .chain(plan.compile.iter().flat_map(|c| c.env.iter()))
+        .chain(
+            runtime
+                .interpreter(&[], true)
+                .iter()
+                .flat_map(|i| i.env.iter()),
+        )
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !runcell_runtimes::OVERRIDABLE_ENV.contains(k))
+        .collect();
+    if let Some((k, _)) = env.iter().find(|(k, _)| ours.contains(&k.as_str())) {
+        return Err(format!(
+            "Invalid env: {k} is set by runcell for this run; it cannot be changed."
+        ));
+    }
+    let mut rt = runtime.clone();
+    // What runcell sets that a request may change (the data stack's thread counts) is the
+    // request's value, once.
+    rt.extra_env
+        .retain(|(k, _)| !env.iter().any(|(e, _)| e == k));
+    rt.extra_env.extend(env.iter().cloned());
+    Ok(rt)
 }
 
 impl ValidRequest {
@@ -136,6 +224,11 @@ impl ValidRequest {
     /// The input files, decoded, at their sandbox paths.
     pub fn files(&self) -> &[InputFile] {
         &self.files
+    }
+
+    /// The environment variables the request adds.
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
     }
 }
 
@@ -169,6 +262,8 @@ pub enum ValidationError {
     Network(crate::network::NetworkError),
     #[error("Invalid packages: {0}.")]
     Packages(String),
+    #[error("Invalid env: {0}.")]
+    Env(String),
     #[error("Invalid file: {0} needs exactly one of content and content_base64.")]
     FileContent(String),
     #[error("Invalid file: {path}: content_base64 is not valid base64 ({reason}).")]
@@ -409,6 +504,7 @@ impl Engine {
             files,
             network,
             packages,
+            env: checked_env(&req.env)?,
         })
     }
 
@@ -611,8 +707,9 @@ impl Engine {
         // Network by permission: a fresh sandbox with the proxy's listener on its loopback,
         // and the runtime told where the proxy is (no warm sandbox has either).
         let networked = !v.network.is_empty();
-        // A warm sandbox has neither the proxy's listener nor a package layer.
-        let fresh = networked || !v.packages.is_empty();
+        // A warm sandbox has neither the proxy's listener nor a package layer, and its
+        // interpreter started with runcell's environment only.
+        let fresh = networked || !v.packages.is_empty() || !v.env.is_empty();
         let with_proxy;
         let runtime = if networked {
             with_proxy = runtime.with_proxy(runcell_proxy::SANDBOX_PROXY_PORT);
@@ -620,6 +717,11 @@ impl Engine {
         } else {
             runtime
         };
+        let with_env = match with_request_env(runtime, &v.env) {
+            Ok(rt) => rt,
+            Err(message) => return Verdict::failed(ErrorCategory::InvalidRequest, message),
+        };
+        let runtime = &with_env;
         // A warm sandbox built with the same sandbox-level limits, or a new one.
         let key = SandboxKey::new(v.language, limits);
         let warm = match fresh {

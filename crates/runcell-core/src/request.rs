@@ -3,6 +3,8 @@
 //! do the same. Its limits are flattened into it under their wire names (`timeout`,
 //! `memory`, `cpus`, ...; see [`crate::limits`]).
 
+use std::collections::BTreeMap;
+
 use serde::de::DeserializeSeed;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -48,6 +50,10 @@ pub struct ExecRequest {
     /// A new session's idle time to live, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<f64>,
+    /// Environment variables for the program (a session's for every call), beside the ones
+    /// runcell sets.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// One field of [`ExecRequest`] as the wire names it: the request's own, and each limit.
@@ -60,11 +66,12 @@ pub enum Field {
     Network,
     Packages,
     Ttl,
+    Env,
     Limit(Limit),
 }
 
 /// The request's own fields, in the order documentation lists them.
-const OWN_FIELDS: [Field; 7] = [
+const OWN_FIELDS: [Field; 8] = [
     Field::Language,
     Field::Code,
     Field::Stdin,
@@ -72,6 +79,7 @@ const OWN_FIELDS: [Field; 7] = [
     Field::Network,
     Field::Packages,
     Field::Ttl,
+    Field::Env,
 ];
 
 impl Field {
@@ -92,6 +100,7 @@ impl Field {
             Field::Network => "network",
             Field::Packages => "packages",
             Field::Ttl => "ttl",
+            Field::Env => "env",
             Field::Limit(l) => l.name(),
         }
     }
@@ -329,7 +338,7 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor<'_> {
         use serde::de::Error;
         let RequestSeed { allowed, refusal } = self.0;
         let (mut language, mut code, mut stdin, mut files) = (None, None, None, None);
-        let (mut network, mut packages, mut ttl) = (None, None, None);
+        let (mut network, mut packages, mut ttl, mut env) = (None, None, None, None);
         let mut limits = crate::limits::LimitsBuilder::default();
         while let Some(key) = map.next_key::<String>()? {
             let field = Field::from_name(&key).filter(|f| allowed.contains(*f));
@@ -356,6 +365,11 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor<'_> {
                     map.next_value::<Option<Vec<String>>>()?,
                 )?,
                 Field::Ttl => set(&mut ttl, "ttl", map.next_value::<Option<Ttl>>()?)?,
+                Field::Env => set(
+                    &mut env,
+                    "env",
+                    map.next_value::<Option<BTreeMap<String, String>>>()?,
+                )?,
                 Field::Limit(limit) => limits.next_value(limit, &mut map)?,
             }
         }
@@ -368,6 +382,7 @@ impl<'de> serde::de::Visitor<'de> for RequestVisitor<'_> {
             network: network.flatten(),
             packages: packages.flatten().unwrap_or_default(),
             ttl: ttl.flatten().map(|t| t.0),
+            env: env.flatten().unwrap_or_default(),
         })
     }
 }
@@ -500,6 +515,7 @@ impl ExecRequest {
             network: None,
             packages: Vec::new(),
             ttl: None,
+            env: BTreeMap::new(),
         }
     }
 

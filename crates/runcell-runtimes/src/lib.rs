@@ -263,6 +263,48 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// The environment every program gets; nothing of runcell's own environment is passed on.
+/// The environment variables runcell sets for a run in any runtime (the base environment, the
+/// interpreters' and compilers' settings, the data stack's, a package layer's, the egress
+/// proxy's, the plots' directory): a request's `env` may not name them. A test checks every
+/// runtime's environment against this list.
+pub const RESERVED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "TMPDIR",
+    "PWD",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+    "PYTHONPATH",
+    "MPLBACKEND",
+    "MPLCONFIGDIR",
+    "VIRTUAL_ENV",
+    "RUNCELL_FIGURES_DIR",
+    "GOCACHE",
+    "GOPATH",
+    "GOENV",
+    "GOFLAGS",
+    "GOPROXY",
+    "GOTOOLCHAIN",
+    "GOTELEMETRY",
+    "CGO_ENABLED",
+    "NODE_OPTIONS",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+];
+
+/// Variables runcell sets that a request's `env` may change (the data stack's thread counts: a
+/// run given more CPUs may raise them).
+pub const OVERRIDABLE_ENV: &[&str] = &["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"];
+
 pub fn base_env() -> Vec<(String, String)> {
     [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -541,6 +583,33 @@ pub fn root_entries_in(host_root: &Path) -> Vec<RootEntry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_variable_runcell_sets_is_reserved() {
+        let mut envs: Vec<(String, String)> = base_env();
+        for &language in Language::ALL {
+            let rt = Runtime::bare(language, PathBuf::from("/usr/bin/x"));
+            for rt in [
+                rt.clone(),
+                rt.with_proxy(3128),
+                rt.with_python_path(PathBuf::from("/layer")),
+            ] {
+                let plan = rt.plan();
+                envs.extend(plan.run.env);
+                envs.extend(plan.compile.into_iter().flat_map(|c| c.env));
+                envs.extend(rt.interpreter(&[], true).into_iter().flat_map(|i| i.env));
+                envs.extend(rt.interpreter(&[], false).into_iter().flat_map(|i| i.env));
+            }
+        }
+        envs.extend(go_cache::go_env("/tmp/c", "/tmp/p"));
+        envs.extend(python_stack::PythonStack::at(PathBuf::from("/stack")).env());
+        for (k, _) in envs {
+            assert!(
+                RESERVED_ENV.contains(&k.as_str()) || OVERRIDABLE_ENV.contains(&k.as_str()),
+                "{k} is set but neither reserved nor meant to be changed"
+            );
+        }
+    }
 
     #[test]
     fn names_and_extensions() {

@@ -86,6 +86,17 @@ pub struct PythonStack {
 type SandboxFiles = Vec<(PathBuf, Vec<u8>)>;
 
 impl PythonStack {
+    /// A stack at `root` with nothing read from it (for tests of what it sets).
+    pub fn at(root: PathBuf) -> PythonStack {
+        PythonStack {
+            id: String::new(),
+            python: root.join("bin/python3"),
+            root,
+            packages: Vec::new(),
+            files: Arc::default(),
+        }
+    }
+
     /// The installed stack for this lock and host Python, if complete (its marker file, written
     /// last, is there).
     pub fn find(data_dir: &Path, host_python: &Path) -> Option<PythonStack> {

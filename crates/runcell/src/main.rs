@@ -659,6 +659,7 @@ fn build_request(args: &RunArgs, policy: &LimitPolicy) -> Result<ExecRequest, St
         }),
         packages: args.packages.clone(),
         ttl: None,
+        env: Default::default(),
     };
     for (limit, value) in args.limits() {
         if let Some(text) = value {

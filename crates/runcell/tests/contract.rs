@@ -206,6 +206,11 @@ fn http_rows() -> Vec<(&'static str, Value, Expect)> {
             json!({"language": "javascript", "code": "console.log(1)"}),
             Stdout("1\n"),
         ),
+        (
+            "env",
+            json!({"language": "bash", "code": "echo $GREETING", "env": {"GREETING": "hi"}}),
+            Stdout("hi\n"),
+        ),
         // --- refused: the shape of the body -----------------------------------------------------
         (
             "missing code",
@@ -359,6 +364,21 @@ fn http_rows() -> Vec<(&'static str, Value, Expect)> {
             "bad base64",
             file_body(json!([{"path": "x", "content_base64": "!!!"}])),
             refused(&["base64"]),
+        ),
+        (
+            "env naming a variable runcell sets",
+            bash_true(json!({"env": {"PATH": "/x"}})),
+            refused(&["PATH"]),
+        ),
+        (
+            "env with a name that is not one",
+            bash_true(json!({"env": {"1X": "y"}})),
+            refused(&["1X"]),
+        ),
+        (
+            "env not an object",
+            bash_true(json!({"env": ["A=1"]})),
+            refused(&["env"]),
         ),
     ]
 }
@@ -750,6 +770,16 @@ fn http_session_call_rows() -> Vec<(&'static str, Value, Expect)> {
             json!({"code": "true", "timeot": 1}),
             refused(&["timeot"]),
         ),
+        (
+            "the session's env",
+            json!({"code": "echo $FROM_CREATION"}),
+            Stdout("created\n"),
+        ),
+        (
+            "env of a call's own",
+            json!({"code": "true", "env": {"A": "1"}}),
+            refused(&["env", "created"]),
+        ),
     ]
 }
 
@@ -760,7 +790,9 @@ fn http_session_calls_are_accepted_and_refused_as_pinned() {
     let (status, created) = post(
         &client,
         &server.url("/v1/sessions"),
-        json!({"language": "bash", "timeout": 20, "memory": "128M"}).to_string(),
+        json!({"language": "bash", "timeout": 20, "memory": "128M",
+               "env": {"FROM_CREATION": "created"}})
+        .to_string(),
     );
     assert_eq!(status, 201, "{created}");
     let url = server.url(&format!(

@@ -65,6 +65,9 @@ impl Engine {
         let runtime = self
             .locate(v.language())
             .map_err(|e| RunError::new(ErrorKind::RuntimeUnavailable, e.to_string()))?;
+        // The session's environment is its interpreter's, and every call's.
+        let runtime =
+            crate::engine::with_request_env(&runtime, v.env()).map_err(RunError::invalid)?;
         let interpreter = runtime.interpreter(&[], true);
         let mut s = Session {
             language: v.language(),
