@@ -51,7 +51,11 @@ die() {
 # (a_daemon_left_running_is_killed_on_timeout, a_timeout_without_cgroups_leaves_no_process_behind:
 # Python and bash start in about a second under TCG, so the daemon may never start, and the
 # kill they test is the pid namespace's, not the cgroup's); output floods, languages and files
-# (no cgroup in them); and the slow servers (http, mcp).
+# (no cgroup in them); and the slow servers (http, mcp). Under TCG everything is several times
+# slower than on the host (a sandbox takes seconds to build): a test in this list must not
+# need anything to happen within a fixed short time (a session's TTL, a short timeout that the
+# program must outlast its start-up in, a pause for something to end): it waits for the state
+# it needs, or, where a timeout is what ends the program, retries with a longer one.
 # ---------------------------------------------------------------------------------------------
 selection=(
   # The real-kernel v2 tests (ignored on a v1 host: they need a cgroup v2 hierarchy).
@@ -106,7 +110,10 @@ selection=(
   "runcell test sessions --exact
     a_memory_kill_restarts_the_interpreter_and_says_the_state_was_lost
     a_timeout_interrupts_the_call_and_keeps_the_state
-    idle_sessions_expire_and_leave_nothing_behind"
+    idle_sessions_expire_and_leave_nothing_behind
+    an_idle_session_runs_nothing_between_calls
+    a_thread_starts_no_process_between_calls
+    a_process_whose_main_thread_ended_does_not_outlive_the_cell"
   "runcell test egress --exact
     an_allowed_host_is_reached_by_python_and_curl_and_recorded
     with_one_destination_allowed_the_attacks_still_find_no_way_out"

@@ -671,7 +671,7 @@ fn locks_on_shared_files_are_the_runs_own() {
     // The host side: a process that holds an exclusive flock on every file, and a POSIX write
     // lock on ld.so.cache (opened read-write by root; nothing is written).
     let holder = r#"
-import fcntl, os, sys, time
+import fcntl, os, signal, sys
 fds = []
 for f in sys.argv[1:]:
     fd = os.open(f, os.O_RDONLY)
@@ -680,7 +680,7 @@ for f in sys.argv[1:]:
 w = os.open("/etc/ld.so.cache", os.O_RDWR)
 fcntl.lockf(w, fcntl.LOCK_EX | fcntl.LOCK_NB)
 print("held", flush=True)
-time.sleep(60)
+signal.pause()  # until the test kills it: it must outlast the run, however long that takes
 "#;
     let mut child = std::process::Command::new("/usr/bin/python3")
         .arg("-c")

@@ -29,6 +29,32 @@ fn assert_timed_out_after(r: &Run, secs: f64) {
     assert_eq!(r.verdict["error"]["retryable"], true);
 }
 
+/// Run `code` with `--timeout secs` and `extra`, and again with the timeout doubled (up to
+/// 64 s) for as long as the program had not done what the test is about when the timeout
+/// stopped it (`reached` says whether it had). A timeout is what ends these programs, and it
+/// is short to keep the tests short; but on a slow machine (the qemu TCG guest of
+/// `scripts/cgroup-v2-guest.sh`, where Python takes about a second to start) a short timeout
+/// can stop a program before it gets there, which would test nothing and fail. Returns the
+/// run that got there (or the last one) and its timeout.
+fn run_until_reached(
+    lang: &str,
+    code: &str,
+    mut secs: f64,
+    extra: &[&str],
+    reached: impl Fn(&Run) -> bool,
+) -> (Run, f64) {
+    loop {
+        let timeout = secs.to_string();
+        let mut args = vec!["--timeout", timeout.as_str()];
+        args.extend_from_slice(extra);
+        let r = run(lang, code, &args);
+        if reached(&r) || secs >= 64.0 {
+            return (r, secs);
+        }
+        secs *= 2.0;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Wall clock
 // ---------------------------------------------------------------------------------------------
@@ -40,9 +66,11 @@ fn a_busy_loop_is_stopped_at_the_timeout() {
     assert!(r.message().contains("1 s"), "{}", r.message());
 }
 
+/// (The program must have started ignoring the signals before its timeout: it says so, and
+/// runs again with a longer timeout when it had not.)
 #[test]
 fn a_program_ignoring_sigterm_and_sigint_is_still_stopped() {
-    let r = run(
+    let (r, secs) = run_until_reached(
         "python",
         r#"
 import signal
@@ -52,9 +80,11 @@ print("ignoring", flush=True)
 while True:
     pass
 "#,
-        &["--timeout", "1"],
+        1.0,
+        &[],
+        |r| !r.stdout().is_empty(),
     );
-    assert_timed_out_after(&r, 1.0);
+    assert_timed_out_after(&r, secs);
     assert_eq!(
         r.stdout(),
         "ignoring\n",
@@ -244,13 +274,24 @@ fn memory_of_child_processes_counts_too() {
         "python",
         r#"
 import os
+ready_r, ready_w = os.pipe()
+hold_r, hold_w = os.pipe()
 for i in range(4):
     if os.fork() == 0:
+        os.close(ready_r)
+        os.close(hold_w)
         b = bytearray(30 << 20)
         for j in range(0, len(b), 4096):
             b[j] = 1
-        import time; time.sleep(5)
+        os.write(ready_w, b"x")
+        os.close(ready_w)
+        os.read(hold_r, 1)  # until the parent lets go
         os._exit(0)
+os.close(ready_w)
+# Until every child holds its memory or is dead: all of it is held at once.
+while os.read(ready_r, 1):
+    pass
+os.close(hold_w)
 bad = 0
 for i in range(4):
     _, status = os.wait()
@@ -260,7 +301,9 @@ raise SystemExit(1 if bad else 0)
         &["--memory", "64M", "--timeout", "20"],
     );
     // 4 x 30 MiB do not fit in 64 MiB: the cgroup OOM-kills a child, the program reports the
-    // failure with exit 1, and the verdict names the memory limit.
+    // failure with exit 1, and the verdict names the memory limit. (Each child holds its
+    // memory until all have theirs, not for a while: on a slow machine the first ones could
+    // otherwise let go before the last ones allocate.)
     assert_memory_limit(&r, 64 << 20);
 }
 
@@ -280,32 +323,44 @@ fn peak_memory_is_reported() {
 // Processes and threads
 // ---------------------------------------------------------------------------------------------
 
+/// (The bomb must reach the limit before the timeout stops it: each process says so when one
+/// of its forks fails, and the run is made again with a longer timeout when none did.)
 #[test]
 fn python_fork_bomb_is_reported_as_process_limit() {
-    const TIMEOUT: Duration = Duration::from_secs(2);
-    let r = run(
+    let (r, secs) = run_until_reached(
         "python",
-        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-        &["--timeout", &TIMEOUT.as_secs().to_string(), "--pids", "32"],
+        "import os\ncapped = False\nwhile True:\n    try:\n        os.fork()\n    \
+         except OSError:\n        if not capped:\n            capped = True\n            \
+         print('capped', flush=True)",
+        2.0,
+        &["--pids", "32"],
+        |r| r.stdout().contains("capped"),
     );
     r.assert_category("process_limit");
     assert_eq!(r.exit_code(), Some(124), "{:#}", r.verdict);
     assert!(r.message().contains("32 processes"), "{}", r.message());
-    assert!(r.elapsed < TIMEOUT + LOADED_MARGIN, "{:?}", r.elapsed);
+    assert!(
+        r.elapsed < Duration::from_secs_f64(secs) + LOADED_MARGIN,
+        "{:?}",
+        r.elapsed
+    );
 }
 
+/// (As above: bash says `fork: retry: Resource temporarily unavailable` when the limit
+/// refuses a fork.)
 #[test]
 fn bash_fork_bomb_is_reported_as_process_limit() {
     // The script keeps running (sleep) while the bomb spreads; otherwise its exit ends it all.
-    const TIMEOUT: Duration = Duration::from_secs(3);
-    let r = run(
-        "bash",
-        ":(){ :|:& };:\nsleep 10",
-        &["--timeout", &TIMEOUT.as_secs().to_string()],
-    );
+    let (r, secs) = run_until_reached("bash", ":(){ :|:& };:\nsleep 1000", 3.0, &[], |r| {
+        r.stderr_out().contains("fork")
+    });
     r.assert_category("process_limit");
     assert!(r.message().contains("64 processes"), "{}", r.message());
-    assert!(r.elapsed < TIMEOUT + LOADED_MARGIN, "{:?}", r.elapsed);
+    assert!(
+        r.elapsed < Duration::from_secs_f64(secs) + LOADED_MARGIN,
+        "{:?}",
+        r.elapsed
+    );
 }
 
 #[test]
@@ -349,10 +404,11 @@ fn a_thread_bomb_cannot_exceed_pids() {
     let r = run(
         "python",
         r#"
-import threading, time
+import threading
 started = 0
+hold = threading.Event()  # never set: every thread lives until the program ends
 def idle():
-    time.sleep(3)
+    hold.wait()
 try:
     for i in range(500):
         t = threading.Thread(target=idle, daemon=True)

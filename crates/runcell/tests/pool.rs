@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{assert_host_clean, ServeProcess, LOADED_MARGIN};
+use common::{assert_host_clean, ServeProcess, LOADED_MARGIN, START_WITHIN};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 
@@ -186,11 +186,44 @@ fn a_dead_warm_interpreter_is_never_handed_out() {
         })
         .collect();
     assert_eq!(runner.len(), 1, "the warm interpreter: {runner:?}");
+    // The server's child the sandbox hangs from (the helper): the pool sees the sandbox dead
+    // when that child has exited. The request below is sent once it has (after a fixed pause
+    // instead, a slow machine could send it while the sandbox was still ending, and the dead
+    // interpreter was then not what the request found).
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 2..]
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let mut helper = runner[0];
+    while let Some(p) = parent(helper).filter(|&p| p != s.pid()) {
+        assert!(
+            p > 1,
+            "the warm interpreter is not the server's: {runner:?}"
+        );
+        helper = p;
+    }
     std::process::Command::new("kill")
         .args(["-KILL", &runner[0].to_string()])
         .status()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let ended = || {
+        std::fs::read_to_string(format!("/proc/{helper}/stat"))
+            .ok()
+            .and_then(|st| st.rfind(')').map(|i| st[i + 2..].starts_with(['Z', 'X'])))
+            .unwrap_or(true)
+    };
+    let deadline = Instant::now() + START_WITHIN;
+    while !ended() {
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox of a killed warm interpreter did not end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let v = execute(&s, &json!({"language": "python", "code": "print(1)"}));
     assert_eq!(
         (v["stdout"].as_str(), v["exit_code"].as_i64()),

@@ -273,12 +273,21 @@ fn a_session_belongs_to_its_key() {
     assert_eq!(res.status().as_u16(), 401);
 }
 
+/// Idle sessions expire, each at the end of its own TTL (the shorter first); an expired one is
+/// gone for every call; nothing of them is left on the host.
+///
+/// Deterministic on any speed of machine (the qemu TCG guest of `scripts/cgroup-v2-guest.sh`,
+/// where building a sandbox takes seconds): nothing has to happen within a TTL. Before, a call
+/// had to land within the short session's 1 s TTL, after the longer one was built meanwhile,
+/// and the guest's sandbox builds outlasted it. Now the short session's state is given at its
+/// creation (a file), not by a call; the longer-lived one is created after it, with a TTL four
+/// seconds longer, so it expires later whatever each creation takes (an idle TTL counts from
+/// the end of the build); and the test asserts what the server says of the two expiries, the
+/// order in which they are seen, and the end state, never how long anything took (the one
+/// deadline only bounds a hang).
 #[test]
 fn idle_sessions_expire_and_leave_nothing_behind() {
     let s = server(&["--session-ttl", "1s", "--session-max-ttl", "5s"]);
-    let id = create(&s, KEY_A, json!({ "language": "python" }));
-    let kept = create(&s, KEY_A, json!({ "language": "bash", "ttl": 5 }));
-    assert_eq!(sandboxes_of(s.pid()), 2);
     let (st, v) = call(
         &s,
         KEY_A,
@@ -287,39 +296,81 @@ fn idle_sessions_expire_and_leave_nothing_behind() {
         Some(json!({"language": "python", "ttl": 60})),
     );
     assert_eq!(st, 400, "a ttl above the maximum: {v}");
-    code(&s, &id, "x = 1");
-    let deadline = Instant::now() + Duration::from_secs(4) + LOADED_MARGIN;
-    loop {
-        let (st, _) = call(
+    let created = |body: Value| {
+        let (st, v) = call(&s, KEY_A, reqwest::Method::POST, "/v1/sessions", Some(body));
+        assert_eq!(st, 201, "{v}");
+        v
+    };
+    let short = created(json!({
+        "language": "python",
+        "files": [{"path": "state.py", "content": "x = 1\n"}],
+    }));
+    let kept = created(json!({ "language": "bash", "ttl": 5 }));
+    // What the server says: the longer-lived session ends later (RFC 3339 in UTC, to the
+    // second, compares as text; the two ends are at least four seconds apart).
+    let ends = |v: &Value| v["expires_at"].as_str().unwrap().to_string();
+    assert!(ends(&kept) > ends(&short), "{short} {kept}");
+    let (short, kept) = (
+        short["id"].as_str().unwrap().to_string(),
+        kept["id"].as_str().unwrap().to_string(),
+    );
+    let alive = |id: &str| {
+        let (st, v) = call(
             &s,
             KEY_A,
             reqwest::Method::GET,
             &format!("/v1/sessions/{id}"),
             None,
         );
-        if st == 404 {
-            break;
+        assert!(st == 200 || st == 404, "{st}: {v}");
+        st == 200
+    };
+    // What is seen: the short one goes first. Each round looks at the longer-lived one
+    // first: seen gone, then the short one seen alive after it, would be the wrong order.
+    let deadline = Instant::now() + Duration::from_secs(60) + LOADED_MARGIN;
+    let mut kept_alive = true;
+    let mut short_alive = true;
+    while kept_alive || short_alive {
+        assert!(Instant::now() < deadline, "the sessions did not expire");
+        if kept_alive {
+            kept_alive = alive(&kept);
         }
-        assert!(Instant::now() < deadline, "the session did not expire");
-        std::thread::sleep(Duration::from_millis(100));
+        if short_alive {
+            short_alive = alive(&short);
+            assert!(
+                kept_alive || !short_alive,
+                "the longer-lived session expired before the short one"
+            );
+            if !short_alive {
+                // Expired: gone for calls, its state and files with it.
+                for (method, path, body) in [
+                    (
+                        reqwest::Method::POST,
+                        format!("/v1/sessions/{short}/execute"),
+                        Some(json!({"code": "exec(open('state.py').read())\nprint(x)"})),
+                    ),
+                    (
+                        reqwest::Method::GET,
+                        format!("/v1/sessions/{short}/files/state.py"),
+                        None,
+                    ),
+                ] {
+                    let (st, v) = call(&s, KEY_A, method, &path, body);
+                    assert_eq!(st, 404, "{path}: {v}");
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     let (st, v) = call(
         &s,
         KEY_A,
         reqwest::Method::POST,
-        &format!("/v1/sessions/{id}/execute"),
-        Some(json!({"code": "print(x)"})),
+        &format!("/v1/sessions/{kept}/execute"),
+        Some(json!({"code": "echo here"})),
     );
     assert_eq!(st, 404, "{v}");
-    // The other one (ttl 5 s) is still alive; then it expires too, and nothing is left.
-    let (st, _) = call(
-        &s,
-        KEY_A,
-        reqwest::Method::GET,
-        &format!("/v1/sessions/{kept}"),
-        None,
-    );
-    assert_eq!(st, 200);
+    // Both ended by the reaper, none by anything else.
     let text = client()
         .get(s.url("/metrics"))
         .header("authorization", format!("Bearer {KEY_A}"))
@@ -327,11 +378,14 @@ fn idle_sessions_expire_and_leave_nothing_behind() {
         .unwrap()
         .text()
         .unwrap();
-    assert!(text.contains("runcell_sessions 1\n"), "{text}");
-    assert!(
-        text.contains("runcell_sessions_expired_total 1\n"),
-        "{text}"
-    );
+    for line in [
+        "runcell_sessions 0\n",
+        "runcell_sessions_created_total 2\n",
+        "runcell_sessions_expired_total 2\n",
+        "runcell_sessions_deleted_total 0\n",
+    ] {
+        assert!(text.contains(line), "{line}{text}");
+    }
     let deadline = Instant::now() + Duration::from_secs(8) + LOADED_MARGIN;
     while sandboxes_of(s.pid()) > 0 {
         assert!(Instant::now() < deadline, "expired sessions left sandboxes");
@@ -397,6 +451,17 @@ fn a_timeout_interrupts_the_call_and_keeps_the_state() {
             v["stdout"], want,
             "{lang}: state after the interruption: {v}"
         );
+        // Ended before the next: live sessions hold their memory and disk (320 MiB each here)
+        // within a key's share of the host's memory, and on a 4 GiB machine (the cgroup v2
+        // guest) the fifth kept session would be refused.
+        let (st, v) = call(
+            &s,
+            KEY_A,
+            reqwest::Method::DELETE,
+            &format!("/v1/sessions/{id}"),
+            None,
+        );
+        assert_eq!(st, 204, "{v}");
     }
     if has("python") {
         // A cell that ignores KeyboardInterrupt cannot keep its state: it is stopped, and the
@@ -869,7 +934,9 @@ fn assert_frozen(server: u32, when: &str) -> Vec<SandboxProcess> {
 
 /// Regression (attack pass): an idle session burned 5 CPU-seconds in 5 s, because a thread a
 /// cell started in the interpreter ran on between calls. The session is frozen between calls:
-/// a thread that records the time every 10 ms records nothing while the host waits.
+/// a thread that records the time every 10 ms records nothing while the host waits. (The cell
+/// ends once the thread has ticked twice: on a slow machine its first 10 ms may otherwise
+/// outlast the cell, and the second call would find one tick or none.)
 #[test]
 fn an_idle_session_runs_nothing_between_calls() {
     let s = server(&[]);
@@ -881,7 +948,8 @@ fn an_idle_session_runs_nothing_between_calls() {
          ticks.append(time.monotonic())\n        time.sleep(0.01)\n\
          threading.Thread(target=tick, daemon=True).start()\n\
          def burn():\n    while True:\n        pass\n\
-         spin = threading.Thread(target=burn, daemon=True)\nspin.start()",
+         spin = threading.Thread(target=burn, daemon=True)\nspin.start()\n\
+         while len(ticks) < 2:\n    time.sleep(0.001)",
     );
     assert_eq!(v["error"], Value::Null, "{v}");
     assert_frozen(s.pid(), "after the call");

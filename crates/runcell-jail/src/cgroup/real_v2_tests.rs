@@ -162,7 +162,9 @@ fn real_v2_pids_limit_hits_are_counted() {
     let name = format!("runcell-test-{}-pids", std::process::id());
     let mut group = fx.manager.create(&name, &limits).expect("create");
     assert!(group.enforced().pids);
-    let sleeps = "sleep 5 & ".repeat(20);
+    // Each sleep holds its pid until the group is destroyed (a short one could end, on a slow
+    // machine, before the shell has started five).
+    let sleeps = "sleep 1000 & ".repeat(20);
     let mut child = gated_shell(&format!("{sleeps} wait"));
     group.add_process(child.pid()).expect("add");
     child.release();
