@@ -312,6 +312,18 @@ impl AgentRequest {
             Some(m) => m.clone(),
             None => policy.default_model.clone(),
         };
+        // The conversation is the loop's memory: it starts within the request's bound, or the
+        // request is refused before any model is asked (a message of megabytes would be held
+        // and sent on with every model call).
+        let held = conv.approx_bytes();
+        if held > bounds.max_conversation_bytes {
+            return Err(format!(
+                "messages: the conversation holds {held} bytes, more than the {} an agent \
+                 request's conversation may hold; send data as files (they go to the sandbox, \
+                 not to the model)",
+                bounds.max_conversation_bytes
+            ));
+        }
         Ok(ValidAgentRequest {
             conversation: conv,
             tools,

@@ -178,17 +178,13 @@ pub(crate) fn with_request_env(
         return Ok(runtime.clone());
     }
     let plan = runtime.plan();
+    let interpreter = runtime.interpreter(&[], true);
     let ours: Vec<&str> = plan
         .run
         .env
         .iter()
         .chain(plan.compile.iter().flat_map(|c| c.env.iter()))
-        .chain(
-            runtime
-                .interpreter(&[], true)
-                .iter()
-                .flat_map(|i| i.env.iter()),
-        )
+        .chain(interpreter.iter().flat_map(|i| i.env.iter()))
         .map(|(k, _)| k.as_str())
         .filter(|k| !runcell_runtimes::OVERRIDABLE_ENV.contains(k))
         .collect();

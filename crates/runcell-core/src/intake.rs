@@ -546,24 +546,32 @@ fn field_schema(field: Field, ctx: &SchemaContext) -> Value {
             }
             ttl
         }
-        Field::Env => json!({
-            "type": ["object", "null"],
-            "description": format!(
-                "Environment variables for the program (for a session: every call's), beside \
-                 the ones runcell sets for the runtime (PATH, HOME, LANG, ... cannot be \
-                 changed; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS may): at most {} names of \
-                 letters, digits and underscores, {} in all.",
-                crate::engine::MAX_ENV_VARS,
-                format_size(crate::engine::MAX_ENV_BYTES)
-            ),
-            "propertyNames": {
-                "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
-                "maxLength": 128,
-                "not": {"enum": runcell_runtimes::RESERVED_ENV},
-            },
-            "additionalProperties": {"type": "string"},
-            "maxProperties": crate::engine::MAX_ENV_VARS,
-        }),
+        Field::Env => {
+            let mut env = json!({
+                "type": ["object", "null"],
+                "description": format!(
+                    "Environment variables for the program (for a session: every call's), \
+                     beside the ones runcell sets for the runtime (PATH, HOME, LANG, ... cannot \
+                     be changed; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS may): at most {} \
+                     names of letters, digits and underscores, {} in all.",
+                    crate::engine::MAX_ENV_VARS,
+                    format_size(crate::engine::MAX_ENV_BYTES)
+                ),
+                "additionalProperties": {"type": "string"},
+                "maxProperties": crate::engine::MAX_ENV_VARS,
+            });
+            if policy.is_some() {
+                // The served document (JSON Schema 2020-12) says which names are accepted,
+                // and which runcell keeps; the generic schema stays within what every
+                // OpenAPI library reads (utoipa's has no `propertyNames`).
+                env["propertyNames"] = json!({
+                    "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+                    "maxLength": 128,
+                    "not": {"enum": runcell_runtimes::RESERVED_ENV},
+                });
+            }
+            env
+        }
         Field::Limit(l) => limit_schema(l, ctx),
     }
 }

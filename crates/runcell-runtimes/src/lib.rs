@@ -587,7 +587,7 @@ mod tests {
     #[test]
     fn every_variable_runcell_sets_is_reserved() {
         let mut envs: Vec<(String, String)> = base_env();
-        for &language in Language::ALL {
+        for language in Language::ALL {
             let rt = Runtime::bare(language, PathBuf::from("/usr/bin/x"));
             for rt in [
                 rt.clone(),

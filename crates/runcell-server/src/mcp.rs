@@ -150,11 +150,14 @@ async fn buffered(State(state): State<AppState>, req: Request, next: Next) -> Re
     let ticket = state.service().reserve_bytes(&caller);
     match crate::extract::read_body(body, &parts.headers, s.max_body_bytes, &ticket).await {
         Ok(bytes) => {
-            let res = next
-                .run(Request::from_parts(parts, Body::from(bytes)))
-                .await;
-            drop(ticket);
-            res
+            // The message is held (parsed, and a tool call's arguments) until its answer is
+            // delivered, which for a call is an event stream that ends with the result: its
+            // bytes stay counted until then.
+            if let Some(hold) = parts.extensions.get::<runcell_core::Hold>() {
+                hold.keep(&ticket);
+            }
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
         }
         Err(e) => {
             s.metrics.rejected(e.category);

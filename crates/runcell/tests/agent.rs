@@ -156,6 +156,10 @@ fn metrics(s: &common::ServeProcess) -> String {
         .unwrap()
 }
 
+/// The hosted example, in both wire formats: a failed import goes back to the model as a tool
+/// error naming its category, the corrected run (in the same session: `data` is still
+/// defined) answers, and the answer comes back with usage summed, each step, audit lines
+/// for each model call and run, and metrics. The upstream key reaches the upstream only.
 #[test]
 #[cfg_attr(
     not(host_agent_clients),

@@ -171,11 +171,6 @@ pub fn tool_results(wire: &str, request: &Value) -> Vec<(String, bool)> {
     }
 }
 
-/// The hosted example, in both wire formats: a failed import goes back to the model as a tool
-/// error naming its category, the corrected run (in the same session: `data` is still
-/// defined) answers, and the answer comes back with usage summed, each step, audit lines
-/// for each model call and run, and metrics. The upstream key reaches the upstream only.
-
 /// The audit lines of runs (not of model calls) in a server's log.
 pub fn run_lines(log: &str) -> Vec<Value> {
     log.lines()
