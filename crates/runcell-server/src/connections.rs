@@ -30,6 +30,12 @@ const FDS_BASE: u64 = 128;
 /// kill switch, pidfd, cgroup files), with room to spare.
 const FDS_PER_SANDBOX: u64 = 32;
 
+/// Connections a peer gets per place in the server's line by default (a request, a response
+/// being delivered, an idle kept-alive connection and an event stream each).
+const PER_PLACE: usize = 4;
+/// ... and at least this many.
+const PER_PEER_FLOOR: usize = 64;
+
 /// The caps, and the connections counted against them.
 #[derive(Clone, Debug)]
 pub struct ConnectionLimits {
@@ -74,12 +80,23 @@ impl ConnectionLimits {
     }
 
     /// The default caps for a process allowed `open_files` descriptors running
-    /// `max_concurrent` sandboxes: what is left after the sandboxes' share, and a quarter of
-    /// that per peer (a reverse proxy in front is one peer: raise it there).
-    pub fn for_fd_limit(open_files: u64, max_concurrent: usize) -> (usize, usize) {
+    /// `max_concurrent` sandboxes with `max_queue` waiting: what is left after the
+    /// sandboxes' share, and per peer what one peer can use of the server (its requests in
+    /// line, the responses being delivered to it, its event streams: [`PER_PLACE`] a place
+    /// and [`PER_PEER_FLOOR`] at least), never more than a quarter of the total. A reverse
+    /// proxy in front is one peer: raise it there.
+    pub fn for_fd_limit(
+        open_files: u64,
+        max_concurrent: usize,
+        max_queue: usize,
+    ) -> (usize, usize) {
         let reserved = FDS_BASE + FDS_PER_SANDBOX * max_concurrent as u64;
         let total = open_files.saturating_sub(reserved).clamp(16, 1 << 20) as usize;
-        (total, (total / 4).max(8))
+        let usable = max_concurrent
+            .saturating_add(max_queue)
+            .saturating_mul(PER_PLACE)
+            .max(PER_PEER_FLOOR);
+        (total, usable.min(total / 4).max(8))
     }
 
     pub fn max_total(&self) -> usize {
@@ -180,10 +197,27 @@ mod tests {
 
     #[test]
     fn default_caps_leave_room_for_the_sandboxes() {
-        let (total, per_peer) = ConnectionLimits::for_fd_limit(1024, 2);
+        let (total, per_peer) = ConnectionLimits::for_fd_limit(1024, 2, 8);
         assert_eq!(total, 1024 - 128 - 64);
-        assert_eq!(per_peer, total / 4);
+        assert_eq!(
+            per_peer, 64,
+            "what one peer can use of a server of 10 places"
+        );
         // A tiny limit still serves a few.
-        assert_eq!(ConnectionLimits::for_fd_limit(100, 8).0, 16);
+        assert_eq!(ConnectionLimits::for_fd_limit(100, 8, 32).0, 16);
+    }
+
+    /// Regression (issue 21): one peer could hold thousands of connections (a quarter of a
+    /// raised open-files limit); by default it gets what it can use of the server.
+    #[test]
+    fn one_peer_gets_what_it_can_use_of_the_server() {
+        let (total, per_peer) = ConnectionLimits::for_fd_limit(1 << 20, 2, 8);
+        assert!(total > 100_000);
+        assert_eq!(per_peer, 64);
+        let (_, per_peer) = ConnectionLimits::for_fd_limit(1 << 20, 64, 256);
+        assert_eq!(per_peer, 320 * 4);
+        // Never more than a quarter of the connections.
+        let (total, per_peer) = ConnectionLimits::for_fd_limit(1024, 64, 256);
+        assert_eq!(per_peer, total / 4);
     }
 }

@@ -373,7 +373,8 @@ fn connection_limits(config: &ServerConfig) -> ConnectionLimits {
             1024
         }
     };
-    let (total, per_peer) = ConnectionLimits::for_fd_limit(open_files, config.max_concurrent);
+    let (total, per_peer) =
+        ConnectionLimits::for_fd_limit(open_files, config.max_concurrent, config.max_queue);
     let total = config.max_connections.unwrap_or(total);
     let per_peer = config
         .max_connections_per_peer

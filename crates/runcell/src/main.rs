@@ -115,8 +115,9 @@ struct ServeArgs {
     /// is raised to the hard one at start].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
-    /// Client connections open at once from one address [default: a quarter of
-    /// max-connections]. Behind a reverse proxy every client is the proxy: raise it there.
+    /// Client connections open at once from one address [default: 4 per place in line
+    /// (max-concurrent + max-queue), at least 64, at most a quarter of max-connections].
+    /// Behind a reverse proxy every client is the proxy: raise it there.
     #[arg(long, value_name = "N")]
     max_connections_per_peer: Option<usize>,
     /// Largest request body (e.g. 10M); larger ones get 413 [default: room for the largest

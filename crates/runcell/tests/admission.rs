@@ -112,7 +112,7 @@ fn bodies_wait_for_a_place_in_line_on_every_route() {
     // refused, which is the state under test (hang protection only).
     let mut refused = None;
     for _ in 0..100 {
-        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 0));
+        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 10));
         if st == 429 {
             refused = Some(v);
             break;
@@ -183,7 +183,7 @@ fn one_key_holds_at_most_its_share_of_the_line() {
         .collect();
     let mut refused = None;
     for _ in 0..100 {
-        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 0));
+        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 10));
         if st == 429 {
             refused = Some(v);
             break;
@@ -207,4 +207,62 @@ fn one_key_holds_at_most_its_share_of_the_line() {
     let v: Value = res.json().unwrap();
     assert_eq!(v["stdout"], "b\n", "{v}");
     drop(held);
+}
+
+/// Regression (issue 21): one peer could hold thousands of connections (a quarter of the
+/// raised open-files limit). By default a peer gets what it can use of the server: four
+/// connections per place in line, at least 64; the ones beyond are closed at once and counted.
+#[test]
+fn one_peer_holds_only_what_it_can_use_of_the_server() {
+    // Ten places: the default cap per peer is 64.
+    let s = ServeProcess::start(
+        &[
+            "--api-key",
+            KEY_A,
+            "--max-concurrent",
+            "2",
+            "--max-queue",
+            "8",
+            "--pool",
+            "python=0",
+        ],
+        &[],
+    );
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let held: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    drop(held);
+    // The server counts each refusal as it closes the connection; the counter is read once the
+    // held ones are gone (hang protection only).
+    let refused = |text: &str| -> u64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("runcell_rejections_total{reason=\"too_many_connections_from_peer\"}")
+            })
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let res = reqwest::blocking::Client::new()
+            .get(s.url("/metrics"))
+            .header("authorization", format!("Bearer {KEY_A}"))
+            .send();
+        if let Ok(res) = res {
+            if res.status().as_u16() == 200 {
+                let n = refused(&res.text().unwrap());
+                if n > 0 {
+                    assert!(n <= 36, "100 connections, at least 64 taken: {n} refused");
+                    break;
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refusals were not counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -378,7 +378,7 @@ fn http_rows() -> Vec<(&'static str, Value, Expect)> {
         (
             "env not an object",
             bash_true(json!({"env": ["A=1"]})),
-            refused(&["env"]),
+            refused(&["expected a map"]),
         ),
     ]
 }
