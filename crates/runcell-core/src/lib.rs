@@ -1,16 +1,17 @@
 //! runcell-core: the shared vocabulary (request, limits policy, verdict) and the engine that
 //! the CLI, the HTTP API and the MCP server all call.
 //!
-//! This is the boundary front ends use: they build an [`ExecRequest`], have the engine
-//! [`Engine::validate`] it against the operator's [`LimitPolicy`] (a typed [`ValidationError`]
-//! otherwise), and run it with [`Engine::execute_valid`] (or [`Engine::execute_blocking`] from
-//! async code), passing an [`OutputSink`] for live output and a [`KillSwitch`] to stop it.
-//! Nothing above this crate reaches into the jail.
+//! This is the boundary the doors use: they parse the one [`ExecRequest`] with the
+//! [`intake`] for their [`Source`] and [`Target`], and hand it to the one [`RunService`],
+//! which admits it (a place in line, the caller's share), checks it against its target and
+//! the operator's [`Policy`] (a typed [`RunError`] otherwise), waits for approval where
+//! needed, runs it in the [`Engine`] or a session with an [`OutputSink`] for live output and a
+//! [`KillSwitch`] to stop it, and reports it to the door's [`Observer`]. Nothing above this
+//! crate reaches into the jail.
 #![forbid(unsafe_code)]
 
 pub mod engine;
 pub mod error;
-pub mod exec;
 pub mod files;
 pub mod intake;
 pub mod limits;
@@ -28,7 +29,6 @@ pub mod verdict;
 
 pub use engine::{Engine, EngineConfig, RuntimeStatus, ValidRequest, ValidationError};
 pub use error::{ErrorKind, RunError};
-pub use exec::ExecutionFailed;
 pub use intake::{Offers, SessionSettings, Source, Target, TargetKind};
 pub use limits::{Limit, LimitOverrides, LimitPolicy, Limits};
 pub use network::{NetworkError, NetworkPolicy};

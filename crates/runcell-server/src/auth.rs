@@ -46,6 +46,11 @@ impl Keys {
         ))
     }
 
+    /// How many keys there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

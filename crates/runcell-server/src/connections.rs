@@ -217,7 +217,7 @@ mod tests {
         let (_, per_peer) = ConnectionLimits::for_fd_limit(1 << 20, 64, 256);
         assert_eq!(per_peer, 320 * 4);
         // Never more than a quarter of the connections.
-        let (total, per_peer) = ConnectionLimits::for_fd_limit(1024, 64, 256);
+        let (total, per_peer) = ConnectionLimits::for_fd_limit(4096, 64, 256);
         assert_eq!(per_peer, total / 4);
     }
 }

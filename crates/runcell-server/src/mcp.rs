@@ -29,7 +29,8 @@ pub fn endpoint(state: &AppState) -> MethodRouter<AppState> {
     } else {
         HttpOptions::loopback(max_body)
     };
-    let owners = SessionOwners::new(options.max_sessions, options.session_idle);
+    let keys = state.inner.keys.len().max(1);
+    let owners = SessionOwners::new(options.max_sessions, options.session_idle, keys);
     let mcp = HttpEndpoint::new(state.service().clone(), options, state.shutdown_token());
     any_service(mcp)
         .layer(middleware::map_response(json_error))
@@ -51,15 +52,46 @@ struct SessionOwners {
     max: usize,
     /// An entry unused this long belongs to a session that has idled out.
     idle: Duration,
+    /// Sessions the transport allows at once, and the keys that share them: one key opens at
+    /// most its share (as of the line: half with two keys, all with one).
+    sessions: usize,
+    keys: usize,
 }
 
 impl SessionOwners {
-    fn new(max_sessions: usize, idle: Duration) -> SessionOwners {
+    fn new(max_sessions: usize, idle: Duration, keys: usize) -> SessionOwners {
         SessionOwners {
             inner: Arc::default(),
             max: max_sessions.saturating_mul(2).max(16),
             idle,
+            sessions: max_sessions,
+            keys,
         }
+    }
+
+    /// Whether `key` may open another session: within its share of the sessions.
+    fn may_open(&self, key: &Option<String>) -> Result<(), ApiError> {
+        let map = self.lock();
+        let live = |used: &Instant| used.elapsed() < self.idle;
+        let mine = map
+            .values()
+            .filter(|(owner, used)| owner == key && live(used))
+            .count();
+        let others: std::collections::HashSet<&Option<String>> = map
+            .values()
+            .filter(|(owner, used)| owner != key && live(used))
+            .map(|(owner, _)| owner)
+            .collect();
+        let share =
+            runcell_core::session::owner_share(self.sessions as u64, self.keys, others.len());
+        if mine as u64 >= share.max(1) {
+            return Err(ApiError::rate_limited(format!(
+                "This API key has {mine} MCP sessions open, its share of the server's {}; \
+                 close one (DELETE /mcp) or let one idle out.",
+                self.sessions
+            )));
+        }
+        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Owners> {
@@ -80,6 +112,13 @@ async fn owned_sessions(State(owners): State<SessionOwners>, req: Request, next:
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let is_delete = req.method() == Method::DELETE;
+    // An `initialize` without a session opens one (older protocol versions): within the
+    // key's share of the sessions.
+    if session.is_none() && req.extensions().get::<Initialize>().is_some() {
+        if let Err(e) = owners.may_open(&key) {
+            return e.into_response();
+        }
+    }
     if let Some(id) = &session {
         let mut map = owners.lock();
         match map.get_mut(id) {
@@ -156,6 +195,9 @@ async fn buffered(State(state): State<AppState>, req: Request, next: Next) -> Re
             if let Some(hold) = parts.extensions.get::<runcell_core::Hold>() {
                 hold.keep(&ticket);
             }
+            if is_initialize(&bytes) {
+                parts.extensions.insert(Initialize);
+            }
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
@@ -164,6 +206,20 @@ async fn buffered(State(state): State<AppState>, req: Request, next: Next) -> Re
             e.into_response()
         }
     }
+}
+
+/// Marks a message that is an `initialize` request (it may open a session).
+#[derive(Clone, Copy)]
+struct Initialize;
+
+/// Whether a JSON-RPC message is an `initialize` request: only its `method` is looked at.
+fn is_initialize(bytes: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        #[serde(default)]
+        method: Option<String>,
+    }
+    serde_json::from_slice::<Peek>(bytes).is_ok_and(|p| p.method.as_deref() == Some("initialize"))
 }
 
 /// rmcp answers transport-level refusals (403 for a foreign `Host` or `Origin`, 406, 415,
@@ -224,6 +280,35 @@ async fn json_error(res: Response) -> Response {
 mod tests {
     use super::*;
     use axum::body::Body;
+
+    #[test]
+    fn a_key_opens_at_most_its_share_of_mcp_sessions() {
+        let owners = SessionOwners::new(4, Duration::from_secs(600), 2);
+        let a = Some("a".to_owned());
+        let b = Some("b".to_owned());
+        let open = |id: &str, key: &Option<String>| {
+            owners
+                .lock()
+                .insert(id.to_owned(), (key.clone(), Instant::now()));
+        };
+        // Alone, a key may use what a second key's share leaves: 4 / min(2 keys, 0 + 2).
+        open("a1", &a);
+        assert!(owners.may_open(&a).is_ok());
+        open("a2", &a);
+        let refused = owners.may_open(&a).unwrap_err().into_response();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        // The other key still has its own share.
+        assert!(owners.may_open(&b).is_ok());
+        open("b1", &b);
+        open("b2", &b);
+        assert!(owners.may_open(&b).is_err());
+        // An idled-out session no longer counts.
+        let Some(long_ago) = Instant::now().checked_sub(Duration::from_secs(601)) else {
+            return; // a clock that young cannot express it
+        };
+        owners.lock().get_mut("a1").unwrap().1 = long_ago;
+        assert!(owners.may_open(&a).is_ok());
+    }
 
     #[tokio::test]
     async fn plain_text_refusals_become_json_with_their_status() {
