@@ -472,21 +472,7 @@ mod tests {
                 loop {
                     let n = sock.read(&mut buf).await.unwrap();
                     got.extend_from_slice(&buf[..n]);
-                    let text = String::from_utf8_lossy(&got).to_string();
-                    if let Some(i) = text.find("\r\n\r\n") {
-                        let len = text[..i]
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length:")
-                                    .map(|v| v.trim().parse::<usize>().unwrap())
-                            })
-                            .unwrap_or(0);
-                        if got.len() >= i + 4 + len {
-                            break;
-                        }
-                    }
-                    if n == 0 {
+                    if request_complete(&got) || n == 0 {
                         break;
                     }
                 }
@@ -525,19 +511,7 @@ mod tests {
                 loop {
                     let n = sock.read(&mut buf).unwrap_or(0);
                     got.extend_from_slice(&buf[..n]);
-                    let text = String::from_utf8_lossy(&got).to_string();
-                    let done = text.find("\r\n\r\n").is_some_and(|i| {
-                        let len = text[..i]
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length:")
-                                    .and_then(|v| v.trim().parse::<usize>().ok())
-                            })
-                            .unwrap_or(0);
-                        got.len() >= i + 4 + len
-                    });
-                    if done || n == 0 {
+                    if request_complete(&got) || n == 0 {
                         break;
                     }
                 }
@@ -555,6 +529,22 @@ mod tests {
             }
         });
         (base, accepted, seen)
+    }
+
+    /// Whether `got` holds a whole request: its head and the body its content-length says.
+    fn request_complete(got: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(got);
+        text.find("\r\n\r\n").is_some_and(|i| {
+            let len = text[..i]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                })
+                .unwrap_or(0);
+            got.len() >= i + 4 + len
+        })
     }
 
     fn conv() -> Conversation {
@@ -725,19 +715,7 @@ mod tests {
             loop {
                 let n = sock.read(&mut buf).await.unwrap_or(0);
                 got.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&got).to_string();
-                let done = text.find("\r\n\r\n").is_some_and(|i| {
-                    let len = text[..i]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .and_then(|v| v.trim().parse::<usize>().ok())
-                        })
-                        .unwrap_or(0);
-                    got.len() >= i + 4 + len
-                });
-                if done || n == 0 {
+                if request_complete(&got) || n == 0 {
                     break;
                 }
             }

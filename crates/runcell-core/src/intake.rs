@@ -27,7 +27,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::EngineConfig;
 use crate::error::RunError;
-use crate::limits::{Kind, Limit, LimitOverrides, Limits, Scope};
+use crate::limits::{Limit, LimitOverrides, Scope};
 use crate::request::{ExecRequest, Field, FieldSet, InputFile, NetworkRequest, RequestSeed};
 use crate::units::format_size;
 use runcell_runtimes::Language;
@@ -601,30 +601,16 @@ fn limit_schema(l: Limit, ctx: &SchemaContext) -> Value {
             ),
         });
     }
-    // The numeric form only, from the minimum to the policy's maximum (strings with units are
-    // accepted too, and the description says so: a schema stricter than the server is what
-    // validators need).
-    let k = l.kind();
-    let integer = matches!(k, Kind::Bytes | Kind::Count);
-    let unit = match k {
-        Kind::Time => " Seconds (a string with a unit, \"500ms\", \"2m\", is accepted too).",
-        Kind::Bytes => " Bytes (a string with a unit, \"256M\", is accepted too).",
-        Kind::Cores => " CPU cores.",
-        Kind::Count => "",
-    };
-    let mut description = format!("{doc}{unit}");
+    let mut schema = p.bounded_limit_schema(l, doc);
     if l == Limit::OpenFiles {
-        description.push_str(&format!(
-            " With `pids`, within the host's file table: pids × open_files at most {}.",
+        let description = format!(
+            "{} With `pids`, within the host's file table: pids × open_files at most {}.",
+            schema["description"].as_str().unwrap_or_default(),
             p.max_open_files_per_run
-        ));
+        );
+        schema["description"] = json!(description);
     }
-    json!({
-        "description": description,
-        "type": [if integer { "integer" } else { "number" }, "null"],
-        "minimum": k.to_wire(Limits::MINIMUM.get(l).max(if k == Kind::Cores { 1 } else { 0 })),
-        "maximum": k.to_wire(p.max.get(l)),
-    })
+    schema
 }
 
 fn network_schema(ctx: &SchemaContext) -> Value {

@@ -629,35 +629,28 @@ impl LimitOverrides {
 }
 
 impl LimitPolicy {
-    /// The limits of a request as this policy bounds them, for a server's OpenAPI document:
-    /// the numeric form only (seconds, bytes, cores, counts), from each limit's minimum to
-    /// the policy's maximum. (Strings with units, "256M", are accepted too, and said so in
-    /// the description; a schema stricter than the server is what validators need.)
-    pub fn bounded_limit_properties(&self) -> serde_json::Map<String, Value> {
-        Limit::ALL
-            .iter()
-            .map(|&l| {
-                let k = l.kind();
-                let integer = matches!(k, Kind::Bytes | Kind::Count);
-                let unit = match k {
-                    Kind::Time => " Seconds (a string with a unit, \"500ms\", \"2m\", is accepted too).",
-                    Kind::Bytes => " Bytes (a string with a unit, \"256M\", is accepted too).",
-                    Kind::Cores => " CPU cores.",
-                    Kind::Count => "",
-                };
-                let schema = json!({
-                    "description": format!("{}{unit}", l.doc()),
-                    "type": [if integer { "integer" } else { "number" }, "null"],
-                    "minimum": k.to_wire(Limits::MINIMUM.get(l).max(if k == Kind::Cores { 1 } else { 0 })),
-                    "maximum": k.to_wire(self.max.get(l)),
-                });
-                (l.name().to_string(), schema)
-            })
-            .collect()
+    /// One limit of a request as this policy bounds it, for a server's documents: the numeric
+    /// form only (seconds, bytes, cores, counts), from the limit's minimum to the policy's
+    /// maximum, described by `doc`. (Strings with units, "256M", are accepted too, and said so
+    /// in the description; a schema stricter than the server is what validators need.)
+    pub fn bounded_limit_schema(&self, l: Limit, doc: &str) -> Value {
+        let k = l.kind();
+        let integer = matches!(k, Kind::Bytes | Kind::Count);
+        let unit = match k {
+            Kind::Time => " Seconds (a string with a unit, \"500ms\", \"2m\", is accepted too).",
+            Kind::Bytes => " Bytes (a string with a unit, \"256M\", is accepted too).",
+            Kind::Cores => " CPU cores.",
+            Kind::Count => "",
+        };
+        let minimum = Limits::MINIMUM.get(l).max(u64::from(k == Kind::Cores));
+        json!({
+            "description": format!("{doc}{unit}"),
+            "type": [if integer { "integer" } else { "number" }, "null"],
+            "minimum": k.to_wire(minimum),
+            "maximum": k.to_wire(self.max.get(l)),
+        })
     }
-}
 
-impl LimitPolicy {
     /// The file-table bound (`pids × open_files` within `max_open_files_per_run`, see
     /// [`LimitPolicy::check_file_table`]) as JSON Schema can say it: an `anyOf` of tiers, one per
     /// power of two of `pids` up to its maximum, each allowing the `open_files` that fit beside
@@ -1168,9 +1161,16 @@ mod tests {
     }
 
     #[test]
-    fn bounded_limit_properties_follow_the_policy() {
-        let props = policy().bounded_limit_properties();
-        assert_eq!(props.len(), Limit::ALL.len());
+    fn bounded_limit_schemas_follow_the_policy() {
+        let props: serde_json::Map<String, Value> = Limit::ALL
+            .iter()
+            .map(|&l| {
+                (
+                    l.name().to_string(),
+                    policy().bounded_limit_schema(l, l.doc()),
+                )
+            })
+            .collect();
         for (name, schema) in &props {
             let (min, max) = (&schema["minimum"], &schema["maximum"]);
             assert!(min.as_f64().unwrap() >= 0.0, "{name}: {schema}");

@@ -82,6 +82,20 @@ fn answer(mut c: TcpStream) -> (u16, Value) {
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// The first small request `s` refuses (429), tried until a minute has passed: what holds the
+/// places takes them as the server reads the holders' heads (hang protection only).
+fn first_refusal(s: &ServeProcess) -> Option<Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let (st, v) = answer(open_request(s, "POST", "/v1/execute", 10, 10));
+        if st == 429 {
+            return Some(v);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
 /// Regression (issue 21): with the line full, every route that carries a body answers 429 at
 /// once instead of reading the body first.
 #[test]
@@ -110,16 +124,7 @@ fn bodies_wait_for_a_place_in_line_on_every_route() {
     let holder = open_request(&s, "POST", "/v1/execute", 1000, 10);
     // The holder's place is taken once its head is read: wait until a second request is
     // refused, which is the state under test (hang protection only).
-    let mut refused = None;
-    for _ in 0..100 {
-        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 10));
-        if st == 429 {
-            refused = Some(v);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let v = refused.expect("the holder never took its place");
+    let v = first_refusal(&s).expect("the holder never took its place");
     assert_eq!(v["error"]["category"], "rate_limited", "{v}");
     // 50 MiB announced, none of it sent: each route refuses at once.
     let big = 50 << 20;
@@ -181,16 +186,7 @@ fn one_key_holds_at_most_its_share_of_the_line() {
     let held: Vec<TcpStream> = (0..2)
         .map(|_| open_request(&s, "POST", "/v1/execute", 1000, 10))
         .collect();
-    let mut refused = None;
-    for _ in 0..100 {
-        let (st, v) = answer(open_request(&s, "POST", "/v1/execute", 10, 10));
-        if st == 429 {
-            refused = Some(v);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let v = refused.expect("key A's requests never took their places");
+    let v = first_refusal(&s).expect("key A's requests never took their places");
     assert!(
         v["error"]["message"].as_str().unwrap().contains("share"),
         "key A is refused for its share, not a full server: {v}"
@@ -230,8 +226,34 @@ fn one_peer_holds_only_what_it_can_use_of_the_server() {
     );
     let addr = s.base.trim_start_matches("http://").to_string();
     let held: Vec<TcpStream> = (0..100)
-        .map(|_| TcpStream::connect(&addr).unwrap())
+        .map(|_| {
+            let c = TcpStream::connect(&addr).unwrap();
+            c.set_nonblocking(true).unwrap();
+            c
+        })
         .collect();
+    // All 100 are open at once: the server keeps 64 (each waits for its request head, for
+    // 30 s) and closes the others as it accepts them.
+    let closed = || {
+        held.iter()
+            .filter(|c| match (&**c).read(&mut [0u8; 1]) {
+                Ok(_) => true,
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+            })
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while closed() < 36 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connections beyond the peer's 64 were not closed: {} of 100",
+            closed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // None of the 64 within the cap is closed (the refusals are at accept, long done).
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(closed(), 36, "a peer keeps 64 connections");
     drop(held);
     // The server counts each refusal as it closes the connection; the counter is read once the
     // held ones are gone (hang protection only).
@@ -253,8 +275,9 @@ fn one_peer_holds_only_what_it_can_use_of_the_server() {
         if let Ok(res) = res {
             if res.status().as_u16() == 200 {
                 let n = refused(&res.text().unwrap());
-                if n > 0 {
-                    assert!(n <= 36, "100 connections, at least 64 taken: {n} refused");
+                // (At least: a metrics request made before the server saw the held ones
+                // close is refused and counted too.)
+                if n >= 36 {
                     break;
                 }
             }

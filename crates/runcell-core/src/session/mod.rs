@@ -308,6 +308,21 @@ impl Sessions {
         }
     }
 
+    /// Run `op` on the session, taken out of its slot for the while (`session_busy` while
+    /// another operation has it) and put back after.
+    fn with_session<T>(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+        cancel: Option<&KillSwitch>,
+        op: impl FnOnce(&mut Session, &Engine) -> T,
+    ) -> Result<T, RunError> {
+        let (slot, mut session) = self.checkout(owner, id, cancel)?;
+        let r = op(&mut session, &self.engine);
+        self.checkin(&slot, session);
+        Ok(r)
+    }
+
     /// Take the session out of its slot for an operation (`session_busy` while another runs).
     fn checkout(
         &self,
@@ -369,19 +384,16 @@ impl Sessions {
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
     ) -> Result<Verdict, RunError> {
-        let (slot, mut session) = self.checkout(owner, id, cancel)?;
-        let mut verdict = session.execute(&self.engine, call, sink, cancel);
-        verdict.session_id = Some(slot.id.clone());
-        self.checkin(&slot, session);
+        let mut verdict = self.with_session(owner, id, cancel, |s, engine| {
+            s.execute(engine, call, sink, cancel)
+        })?;
+        verdict.session_id = Some(id.to_owned());
         Ok(verdict)
     }
 
     /// The files of a session's /workspace.
     pub fn list_files(&self, owner: Option<&str>, id: &str) -> Result<WorkspaceListing, RunError> {
-        let (slot, mut session) = self.checkout(owner, id, None)?;
-        let r = session.list_files(&self.engine);
-        self.checkin(&slot, session);
-        r
+        self.with_session(owner, id, None, |s, engine| s.list_files(engine))?
     }
 
     /// One file of a session's /workspace (`Ok(None)`: no such file).
@@ -391,10 +403,7 @@ impl Sessions {
         id: &str,
         path: &str,
     ) -> Result<Option<Vec<u8>>, RunError> {
-        let (slot, mut session) = self.checkout(owner, id, None)?;
-        let r = session.read_file(&self.engine, path);
-        self.checkin(&slot, session);
-        r
+        self.with_session(owner, id, None, |s, engine| s.read_file(engine, path))?
     }
 
     /// Write one file into a session's /workspace.
@@ -405,10 +414,9 @@ impl Sessions {
         path: &str,
         data: &[u8],
     ) -> Result<(), RunError> {
-        let (slot, mut session) = self.checkout(owner, id, None)?;
-        let r = session.write_file(&self.engine, path, data);
-        self.checkin(&slot, session);
-        r
+        self.with_session(owner, id, None, |s, engine| {
+            s.write_file(engine, path, data)
+        })?
     }
 
     /// End a session now (a running call is killed first). Blocking (the sandbox is torn down
