@@ -393,15 +393,11 @@ struct Ttl(f64);
 impl<'de> Deserialize<'de> for Ttl {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        match Value::deserialize(d)? {
-            Value::Number(n) => n
-                .as_f64()
-                .map(Ttl)
-                .ok_or_else(|| D::Error::custom("ttl must be a number of seconds")),
-            other => Err(D::Error::custom(format!(
-                "ttl must be a number of seconds, not {other}"
-            ))),
-        }
+        // Read as a number: nothing else of the body is built (an array here would be, as a
+        // value, before it was refused).
+        f64::deserialize(d)
+            .map(Ttl)
+            .map_err(|e| D::Error::custom(format!("ttl must be a number of seconds ({e})")))
     }
 }
 
@@ -504,6 +500,36 @@ pub fn workspace_path(path: &str) -> Result<String, PathError> {
     Ok(parts.join("/"))
 }
 
+/// What parsing a JSON body costs in memory beyond its bytes, as far as its shape shows it:
+/// each value, member and element a parser builds is a node of tens of bytes however short
+/// its text (`[0,0,...]` is two bytes a node), so a body is charged [`JSON_NODE_BYTES`] per
+/// node before it is parsed. Counts the separators and openings outside strings; a body that
+/// is not JSON is charged for what it would be.
+pub fn json_parse_bytes(body: &[u8]) -> u64 {
+    let (mut nodes, mut in_string, mut escaped) = (0u64, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => nodes += 1,
+                _ => {}
+            }
+        }
+    }
+    nodes.saturating_mul(JSON_NODE_BYTES)
+}
+
+/// What one parsed JSON node (a value in a vector, a member in a map with its key) costs at
+/// most, with its allocation and a growing vector's spare room.
+pub const JSON_NODE_BYTES: u64 = 96;
+
 impl ExecRequest {
     pub fn new(language: impl Into<String>, code: impl Into<String>) -> Self {
         ExecRequest {
@@ -540,6 +566,18 @@ impl ExecRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bodys_parse_is_charged_by_its_shape() {
+        let n = JSON_NODE_BYTES;
+        assert_eq!(json_parse_bytes(br#"{"code": "print(1)"}"#), 2 * n);
+        // Separators inside strings (escaped quotes too) are text.
+        assert_eq!(json_parse_bytes(br#"{"code": "a, [b]: {\"c,\"}"}"#), 2 * n);
+        // Two bytes a node: charged far beyond its length.
+        let zeros = format!("[{}0]", "0,".repeat(1000));
+        assert_eq!(json_parse_bytes(zeros.as_bytes()), 1001 * n);
+        assert!(json_parse_bytes(zeros.as_bytes()) > 40 * zeros.len() as u64);
+    }
     use crate::limits::{Bytes, Count, MilliCpus, Millis};
 
     fn parse(json: &str) -> Result<ExecRequest, String> {

@@ -94,6 +94,17 @@ impl Reserved {
             .await
             .inspect_err(|e| self.state.inner.metrics.rejected(e.category))
     }
+
+    /// Read a JSON body as [`Reserved::read`] does, and hold what parsing it will cost beyond
+    /// its bytes (its values, however short their text) before the handler parses it.
+    pub async fn read_json(&mut self, limit: Option<usize>) -> Result<Bytes, ApiError> {
+        let bytes = self.read(limit).await?;
+        self.ticket
+            .take_parse_bytes(&bytes)
+            .map_err(ApiError::from)
+            .inspect_err(|e| self.state.inner.metrics.rejected(e.category))?;
+        Ok(bytes)
+    }
 }
 
 /// A request that is not a run (an approval's decision): its body, not yet read, is read

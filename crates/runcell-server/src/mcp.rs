@@ -56,6 +56,8 @@ struct SessionOwners {
     /// most its share (as of the line: half with two keys, all with one).
     sessions: usize,
     keys: usize,
+    /// Numbers the placeholders of sessions being opened.
+    opening: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SessionOwners {
@@ -66,12 +68,16 @@ impl SessionOwners {
             idle,
             sessions: max_sessions,
             keys,
+            opening: Arc::default(),
         }
     }
 
-    /// Whether `key` may open another session: within its share of the sessions.
-    fn may_open(&self, key: &Option<String>) -> Result<(), ApiError> {
-        let map = self.lock();
+    /// Whether `key` may open another session: within its share of the sessions. If so, a
+    /// placeholder counts the session being opened until its answer (so that openings at
+    /// once cannot pass the check together); its key is returned, to remove it then. (A
+    /// session id comes from a header and cannot hold a newline: no id is a placeholder's.)
+    fn may_open(&self, key: &Option<String>) -> Result<String, ApiError> {
+        let mut map = self.lock();
         let live = |used: &Instant| used.elapsed() < self.idle;
         let mine = map
             .values()
@@ -91,11 +97,29 @@ impl SessionOwners {
                 self.sessions
             )));
         }
-        Ok(())
+        let n = self
+            .opening
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let placeholder = format!("\nopening {n}");
+        map.insert(placeholder.clone(), (key.clone(), Instant::now()));
+        Ok(placeholder)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Owners> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A session being opened, counted by its placeholder until its answer, or until the
+/// request is abandoned.
+struct Opening {
+    owners: SessionOwners,
+    placeholder: String,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.owners.lock().remove(&self.placeholder);
     }
 }
 
@@ -114,9 +138,16 @@ async fn owned_sessions(State(owners): State<SessionOwners>, req: Request, next:
     let is_delete = req.method() == Method::DELETE;
     // An `initialize` without a session opens one (older protocol versions): within the
     // key's share of the sessions.
+    let mut opening = None;
     if session.is_none() && req.extensions().get::<Initialize>().is_some() {
-        if let Err(e) = owners.may_open(&key) {
-            return e.into_response();
+        match owners.may_open(&key) {
+            Ok(placeholder) => {
+                opening = Some(Opening {
+                    owners: owners.clone(),
+                    placeholder,
+                })
+            }
+            Err(e) => return e.into_response(),
         }
     }
     if let Some(id) = &session {
@@ -143,6 +174,7 @@ async fn owned_sessions(State(owners): State<SessionOwners>, req: Request, next:
         // "Session termination failed: 202" for anything else.
         *res.status_mut() = StatusCode::NO_CONTENT;
     }
+    drop(opening);
     let mut map = owners.lock();
     if let (Some(id), true) = (&session, is_delete) {
         if res.status().is_success() {
@@ -187,7 +219,15 @@ async fn buffered(State(state): State<AppState>, req: Request, next: Next) -> Re
     }
     let s = &state.inner;
     let ticket = state.service().reserve_bytes(&caller);
-    match crate::extract::read_body(body, &parts.headers, s.max_body_bytes, &ticket).await {
+    let read = crate::extract::read_body(body, &parts.headers, s.max_body_bytes, &ticket)
+        .await
+        .and_then(|bytes| {
+            // And what parsing it costs (rmcp parses a message, and a call's arguments, into
+            // JSON values).
+            ticket.take_parse_bytes(&bytes).map_err(ApiError::from)?;
+            Ok(bytes)
+        });
+    match read {
         Ok(bytes) => {
             // The message is held (parsed, and a tool call's arguments) until its answer is
             // delivered, which for a call is an event stream that ends with the result: its
@@ -293,12 +333,16 @@ mod tests {
         };
         // Alone, a key may use what a second key's share leaves: 4 / min(2 keys, 0 + 2).
         open("a1", &a);
-        assert!(owners.may_open(&a).is_ok());
+        let opening = owners.may_open(&a).unwrap();
+        // A session being opened counts until its answer.
+        assert!(owners.may_open(&a).is_err());
+        owners.lock().remove(&opening);
         open("a2", &a);
         let refused = owners.may_open(&a).unwrap_err().into_response();
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         // The other key still has its own share.
-        assert!(owners.may_open(&b).is_ok());
+        let opening = owners.may_open(&b).unwrap();
+        owners.lock().remove(&opening);
         open("b1", &b);
         open("b2", &b);
         assert!(owners.may_open(&b).is_err());

@@ -2,10 +2,12 @@
 //! keys, metrics and the audit log, which the service reports to through [`Observe`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use runcell_core::{Caller, Engine, RunError, RunService, RunSummary, ServiceConfig, Verdict};
+use runcell_core::{
+    Caller, Engine, RunError, RunService, RunSummary, RuntimeStatus, ServiceConfig, Verdict,
+};
 
 use crate::audit::AuditLog;
 use crate::auth::Keys;
@@ -27,7 +29,7 @@ pub(crate) struct Inner {
     pub(crate) keep_alive: Duration,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Arc<AuditLog>,
-    pub(crate) runtimes: Mutex<Option<(Instant, Arc<Vec<RuntimeInfo>>)>>,
+    pub(crate) runtimes: tokio::sync::Mutex<Option<(Instant, Arc<Vec<RuntimeStatus>>)>>,
     /// Cancelled when the grace period is over: ends long-lived MCP streams.
     pub(crate) shutdown: runcell_mcp::CancellationToken,
     /// The agent loop's model, when configured.
@@ -117,7 +119,7 @@ impl AppState {
                 keep_alive: Duration::from_secs(1),
                 metrics,
                 audit,
-                runtimes: Mutex::new(None),
+                runtimes: tokio::sync::Mutex::new(None),
                 shutdown: runcell_mcp::CancellationToken::new(),
                 agent: config
                     .agent
@@ -157,31 +159,29 @@ impl AppState {
     }
 
     /// The runtimes of this host. Finding a runtime and asking its version runs host
-    /// programs, so the answer is kept for a minute.
-    pub async fn runtimes(&self) -> Result<Arc<Vec<RuntimeInfo>>, ApiError> {
-        if let Some((at, list)) = &*lock(&self.inner.runtimes) {
+    /// programs, so the answer is kept for a minute, and found by one request at a time (the
+    /// others wait for its answer).
+    pub async fn runtime_statuses(&self) -> Result<Arc<Vec<RuntimeStatus>>, ApiError> {
+        let mut cached = self.inner.runtimes.lock().await;
+        if let Some((at, list)) = &*cached {
             if at.elapsed() < Duration::from_secs(60) {
                 return Ok(list.clone());
             }
         }
         let engine = self.engine().clone();
-        let list = tokio::task::spawn_blocking(move || {
-            engine
-                .runtimes()
-                .into_iter()
-                .map(RuntimeInfo::from)
-                .collect::<Vec<_>>()
-        })
-        .await
-        .map_err(|_| ApiError::internal("Listing the runtimes failed."))?;
+        let list = tokio::task::spawn_blocking(move || engine.runtimes())
+            .await
+            .map_err(|_| ApiError::internal("Listing the runtimes failed."))?;
         let list = Arc::new(list);
-        *lock(&self.inner.runtimes) = Some((Instant::now(), list.clone()));
+        *cached = Some((Instant::now(), list.clone()));
         Ok(list)
     }
-}
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    /// The runtimes of this host, as the API describes them.
+    pub async fn runtimes(&self) -> Result<Vec<RuntimeInfo>, ApiError> {
+        let list = self.runtime_statuses().await?;
+        Ok(list.iter().cloned().map(RuntimeInfo::from).collect())
+    }
 }
 
 /// The most sandboxes or queued requests the server counts; far beyond anything a host can

@@ -7,7 +7,7 @@
 //! 5 GiB), the PUT even before checking that its session existed. These tests send the head
 //! of a large request and none of its body: a server that reads first would wait for the
 //! body; one that admits first answers at once. (The memory figures are in
-//! `benches/bodies.sh`.)
+//! `benches/bodies.py`.)
 
 mod common;
 
@@ -82,18 +82,35 @@ fn answer(mut c: TcpStream) -> (u16, Value) {
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
-/// The first small request `s` refuses (429), tried until a minute has passed: what holds the
-/// places takes them as the server reads the holders' heads (hang protection only).
-fn first_refusal(s: &ServeProcess) -> Option<Value> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::time::Instant::now() < deadline {
+/// Hold `n` places with requests whose bodies trickle, until a small request is refused
+/// (429): the state the tests start from. A probe may take a place before a holder's head is
+/// read, and the holder then be refused: a holder that got an answer is opened again. Returns
+/// the holders and the refusal (tried for 20 s, within the holders' own 30 s body deadline:
+/// hang protection only).
+fn hold_places(s: &ServeProcess, n: usize) -> (Vec<TcpStream>, Value) {
+    let open = || open_request(s, "POST", "/v1/execute", 1000, 10);
+    let answered = |c: &TcpStream| {
+        c.set_nonblocking(true).unwrap();
+        let got = c.peek(&mut [0u8; 1]);
+        c.set_nonblocking(false).unwrap();
+        !matches!(got, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    };
+    let mut held: Vec<TcpStream> = (0..n).map(|_| open()).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
         let (st, v) = answer(open_request(s, "POST", "/v1/execute", 10, 10));
-        if st == 429 {
-            return Some(v);
+        if st == 429 && !held.iter().any(answered) {
+            return (held, v);
         }
+        for h in held.iter_mut().filter(|h| answered(h)) {
+            *h = open();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holders never took their places: {st} {v}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    None
 }
 
 /// Regression (issue 21): with the line full, every route that carries a body answers 429 at
@@ -121,10 +138,7 @@ fn bodies_wait_for_a_place_in_line_on_every_route() {
         &[],
     );
     // The one place: a request whose body trickles (it holds its place while it arrives).
-    let holder = open_request(&s, "POST", "/v1/execute", 1000, 10);
-    // The holder's place is taken once its head is read: wait until a second request is
-    // refused, which is the state under test (hang protection only).
-    let v = first_refusal(&s).expect("the holder never took its place");
+    let (holder, v) = hold_places(&s, 1);
     assert_eq!(v["error"]["category"], "rate_limited", "{v}");
     // 50 MiB announced, none of it sent: each route refuses at once.
     let big = 50 << 20;
@@ -183,10 +197,7 @@ fn one_key_holds_at_most_its_share_of_the_line() {
         &[],
     );
     // Key A's two places (half of four), each held by a body that trickles.
-    let held: Vec<TcpStream> = (0..2)
-        .map(|_| open_request(&s, "POST", "/v1/execute", 1000, 10))
-        .collect();
-    let v = first_refusal(&s).expect("key A's requests never took their places");
+    let (held, v) = hold_places(&s, 2);
     assert!(
         v["error"]["message"].as_str().unwrap().contains("share"),
         "key A is refused for its share, not a full server: {v}"
@@ -225,6 +236,7 @@ fn one_peer_holds_only_what_it_can_use_of_the_server() {
         &[],
     );
     let addr = s.base.trim_start_matches("http://").to_string();
+    let start = std::time::Instant::now();
     let held: Vec<TcpStream> = (0..100)
         .map(|_| {
             let c = TcpStream::connect(&addr).unwrap();
@@ -232,8 +244,8 @@ fn one_peer_holds_only_what_it_can_use_of_the_server() {
             c
         })
         .collect();
-    // All 100 are open at once: the server keeps 64 (each waits for its request head, for
-    // 30 s) and closes the others as it accepts them.
+    // All 100 are open at once: the server keeps 64 and closes the others as it accepts them.
+    // (It closes the kept ones too, after 10 s without an authenticated request.)
     let closed = || {
         held.iter()
             .filter(|c| match (&**c).read(&mut [0u8; 1]) {
@@ -242,7 +254,7 @@ fn one_peer_holds_only_what_it_can_use_of_the_server() {
             })
             .count()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = start + Duration::from_secs(20);
     while closed() < 36 {
         assert!(
             std::time::Instant::now() < deadline,
@@ -251,9 +263,15 @@ fn one_peer_holds_only_what_it_can_use_of_the_server() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // None of the 64 within the cap is closed (the refusals are at accept, long done).
+    // None of the 64 within the cap is closed: the refusals are at accept, long done. (A
+    // machine so slow that this is seen after the kept ones' 10 s cannot tell.)
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(closed(), 36, "a peer keeps 64 connections");
+    let now_closed = closed();
+    if start.elapsed() < Duration::from_secs(9) {
+        assert_eq!(now_closed, 36, "a peer keeps 64 connections");
+    } else {
+        eprintln!("too slow to count the kept connections ({now_closed} closed)");
+    }
     drop(held);
     // The server counts each refusal as it closes the connection; the counter is read once the
     // held ones are gone (hang protection only).
@@ -288,4 +306,75 @@ fn one_peer_holds_only_what_it_can_use_of_the_server() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Regression (review of issue 21): a body's bytes were held against the body budget, but not
+/// what parsing it builds: `[0,0,...]` is two bytes a value and tens of bytes once parsed, so
+/// a key's share of the budget in such bodies could take 16 to 32 times that in memory. Every
+/// JSON door now holds the parse's cost before parsing; a body whose parse alone exceeds the
+/// budget is 413, while a body of the same size in one long string is a run as before.
+#[test]
+fn a_body_is_charged_for_what_parsing_it_builds() {
+    // A 1 MiB body cap: a 10 MiB body budget.
+    let s = ServeProcess::start(
+        &["--api-key", KEY_A, "--max-body", "1M", "--pool", "python=0"],
+        &[],
+    );
+    let client = reqwest::blocking::Client::new();
+    let zeros = format!("[{}0]", "0,".repeat(450_000));
+    let post = |path: &str, body: String| {
+        // (MCP answers JSON or an event stream; the others JSON.)
+        let accept = if path == "/mcp" {
+            "application/json, text/event-stream"
+        } else {
+            "application/json"
+        };
+        let res = client
+            .post(s.url(path))
+            .header("authorization", format!("Bearer {KEY_A}"))
+            .header("content-type", "application/json")
+            .header("accept", accept)
+            .body(body)
+            .send()
+            .unwrap();
+        let status = res.status().as_u16();
+        (status, res.json::<Value>().unwrap_or(Value::Null))
+    };
+    let requests = [
+        (
+            "/v1/execute",
+            format!(r#"{{"language":"python","code":"1","packages":{zeros}}}"#),
+        ),
+        (
+            "/v1/sessions",
+            format!(r#"{{"language":"python","packages":{zeros}}}"#),
+        ),
+        (
+            "/mcp",
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"execute_code","arguments":{{"language":"python","code":"1","x":{zeros}}}}}}}"#
+            ),
+        ),
+    ];
+    for (path, body) in requests {
+        assert!(body.len() < 1 << 20, "within the body cap");
+        let (status, v) = post(path, body);
+        assert_eq!(status, 413, "{path}: {v}");
+        assert_eq!(v["error"]["category"], "payload_too_large", "{path}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("too many JSON values"),
+            "{path}: {v}"
+        );
+    }
+    // The same size in one string is charged its bytes: it runs.
+    let text = "x".repeat(900_000);
+    let (status, v) = post(
+        "/v1/execute",
+        format!(r#"{{"language":"python","code":"s = '{text}'\nprint(len(s))"}}"#),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stdout"], "900000\n", "{v}");
 }

@@ -294,6 +294,27 @@ impl Ticket {
         Ok(())
     }
 
+    /// Hold what parsing `body` as JSON costs beyond its bytes (see
+    /// [`crate::request::json_parse_bytes`]), before it is parsed: 429 as [`Ticket::take_bytes`],
+    /// 413 for a body whose parse alone would take more than the whole budget.
+    pub fn take_parse_bytes(&self, body: &[u8]) -> Result<(), RunError> {
+        let n = crate::request::json_parse_bytes(body);
+        let budget = self.0.shared.policy.body_budget();
+        if n > budget {
+            return Err(RunError::new(
+                crate::error::ErrorKind::PayloadTooLarge,
+                format!(
+                    "The request body has too many JSON values: parsing it would take {} of \
+                     memory, more than the server's {} for request bodies. Send fewer, larger \
+                     values.",
+                    crate::units::format_size(n),
+                    crate::units::format_size(budget)
+                ),
+            ));
+        }
+        self.take_bytes(n)
+    }
+
     /// Give back bytes no longer held (a body parsed into something smaller).
     pub fn give_back_bytes(&self, n: u64) {
         let mut held = self.0.held();

@@ -314,26 +314,29 @@ impl RunService {
         let engine = s.engine.clone();
         // Decoding input files (tens of MiB of base64 at the policy's caps) is CPU work: off
         // the threads that serve every other connection.
+        // (The request's files are decoded once: a creation shares them with what it checks.)
         let validated = tokio::task::spawn_blocking(move || match target {
             Target::CreateSession => {
-                let v = engine.validate(&request)?;
+                let v = Arc::new(engine.validate(&request)?);
                 Ok((v.clone(), Some(v)))
             }
             // A new session is created from the language and limits alone; its first call
-            // brings the code and the files.
+            // brings the code and the files (not copied into the creation's request).
             Target::NewSession => {
+                let mut request = request;
+                let (code, stdin) = (request.code.take(), request.stdin.take());
+                let files = std::mem::take(&mut request.files);
                 let creation = ExecRequest {
                     code: Some(String::new()),
-                    stdin: None,
-                    files: Vec::new(),
                     ..request.clone()
                 };
+                (request.code, request.stdin, request.files) = (code, stdin, files);
                 Ok((
-                    engine.validate(&request)?,
-                    Some(engine.validate(&creation)?),
+                    Arc::new(engine.validate(&request)?),
+                    Some(Arc::new(engine.validate(&creation)?)),
                 ))
             }
-            _ => Ok((engine.validate(&request)?, None)),
+            _ => Ok((Arc::new(engine.validate(&request)?), None)),
         })
         .await
         .map_err(|_| {
@@ -471,7 +474,10 @@ impl RunService {
 
     /// Whether a session exists for the caller and is free (before a file's body is read).
     pub fn check_session_idle(&self, caller: &Caller, id: &str) -> Result<(), RunError> {
-        self.inner.sessions.check_idle(caller.key_id.as_deref(), id)
+        self.inner
+            .sessions
+            .check_idle(caller.key_id.as_deref(), id)
+            .inspect_err(|e| self.file_refused(caller, e))
     }
 
     /// The files of a session's /workspace. `ticket` is the operation's place in line.
@@ -481,14 +487,16 @@ impl RunService {
         caller: &Caller,
         id: String,
     ) -> Result<WorkspaceListing, RunError> {
-        let _ticket = ticket.clone();
-        let sessions = self.inner.sessions.clone();
         let owner = caller.key_id.clone();
-        blocking(move || sessions.list_files(owner.as_deref(), &id)).await
+        self.file_op(ticket, caller, 0, move |sessions| {
+            sessions.list_files(owner.as_deref(), &id)
+        })
+        .await
     }
 
     /// One file of a session's /workspace (`None`: no such file). Its bytes are taken from
-    /// `ticket`'s share of the body budget while they are in memory.
+    /// `ticket`'s share of the body budget while they are in memory: a file crosses the
+    /// server's memory whole, up to the per-file cap, so that much is held before it is read.
     pub async fn read_file(
         &self,
         ticket: &Ticket,
@@ -496,12 +504,12 @@ impl RunService {
         id: String,
         path: String,
     ) -> Result<Option<Vec<u8>>, RunError> {
-        // A file crosses the server's memory whole, up to the per-file cap: that much is held
-        // for it before it is read.
-        ticket.take_bytes(self.inner.engine.policy().max_input_file_bytes)?;
-        let sessions = self.inner.sessions.clone();
         let owner = caller.key_id.clone();
-        blocking(move || sessions.read_file(owner.as_deref(), &id, &path)).await
+        let cap = self.inner.engine.policy().max_input_file_bytes;
+        self.file_op(ticket, caller, cap, move |sessions| {
+            sessions.read_file(owner.as_deref(), &id, &path)
+        })
+        .await
     }
 
     /// Write one file into a session's /workspace (its body was read within `ticket`).
@@ -513,10 +521,42 @@ impl RunService {
         path: String,
         data: Vec<u8>,
     ) -> Result<(), RunError> {
-        let _ticket = ticket.clone();
-        let sessions = self.inner.sessions.clone();
         let owner = caller.key_id.clone();
-        blocking(move || sessions.write_file(owner.as_deref(), &id, &path, &data)).await
+        self.file_op(ticket, caller, 0, move |sessions| {
+            sessions.write_file(owner.as_deref(), &id, &path, data)
+        })
+        .await
+    }
+
+    /// A file operation on a session: it holds `bytes` more of the body budget, takes a slot
+    /// like a run (pid 1 does the work, and a session whose sandbox was lost is rebuilt
+    /// first), and runs off the async threads. Its refusals are counted like a run's.
+    async fn file_op<T: Send + 'static>(
+        &self,
+        ticket: &Ticket,
+        caller: &Caller,
+        bytes: u64,
+        op: impl FnOnce(&Sessions) -> Result<T, RunError> + Send + 'static,
+    ) -> Result<T, RunError> {
+        let result = async {
+            ticket.take_bytes(bytes)?;
+            let slot = ticket.slot().await?;
+            let held = (slot, ticket.clone());
+            let sessions = self.inner.sessions.clone();
+            blocking(move || {
+                let _held = held;
+                op(&sessions)
+            })
+            .await
+        };
+        result.await.inspect_err(|e| self.file_refused(caller, e))
+    }
+
+    /// A file operation refused: counted (it describes no run to audit).
+    fn file_refused(&self, caller: &Caller, e: &RunError) {
+        self.inner
+            .observer
+            .refused(caller, &RunSummary::default(), e);
     }
 }
 
@@ -571,9 +611,9 @@ pub struct Admitted {
     caller: Caller,
     summary: RunSummary,
     target: Target,
-    valid: ValidRequest,
+    valid: Arc<ValidRequest>,
     /// A new session's own request, the limits it asked for and its TTL.
-    create: Option<(ValidRequest, LimitOverrides, Duration)>,
+    create: Option<(Arc<ValidRequest>, LimitOverrides, Duration)>,
     warnings: Vec<String>,
     admitted: Instant,
 }
@@ -621,6 +661,7 @@ impl Admitted {
         let owner = caller.key_id.clone();
         let span = tracing::Span::current();
         let kill = ks.clone();
+        let (made, mut waiting) = NewSessions::watch(&s.sessions, owner.clone());
         let result = tokio::task::spawn_blocking(move || {
             let _span = span.enter();
             let _held = (slot, entry, ticket);
@@ -635,6 +676,7 @@ impl Admitted {
                     Some((c, overrides, ttl)) => s
                         .sessions
                         .create(owner.as_deref(), &c, overrides, ttl)
+                        .and_then(|info| made.made(&info.id).map(|()| info))
                         .and_then(|info| {
                             s.sessions.execute(
                                 owner.as_deref(),
@@ -667,6 +709,7 @@ impl Admitted {
         .await
         .unwrap_or_else(|_| Err(RunError::internal("The execution failed unexpectedly.")));
         guard.disarm();
+        waiting.answered();
         result
     }
 
@@ -691,16 +734,106 @@ impl Admitted {
             .inspect_err(|e| s.observer.refused(&caller, &summary, e))?;
         let owner = caller.key_id.clone();
         let s2 = s.clone();
+        let (made, mut waiting) = NewSessions::watch(&s.sessions, owner.clone());
         let r = tokio::task::spawn_blocking(move || {
             let _held = (slot, ticket);
-            s2.sessions.create(owner.as_deref(), &c, overrides, ttl)
+            s2.sessions
+                .create(owner.as_deref(), &c, overrides, ttl)
+                .and_then(|info| made.made(&info.id).map(|()| info))
         })
         .await
         .unwrap_or_else(|_| Err(RunError::internal("The session could not be created.")));
+        waiting.answered();
         if let Err(e) = &r {
             s.observer.refused(&caller, &summary, e);
         }
         r
+    }
+}
+
+/// A session made for a caller that may go away before it learns the session's id (a client
+/// that hung up, an agent request cut at its budget): whichever comes last, the session made
+/// or the caller gone, ends it, so that no session outlives a caller that never knew it.
+struct NewSessions {
+    /// Ends a session by its id.
+    end: Box<dyn Fn(&str) + Send + Sync>,
+    state: Mutex<Orphan>,
+}
+
+#[derive(Default)]
+struct Orphan {
+    /// The caller stopped waiting before it got its answer.
+    gone: bool,
+    /// The session made (not yet handed over).
+    made: Option<String>,
+}
+
+/// The side of [`NewSessions`] that makes the session (in the blocking task).
+struct Maker(Arc<NewSessions>);
+
+/// The side of [`NewSessions`] that waits for the answer: dropped before
+/// [`Waiting::answered`], the caller is gone.
+struct Waiting(Option<Arc<NewSessions>>);
+
+impl NewSessions {
+    /// For sessions of `owner` in `sessions`.
+    fn watch(sessions: &Arc<Sessions>, owner: Option<String>) -> (Maker, Waiting) {
+        let sessions = sessions.clone();
+        NewSessions::ending_with(move |id| {
+            let _ = sessions.delete(owner.as_deref(), id);
+        })
+    }
+
+    fn ending_with(end: impl Fn(&str) + Send + Sync + 'static) -> (Maker, Waiting) {
+        let shared = Arc::new(NewSessions {
+            end: Box::new(end),
+            state: Mutex::new(Orphan::default()),
+        });
+        (Maker(shared.clone()), Waiting(Some(shared)))
+    }
+}
+
+impl Maker {
+    /// The session is made: kept for the caller, or ended at once if the caller is gone.
+    fn made(&self, id: &str) -> Result<(), RunError> {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.gone {
+            drop(st);
+            (self.0.end)(id);
+            return Err(RunError::unavailable(
+                "The caller went away while its session was made; the session is ended.",
+            ));
+        }
+        st.made = Some(id.to_owned());
+        Ok(())
+    }
+}
+
+impl Waiting {
+    /// The caller has its answer (and the session's id with it).
+    fn answered(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some(shared) = self.0.take() else { return };
+        let made = {
+            let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.gone = true;
+            st.made.take()
+        };
+        let Some(id) = made else { return };
+        // Ending a session tears its sandbox down (and kills a call still running in it):
+        // off the async threads.
+        let end = move || (shared.end)(&id);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(end);
+            }
+            Err(_) => end(),
+        }
     }
 }
 
@@ -715,4 +848,48 @@ pub fn refusal_verdict(e: &RunError) -> Verdict {
         _ => ErrorCategory::InvalidRequest,
     };
     Verdict::failed(category, e.message.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watched() -> (Maker, Waiting, Arc<Mutex<Vec<String>>>) {
+        let ended = Arc::new(Mutex::new(Vec::new()));
+        let e = ended.clone();
+        let (maker, waiting) = NewSessions::ending_with(move |id| {
+            e.lock().unwrap().push(id.to_owned());
+        });
+        (maker, waiting, ended)
+    }
+
+    #[test]
+    fn a_session_made_for_a_caller_that_went_away_is_ended() {
+        // Gone before the session is made: it is ended as it is made, and no call runs in it.
+        let (maker, waiting, ended) = watched();
+        drop(waiting);
+        assert!(maker.made("s1").is_err());
+        assert_eq!(*ended.lock().unwrap(), ["s1"]);
+
+        // Gone after: the waiting side ends it.
+        let (maker, waiting, ended) = watched();
+        maker.made("s2").unwrap();
+        assert!(ended.lock().unwrap().is_empty());
+        drop(waiting);
+        assert_eq!(*ended.lock().unwrap(), ["s2"]);
+    }
+
+    #[test]
+    fn a_session_handed_over_is_kept() {
+        let (maker, mut waiting, ended) = watched();
+        maker.made("s3").unwrap();
+        waiting.answered();
+        drop(waiting);
+        drop(maker);
+        assert!(ended.lock().unwrap().is_empty());
+        // And a caller that went away with nothing made ends nothing.
+        let (_maker, waiting, ended) = watched();
+        drop(waiting);
+        assert!(ended.lock().unwrap().is_empty());
+    }
 }

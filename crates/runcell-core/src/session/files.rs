@@ -80,7 +80,12 @@ impl Session {
     }
 
     /// Write one file into /workspace (replacing what is there).
-    pub fn write_file(&mut self, engine: &Engine, path: &str, data: &[u8]) -> Result<(), RunError> {
+    pub fn write_file(
+        &mut self,
+        engine: &Engine,
+        path: &str,
+        data: Vec<u8>,
+    ) -> Result<(), RunError> {
         let rel = workspace_path(path).map_err(|e| RunError::invalid(e.to_string()))?;
         let cap = engine
             .policy()
@@ -95,7 +100,7 @@ impl Session {
         let file = runcell_jail::InputFile {
             path: PathBuf::from(WORKSPACE).join(&rel),
             mode: 0o644,
-            content: data.to_vec(),
+            content: data,
         };
         // A sandbox that cannot be rebuilt is the host's failure, not the request's.
         let sandbox = self.ensure_sandbox(engine)?;

@@ -412,7 +412,7 @@ impl Sessions {
         owner: Option<&str>,
         id: &str,
         path: &str,
-        data: &[u8],
+        data: Vec<u8>,
     ) -> Result<(), RunError> {
         self.with_session(owner, id, None, |s, engine| {
             s.write_file(engine, path, data)

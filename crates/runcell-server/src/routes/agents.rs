@@ -128,28 +128,31 @@ pub(crate) async fn run(
     // The request holds its place in line from here to its answer (its runs take their slots
     // through it), and its body's bytes of the budget.
     let caller = req.caller.clone();
-    let bytes = req.read(None).await?;
-    let request: AgentRequest = parse_body(&bytes)?;
+    let bytes = req.read_json(None).await?;
+    // A request refused here is counted like any other door's refusal.
+    let refused = |e: ApiError| {
+        state.metrics().rejected(e.category);
+        e
+    };
+    let request: AgentRequest = parse_body(&bytes).map_err(refused)?;
     drop(bytes);
     let valid = request
         .validate(&settings.policy)
-        .map_err(ApiError::invalid)?;
+        .map_err(|e| refused(ApiError::invalid(e)))?;
     // The conversation grows to at most this while the loop runs: held of the body budget.
     req.ticket
         .take_bytes(valid.bounds.max_conversation_bytes as u64)
         .inspect_err(|e| state.metrics().rejected(e.category()))?;
-    let engine = state.engine().clone();
-    // Finding the runtimes and asking their versions runs host programs.
-    let catalog = tokio::task::spawn_blocking(move || runcell_mcp::Catalog::for_host(&engine))
-        .await
-        .map_err(|_| ApiError::internal("The tools could not be listed."))?;
+    // The host's runtimes as the server last found them (finding them runs host programs).
+    let runtimes = state.runtime_statuses().await?;
+    let catalog = runcell_mcp::Catalog::new(state.engine().config(), &runtimes);
     let (offered, unknown) =
         runcell_agent::tools::offered(&catalog, state.engine().config(), &valid.tools);
     if !unknown.is_empty() {
-        return Err(ApiError::invalid(format!(
+        return Err(refused(ApiError::invalid(format!(
             "tools: this server has no {}.",
             unknown.join(", ")
-        )));
+        ))));
     }
     // The files go into every run: checked now rather than in front of the model, once (off
     // the async threads: it decodes them), and then against each other offered tool's
@@ -171,15 +174,15 @@ pub(crate) async fn run(
         })
         .await
         .map_err(|_| ApiError::internal("The files could not be checked."))?;
-        let paths = checked.map_err(|e| ApiError::invalid(format!("files: {e}")))?;
+        let paths = checked.map_err(|e| refused(ApiError::invalid(format!("files: {e}"))))?;
         for language in &languages[1..] {
             let source = std::path::Path::new(runcell_core::WORKSPACE).join(language.source_file());
             if paths.contains(&source) {
-                return Err(ApiError::invalid(format!(
+                return Err(refused(ApiError::invalid(format!(
                     "files: {} is where the {} tool writes its code; give the file another name.",
                     language.source_file(),
                     language.name()
-                )));
+                ))));
             }
         }
     }

@@ -87,7 +87,7 @@ pub(crate) async fn decide(
 ) -> Result<Json<DecisionBody>, ApiError> {
     let caller = &req.caller;
     require_admin(&state, caller)?;
-    let bytes = req.read(Some(4096)).await?;
+    let bytes = req.read_json(Some(4096)).await?;
     let d: DecisionBody = super::execute::parse_body(&bytes)?;
     if state
         .service()

@@ -94,7 +94,7 @@ pub(crate) async fn execute(
     State(state): State<AppState>,
     mut req: Reserved,
 ) -> Result<Response, ApiError> {
-    let bytes = req.read(None).await?;
+    let bytes = req.read_json(None).await?;
     let request = parse_request(&state, &bytes, TargetKind::OneShot)?;
     drop(bytes);
     let call = Call::new(req.caller.clone(), Source::Api, Target::OneShot, request);

@@ -135,7 +135,7 @@ pub(crate) async fn runtimes(
     let list = state.runtimes().await?;
     let p = state.engine().policy().clone();
     Ok(Json(RuntimesResponse {
-        runtimes: list.as_ref().clone(),
+        runtimes: list,
         limits: LimitsInfo {
             default: p.defaults,
             maximum: p.max,

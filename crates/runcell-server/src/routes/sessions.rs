@@ -41,7 +41,7 @@ pub(crate) async fn create(
     State(state): State<AppState>,
     mut req: Reserved,
 ) -> Result<Response, ApiError> {
-    let bytes = req.read(None).await?;
+    let bytes = req.read_json(None).await?;
     let request = parse_request(&state, &bytes, TargetKind::CreateSession)?;
     drop(bytes);
     let call = Call::new(
@@ -126,7 +126,7 @@ pub(crate) async fn execute(
     Path(id): Path<String>,
     mut req: Reserved,
 ) -> Result<Response, ApiError> {
-    let bytes = req.read(None).await?;
+    let bytes = req.read_json(None).await?;
     let request = parse_request(&state, &bytes, TargetKind::Session)?;
     drop(bytes);
     let call = Call::new(
@@ -235,7 +235,8 @@ pub(crate) async fn put_file(
         .await?;
     state
         .service()
-        .write_file(&req.ticket, &req.caller, id, path, data.to_vec())
+        // (The body's own buffer, not a copy.)
+        .write_file(&req.ticket, &req.caller, id, path, Vec::from(data))
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
