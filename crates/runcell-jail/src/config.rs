@@ -17,6 +17,10 @@ pub const SANDBOX_GID: u32 = 1000;
 pub enum RootEntry {
     /// Bind-mount a host directory or file read-only (recursively, nosuid, nodev) at the same path.
     Bind { path: PathBuf, dir: bool },
+    /// Show a host directory read-only (as [`RootEntry::Bind`]) at another path, `at`: for
+    /// what lives wherever the operator put it (a package layer in the data directory), shown
+    /// at a fixed path that no host path and none of the sandbox's own mounts decides.
+    BindAt { path: PathBuf, at: PathBuf },
     /// Recreate a host symlink (e.g. merged-/usr `/bin -> usr/bin`).
     Symlink { path: PathBuf, target: PathBuf },
 }

@@ -148,7 +148,9 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         .root
         .iter()
         .map(|e| match e {
-            RootEntry::Bind { path, dir: true } if cfg.privileged => {
+            RootEntry::Bind { path, dir: true } | RootEntry::BindAt { path, .. }
+                if cfg.privileged =>
+            {
                 rootfs::layer_clone(path).map(Some)
             }
             _ => Ok(None),
@@ -458,18 +460,27 @@ fn build_sandbox(
     rootfs::mkdir_p(&empty, 0o755)?;
     rootfs::mount_empty(&empty)?;
     let mountinfo = fs::read("/proc/self/mountinfo").step("read mountinfo")?;
+    //     A host part is shown at its own path, or (BindAt) at a fixed one; never below the
+    //     sandbox's own /tmp, /workspace, /dev or /proc, which would hide it (refused).
     for (i, entry) in cfg.root.iter().enumerate() {
         match entry {
-            RootEntry::Bind { path, dir: true } => {
+            RootEntry::Bind { path, dir: true } | RootEntry::BindAt { path, .. } => {
+                let at = match entry {
+                    RootEntry::BindAt { at, .. } => at,
+                    _ => path,
+                };
+                let dst = rootfs::shown_under(root, at).step_at("show host directory", path)?;
                 let layer = staging_layers.join(i.to_string());
                 let clone = layers.get_mut(i).and_then(Option::take);
-                rootfs::overlay_readonly(path, clone, &layer, &empty, &under(root, path))?;
+                rootfs::overlay_readonly(path, clone, &layer, &empty, &dst)?;
                 for sub in rootfs::submounts_under(&mountinfo, path) {
-                    rootfs::bind_readonly(&sub, &under(root, &sub), sub.is_dir())?;
+                    let rel = sub.strip_prefix(path).unwrap_or(Path::new(""));
+                    rootfs::bind_readonly(&sub, &dst.join(rel), sub.is_dir())?;
                 }
             }
             RootEntry::Bind { path, dir: false } => {
-                rootfs::copy_host_file(path, &under(root, path), HOST_FILE_MAX)?
+                let dst = rootfs::shown_under(root, path).step_at("show host file", path)?;
+                rootfs::copy_host_file(path, &dst, HOST_FILE_MAX)?
             }
             RootEntry::Symlink { path, target } => {
                 let dst = under(root, path);

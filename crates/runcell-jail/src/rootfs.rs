@@ -70,6 +70,26 @@ pub fn under(root: &Path, abs: &Path) -> PathBuf {
     root.join(rel)
 }
 
+/// The sandbox's own mounts (P9, P10, P11): a host directory shown below one of them would be
+/// hidden by it.
+pub const OWN_MOUNTS: &[&str] = &["/tmp", "/workspace", "/dev", "/proc"];
+
+/// Where in `root` the host part shown at `abs` goes: refused (never hidden silently) when
+/// `abs` lies below one of the sandbox's own mounts (a data directory under /tmp).
+pub fn shown_under(root: &Path, abs: &Path) -> io::Result<PathBuf> {
+    match OWN_MOUNTS.iter().find(|m| abs.starts_with(m)) {
+        Some(m) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} cannot be shown in the sandbox: it lies below the sandbox's own {m}, which \
+                 would hide it (move it elsewhere, e.g. the data directory out of {m})",
+                abs.display()
+            ),
+        )),
+        None => Ok(under(root, abs)),
+    }
+}
+
 /// Whether an absolute path is plain: absolute, no `..`, no `.`.
 pub fn is_plain_absolute(p: &Path) -> bool {
     p.is_absolute()
@@ -521,6 +541,26 @@ mod tests {
             ]
         );
         assert!(submounts_under(info, Path::new("/etc/fonts")).is_empty());
+    }
+
+    #[test]
+    fn a_host_part_below_the_sandboxs_own_mounts_is_refused() {
+        let root = Path::new("/r");
+        assert_eq!(
+            shown_under(root, Path::new("/var/lib/runcell/python")).unwrap(),
+            PathBuf::from("/r/var/lib/runcell/python")
+        );
+        for hidden in [
+            "/tmp/data/packages",
+            "/workspace/x",
+            "/dev/shm/y",
+            "/proc/1",
+        ] {
+            let e = shown_under(root, Path::new(hidden)).unwrap_err();
+            assert!(e.to_string().contains("below the sandbox's own"), "{e}");
+        }
+        // A prefix of a name is not a directory above it.
+        assert!(shown_under(root, Path::new("/tmpdata/x")).is_ok());
     }
 
     #[test]

@@ -139,6 +139,9 @@ pub struct Runtime {
     pub executable: PathBuf,
     /// Prepared host directories bound read-only at the same path (a Python stack's venv).
     pub extra_binds: Vec<PathBuf>,
+    /// Host directories shown read-only at a fixed sandbox path (host, sandbox): a package
+    /// layer, wherever the data directory is.
+    pub shown: Vec<(PathBuf, PathBuf)>,
     /// Prepared caches shown writable through an overlay (Go's build cache).
     pub overlays: Vec<Overlay>,
     /// Environment added by what was prepared.
@@ -214,6 +217,10 @@ pub struct Plan {
 
 /// The working directory of every program.
 pub const WORKSPACE: &str = "/workspace";
+
+/// Where a run sees its package layer (the installed packages' `site`), whatever the host path
+/// of the data directory: first on `PYTHONPATH`, read-only.
+pub const PACKAGES_PATH: &str = "/opt/runcell/packages";
 /// Where a compiled binary goes (outside /workspace, so it is not mistaken for an output).
 const GO_BINARY: &str = "/tmp/.runcell/main";
 
@@ -327,6 +334,7 @@ impl Runtime {
             language,
             executable,
             extra_binds: Vec::new(),
+            shown: Vec::new(),
             overlays: Vec::new(),
             extra_env: Vec::new(),
             sandbox_files: Vec::new(),
@@ -342,6 +350,10 @@ impl Runtime {
         entries.extend(self.extra_binds.iter().map(|p| RootEntry::Bind {
             path: p.clone(),
             dir: true,
+        }));
+        entries.extend(self.shown.iter().map(|(path, at)| RootEntry::BindAt {
+            path: path.clone(),
+            at: at.clone(),
         }));
         entries
     }
@@ -441,13 +453,13 @@ impl Runtime {
         rt
     }
 
-    /// This runtime with `dir` (a package layer) shown read-only at its host path and first
-    /// on Python's module path.
+    /// This runtime with `dir` (a package layer's `site`) shown read-only at
+    /// [`PACKAGES_PATH`] and first on Python's module path.
     pub fn with_python_path(&self, dir: PathBuf) -> Runtime {
         let mut rt = self.clone();
-        let path = dir.to_string_lossy().into_owned();
-        rt.extra_binds.push(dir);
-        rt.extra_env.push(("PYTHONPATH".into(), path));
+        rt.shown.push((dir, PathBuf::from(PACKAGES_PATH)));
+        rt.extra_env
+            .push(("PYTHONPATH".into(), PACKAGES_PATH.to_string()));
         rt
     }
 
