@@ -1103,6 +1103,8 @@ fn verdict_from(
         state_lost: None,
         network: None,
         packages: None,
+        results: None,
+        exception: None,
     }
 }
 

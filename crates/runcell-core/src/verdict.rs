@@ -252,6 +252,42 @@ pub struct Verdict {
     /// Runs that asked for packages: the layer they ran with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packages: Option<PackagesReport>,
+    /// Sessions only: what the call displayed, as a notebook shows it: the value of its last
+    /// expression (`is_main_result`) and everything passed to `display()` or shown as a
+    /// figure, in order, each as a MIME bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<Vec<DisplayResult>>,
+    /// Sessions only: the exception that ended the call, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exception: Option<ExceptionReport>,
+}
+
+/// One thing a session call displayed, as a MIME bundle (Jupyter's `display_data` and
+/// `execute_result`).
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
+pub struct DisplayResult {
+    /// True for the value of the call's last expression (at most one per call).
+    pub is_main_result: bool,
+    /// MIME type to content: `text/plain` always; `text/html`, `text/markdown`,
+    /// `text/latex`, `image/svg+xml` as text; `image/png` and `image/jpeg` as base64;
+    /// `application/json` as JSON.
+    #[schema(value_type = Object)]
+    pub data: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// An exception that ended a session call.
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
+pub struct ExceptionReport {
+    /// The exception's type, e.g. `ZeroDivisionError`.
+    pub name: String,
+    /// Its message, e.g. `division by zero`.
+    pub value: String,
+    /// The traceback as printed.
+    pub traceback: String,
 }
 
 /// The package layer a run had.
@@ -342,6 +378,8 @@ impl Verdict {
             state_lost: None,
             network: None,
             packages: None,
+            results: None,
+            exception: None,
         }
     }
 
