@@ -20,6 +20,7 @@ pub mod audit;
 pub mod auth;
 pub mod connections;
 pub mod deliver;
+pub mod e2b;
 pub mod error;
 pub mod extract;
 pub mod listener;
@@ -106,6 +107,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(open)
         .merge(keyed)
+        .nest("/e2b", e2b::router(&state))
         .with_state(state)
         .layer(axum::middleware::map_response(error::json_errors))
         .layer(axum::middleware::from_fn(middleware::request_meta))

@@ -36,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) agent: Option<crate::AgentSettings>,
     /// Keys that may approve runs waiting for network.
     pub(crate) admin_keys: std::collections::HashSet<String>,
+    /// The E2B door's sandboxes (each a session of the run service).
+    pub(crate) e2b: crate::e2b::Registry,
 }
 
 /// The run service's observer here: every refusal and every verdict is counted in the
@@ -125,6 +127,7 @@ impl AppState {
                     .agent
                     .as_ref()
                     .and_then(crate::AgentSettings::from_settings),
+                e2b: crate::e2b::Registry::default(),
             }),
         }
     }

@@ -465,6 +465,19 @@ impl RunService {
         self.inner.sessions.list(caller.key_id.as_deref())
     }
 
+    /// Give one of the caller's sessions a new idle TTL, counted from now (seconds, within
+    /// the policy).
+    pub fn set_session_ttl(
+        &self,
+        caller: &Caller,
+        id: &str,
+        ttl: Option<f64>,
+    ) -> Result<SessionInfo, RunError> {
+        self.inner
+            .sessions
+            .set_ttl(caller.key_id.as_deref(), id, ttl)
+    }
+
     /// End one of the caller's sessions (its sandbox torn down off the async threads).
     pub async fn delete_session(&self, caller: &Caller, id: String) -> Result<(), RunError> {
         let sessions = self.inner.sessions.clone();

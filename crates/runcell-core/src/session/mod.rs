@@ -44,7 +44,6 @@ struct Slot {
     owner: Option<String>,
     created: Instant,
     created_at: SystemTime,
-    ttl: Duration,
     /// Memory and disk it holds while idle (its limits).
     holds: u64,
     state: Mutex<SlotState>,
@@ -60,6 +59,8 @@ struct SlotState {
     closed: bool,
     executions: u64,
     limits: Limits,
+    /// Idle time to live: changed by [`Sessions::set_ttl`] (E2B's `set_timeout`).
+    ttl: Duration,
 }
 
 #[derive(Default)]
@@ -216,7 +217,6 @@ impl Sessions {
                 owner: owner.map(str::to_string),
                 created: Instant::now(),
                 created_at: SystemTime::now(),
-                ttl,
                 holds,
                 state: Mutex::new(SlotState {
                     session: None,
@@ -225,6 +225,7 @@ impl Sessions {
                     closed: false,
                     executions: 0,
                     limits: *v.limits(),
+                    ttl,
                 }),
             });
             t.slots.insert(slot.id.clone(), slot.clone());
@@ -277,6 +278,27 @@ impl Sessions {
         Ok(self.info(&slot))
     }
 
+    /// Give a session a new idle TTL, counted from now (E2B's `set_timeout`): within the
+    /// policy's maximum, and never past the session's maximum lifetime, which still applies.
+    pub fn set_ttl(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+        asked: Option<f64>,
+    ) -> Result<SessionInfo, RunError> {
+        let ttl = self.policy.ttl(asked)?;
+        let slot = self.find(owner, id)?;
+        {
+            let mut st = lock(&slot.state);
+            if st.closed {
+                return Err(not_found(id));
+            }
+            st.ttl = ttl;
+            st.last_used = Instant::now();
+        }
+        Ok(self.info(&slot))
+    }
+
     /// The caller's live sessions.
     pub fn list(&self, owner: Option<&str>) -> Vec<SessionInfo> {
         let slots: Vec<Arc<Slot>> = lock(&self.table)
@@ -292,7 +314,7 @@ impl Sessions {
 
     fn info(&self, slot: &Slot) -> SessionInfo {
         let st = lock(&slot.state);
-        let idle_end = st.last_used + slot.ttl;
+        let idle_end = st.last_used + st.ttl;
         let life_end = slot.created + self.policy.max_lifetime;
         let end = idle_end.min(life_end);
         let expires = SystemTime::now() + end.saturating_duration_since(Instant::now());
@@ -301,7 +323,7 @@ impl Sessions {
             language: slot.settings.language.name().to_string(),
             created_at: rfc3339(slot.created_at),
             expires_at: rfc3339(expires),
-            ttl: slot.ttl.as_secs_f64(),
+            ttl: st.ttl.as_secs_f64(),
             execution_count: st.executions,
             busy: st.running.is_some(),
             limits: st.limits,
@@ -451,7 +473,7 @@ impl Sessions {
                 .values()
                 .filter(|s| {
                     let st = lock(&s.state);
-                    let idle = st.running.is_none() && now >= st.last_used + s.ttl;
+                    let idle = st.running.is_none() && now >= st.last_used + st.ttl;
                     let old = now >= s.created + self.policy.max_lifetime;
                     idle || old
                 })
@@ -513,7 +535,6 @@ mod tests {
             owner: owner.map(str::to_string),
             created: Instant::now(),
             created_at: SystemTime::now(),
-            ttl: Duration::from_secs(60),
             holds,
             state: Mutex::new(SlotState {
                 session: None,
@@ -522,6 +543,7 @@ mod tests {
                 closed: false,
                 executions: 0,
                 limits: Limits::DEFAULT,
+                ttl: Duration::from_secs(60),
             }),
         })
     }

@@ -1,0 +1,535 @@
+//! The sandbox daemon's calls (E2B's "envd", port 49983): `/health`, the files of the
+//! sandbox (`GET`/`POST /files`, `filesystem.Filesystem/*` in Connect JSON) and its processes
+//! (`process.Process/*`). The files are the session's /workspace, named under `/home/user`;
+//! every operation goes through the run service's file operations (a place in line, a slot,
+//! the session's own checks).
+
+use axum::extract::{Path, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use runcell_core::WorkspaceListing;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::access::SandboxRequest;
+use super::connect::{Code, ConnectError};
+use super::{home_path, workspace_path, E2bError};
+use crate::state::AppState;
+
+/// The largest JSON a daemon call may send (its messages are a path or two).
+pub const MAX_RPC_BODY: usize = 64 * 1024;
+
+/// `GET /health`: 204 while the sandbox runs (its token checked: a sandbox that is gone
+/// answers 502, which the SDKs read as "not running").
+pub async fn health(_req: SandboxRequest) -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+/// `?path=...&username=...` of `/files`.
+fn query_path(query: Option<&str>) -> Result<String, E2bError> {
+    #[derive(Deserialize)]
+    struct Q {
+        path: Option<String>,
+    }
+    let q: Q = serde_urlencoded_like(query.unwrap_or(""))?;
+    q.path
+        .ok_or_else(|| E2bError::invalid("`path` is required."))
+}
+
+/// The query string as a struct, with axum's own query parser.
+fn serde_urlencoded_like<T: serde::de::DeserializeOwned>(q: &str) -> Result<T, E2bError> {
+    let uri: axum::http::Uri = format!("/?{q}")
+        .parse()
+        .map_err(|_| E2bError::invalid("The query string is not valid."))?;
+    axum::extract::Query::<T>::try_from_uri(&uri)
+        .map(|q| q.0)
+        .map_err(|e| E2bError::invalid(format!("The query string is not valid: {e}.")))
+}
+
+fn rel_path(path: &str) -> Result<String, E2bError> {
+    workspace_path(path).map_err(|e| E2bError::invalid(e.to_string()))
+}
+
+/// `GET /files?path=`: the file's bytes; 404 `{"code": 404, ...}` when there is none.
+pub async fn read_file(
+    State(state): State<AppState>,
+    mut req: SandboxRequest,
+) -> Result<Response, E2bError> {
+    let rel = rel_path(&query_path(req.query.as_deref())?)?;
+    let (ticket, _) = req.reserve_and_read(&state, 0, false).await?;
+    let data = state
+        .service()
+        .read_file(
+            &ticket,
+            &req.caller,
+            req.sandbox.session.clone(),
+            rel.clone(),
+        )
+        .await?;
+    let Some(data) = data else {
+        return Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("No file {:?}.", home_path(&rel)),
+        ));
+    };
+    let mut res = axum::body::Bytes::from(data).into_response();
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(res)
+}
+
+/// One part of a `multipart/form-data` body: its field name, file name and content.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Part<'a> {
+    pub name: Option<String>,
+    pub filename: Option<String>,
+    pub data: &'a [u8],
+}
+
+/// Why a multipart body could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MultipartError {
+    #[error("the Content-Type is not multipart/form-data with a boundary")]
+    NoBoundary,
+    #[error("the body does not start with its boundary")]
+    NoStart,
+    #[error("a part has no end of headers")]
+    NoHeaderEnd,
+    #[error("a part has no closing boundary")]
+    Unterminated,
+    #[error("more than {0} parts")]
+    TooManyParts(usize),
+}
+
+/// The most parts one upload may have.
+pub const MAX_PARTS: usize = 64;
+
+/// The boundary of a `multipart/form-data` content type (RFC 7578, at most 70 characters as
+/// RFC 2046 says).
+pub fn boundary(content_type: &str) -> Option<String> {
+    let mut it = content_type.split(';');
+    if !it
+        .next()?
+        .trim()
+        .eq_ignore_ascii_case("multipart/form-data")
+    {
+        return None;
+    }
+    it.filter_map(|p| p.split_once('='))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("boundary"))
+        .map(|(_, v)| v.trim().trim_matches('"').to_string())
+        .filter(|b| !b.is_empty() && b.len() <= 70)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A parameter of a `Content-Disposition` header (`name`, `filename`), quoted or not.
+fn disposition_param(header: &str, param: &str) -> Option<String> {
+    header.split(';').skip(1).find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case(param)
+            .then(|| v.trim().trim_matches('"').replace("\\\"", "\""))
+    })
+}
+
+/// The parts of a `multipart/form-data` body, borrowed from it. Bounded: at most
+/// [`MAX_PARTS`] parts; the body itself was read within the upload's cap.
+pub fn multipart<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<Part<'a>>, MultipartError> {
+    let delim = format!("--{boundary}");
+    let start = find(body, delim.as_bytes()).ok_or(MultipartError::NoStart)?;
+    let mut rest = &body[start + delim.len()..];
+    let next_delim = format!("\r\n--{boundary}");
+    let mut parts = Vec::new();
+    loop {
+        if rest.starts_with(b"--") {
+            return Ok(parts);
+        }
+        rest = rest
+            .strip_prefix(b"\r\n")
+            .ok_or(MultipartError::NoHeaderEnd)?;
+        let h_end = find(rest, b"\r\n\r\n").ok_or(MultipartError::NoHeaderEnd)?;
+        let headers = String::from_utf8_lossy(&rest[..h_end]);
+        let content = &rest[h_end + 4..];
+        let end = find(content, next_delim.as_bytes()).ok_or(MultipartError::Unterminated)?;
+        if parts.len() >= MAX_PARTS {
+            return Err(MultipartError::TooManyParts(MAX_PARTS));
+        }
+        let disposition = headers
+            .split("\r\n")
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("content-disposition")
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap_or_default();
+        parts.push(Part {
+            name: disposition_param(&disposition, "name"),
+            filename: disposition_param(&disposition, "filename"),
+            data: &content[..end],
+        });
+        rest = &content[end + next_delim.len()..];
+    }
+}
+
+/// `POST /files?path=`: a multipart upload (field `file`; with several files each file name
+/// is its path). Answers the written files, `[{"path", "name", "type": "file"}]`. Parent
+/// directories are made; a file replaces what was at its path.
+pub async fn write_file(
+    State(state): State<AppState>,
+    mut req: SandboxRequest,
+) -> Result<Response, E2bError> {
+    let asked = serde_urlencoded_like::<Value>(req.query.as_deref().unwrap_or(""))?;
+    let asked = asked
+        .get("path")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let ct = req
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let Some(b) = boundary(&ct) else {
+        return Err(E2bError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Uploads are multipart/form-data here (this sandbox reports envd 0.4.0, so the \
+             SDKs send them so).",
+        ));
+    };
+    // The session must exist for the caller, and be free, before the body is read.
+    state
+        .service()
+        .check_session_idle(&req.caller, &req.sandbox.session)?;
+    let cap = usize::try_from(state.engine().policy().max_input_file_bytes)
+        .unwrap_or(usize::MAX)
+        // The multipart framing around the file.
+        .saturating_add(64 * 1024);
+    let (ticket, body) = req.reserve_and_read(&state, cap, false).await?;
+    let parts = multipart(&body, &b).map_err(|e| E2bError::invalid(format!("{e}.")))?;
+    let files: Vec<&Part> = parts
+        .iter()
+        .filter(|p| p.name.as_deref() == Some("file"))
+        .collect();
+    if files.is_empty() {
+        return Err(E2bError::invalid("The upload has no `file` part."));
+    }
+    let mut written = Vec::new();
+    for p in &files {
+        // One file goes to `path`; several go to their file names.
+        let path = match (&asked, files.len()) {
+            (Some(a), 1) => a.clone(),
+            _ => p
+                .filename
+                .clone()
+                .ok_or_else(|| E2bError::invalid("A file part has no file name (its path)."))?,
+        };
+        let rel = rel_path(&path)?;
+        if rel.is_empty() {
+            return Err(E2bError::invalid(
+                "A file cannot be written over /home/user itself.",
+            ));
+        }
+        state
+            .service()
+            .write_file(
+                &ticket,
+                &req.caller,
+                req.sandbox.session.clone(),
+                rel.clone(),
+                p.data.to_vec(),
+            )
+            .await?;
+        let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
+        written.push(json!({"path": home_path(&rel), "name": name, "type": "file"}));
+    }
+    Ok(Json(written).into_response())
+}
+
+/// A unary Connect error answer.
+fn connect_error(e: &ConnectError) -> Response {
+    (e.code.status(), Json(e.body())).into_response()
+}
+
+impl From<E2bError> for ConnectError {
+    fn from(e: E2bError) -> ConnectError {
+        let code = match e.status {
+            StatusCode::NOT_FOUND => Code::NotFound,
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => Code::InvalidArgument,
+            StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+            StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+            StatusCode::CONFLICT => Code::FailedPrecondition,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Code::Unavailable,
+            StatusCode::REQUEST_TIMEOUT => Code::DeadlineExceeded,
+            _ => Code::Internal,
+        };
+        ConnectError::new(code, e.message)
+    }
+}
+
+/// `{"path": ...}` and `{"path", "depth"}` (proto3 JSON: camelCase or snake_case).
+#[derive(Debug, Deserialize)]
+struct PathRequest {
+    path: String,
+    #[serde(default)]
+    depth: Option<u32>,
+}
+
+/// An `EntryInfo` (proto3 JSON: int64 as a string, enums by name, defaults omitted).
+fn entry(rel: &str, dir: bool, size: u64) -> Value {
+    let name = rel.rsplit('/').next().unwrap_or(rel);
+    let mut e = json!({
+        "name": if rel.is_empty() { "user" } else { name },
+        "type": if dir { "FILE_TYPE_DIRECTORY" } else { "FILE_TYPE_FILE" },
+        "path": home_path(rel),
+        "mode": if dir { 0o755 } else { 0o644 },
+        "permissions": if dir { "drwxr-xr-x" } else { "-rw-r--r--" },
+        "owner": "user",
+        "group": "user",
+    });
+    if size > 0 {
+        e["size"] = json!(size.to_string());
+    }
+    e
+}
+
+/// The entries below `dir` (a workspace path, `""` for the root) to `depth` levels, from a
+/// listing of the workspace's files (directories are the ones files are in); `None` when
+/// `dir` is not a directory.
+pub fn list_dir(listing: &WorkspaceListing, dir: &str, depth: u32) -> Option<Vec<Value>> {
+    let prefix = if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{dir}/")
+    };
+    let mut seen = std::collections::BTreeMap::<String, (bool, u64)>::new();
+    let mut exists = dir.is_empty();
+    for f in &listing.files {
+        let Some(below) = f.path.strip_prefix(&prefix) else {
+            continue;
+        };
+        exists = true;
+        let segs: Vec<&str> = below.split('/').collect();
+        for i in 0..segs.len().min(depth.max(1) as usize) {
+            let path = format!("{prefix}{}", segs[..=i].join("/"));
+            let is_dir = i + 1 < segs.len();
+            seen.entry(path)
+                .or_insert((is_dir, if is_dir { 0 } else { f.size }));
+        }
+    }
+    exists.then(|| {
+        seen.into_iter()
+            .map(|(p, (d, s))| entry(&p, d, s))
+            .collect()
+    })
+}
+
+/// What a workspace path is: a file (its size), a directory, or nothing.
+pub fn stat(listing: &WorkspaceListing, rel: &str) -> Option<Value> {
+    if rel.is_empty() {
+        return Some(entry("", true, 0));
+    }
+    let prefix = format!("{rel}/");
+    for f in &listing.files {
+        if f.path == rel {
+            return Some(entry(rel, false, f.size));
+        }
+        if f.path.starts_with(&prefix) {
+            return Some(entry(rel, true, 0));
+        }
+    }
+    None
+}
+
+/// `POST /filesystem.Filesystem/{method}` (unary, JSON): `ListDir` and `Stat`. Changing
+/// directories (`MakeDir`, `Remove`, `Move`) and watching them are not served yet
+/// (`unimplemented`).
+pub async fn filesystem(
+    State(state): State<AppState>,
+    Path(method): Path<String>,
+    mut req: SandboxRequest,
+) -> Response {
+    let r = async {
+        let (ticket, bytes) = req.reserve_and_read(&state, MAX_RPC_BODY, true).await?;
+        let call = |what: &str| -> Result<PathRequest, ConnectError> {
+            serde_json::from_slice(&bytes).map_err(|e| {
+                ConnectError::new(
+                    Code::InvalidArgument,
+                    format!("Invalid {what} request: {e}."),
+                )
+            })
+        };
+        match method.as_str() {
+            "ListDir" | "Stat" => {
+                let p = call(&method)?;
+                let rel = rel_path(&p.path)?;
+                let listing = state
+                    .service()
+                    .list_files(&ticket, &req.caller, req.sandbox.session.clone())
+                    .await
+                    .map_err(E2bError::from)?;
+                let not_found = || {
+                    ConnectError::new(
+                        Code::NotFound,
+                        format!("No such path {:?}.", home_path(&rel)),
+                    )
+                };
+                if method == "Stat" {
+                    let e = stat(&listing, &rel).ok_or_else(not_found)?;
+                    return Ok(json!({"entry": e}));
+                }
+                let entries =
+                    list_dir(&listing, &rel, p.depth.unwrap_or(1)).ok_or_else(not_found)?;
+                Ok(json!({"entries": entries}))
+            }
+            other => Err(ConnectError::new(
+                Code::Unimplemented,
+                format!(
+                    "filesystem.Filesystem/{} is not served by runcell's E2B door (files are \
+                     read, written, listed and stat'ed; directories are made by writing into \
+                     them).",
+                    other.chars().take(64).collect::<String>()
+                ),
+            )),
+        }
+    }
+    .await;
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => connect_error(&e),
+    }
+}
+
+/// `POST /process.Process/{method}`: not served yet (`unimplemented`, as a unary error or
+/// as the end of a stream for the streaming `Start`/`Connect`).
+pub async fn process(Path(method): Path<String>, _req: SandboxRequest) -> Response {
+    let e = ConnectError::new(
+        Code::Unimplemented,
+        format!(
+            "process.Process/{} is not served by runcell's E2B door yet: run commands with \
+             run_code (e.g. subprocess) instead.",
+            method.chars().take(64).collect::<String>()
+        ),
+    );
+    if matches!(method.as_str(), "Start" | "Connect") {
+        let mut res = axum::body::Bytes::from(super::connect::end_stream(Some(&e))).into_response();
+        res.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static(super::connect::STREAM_JSON),
+        );
+        return res;
+    }
+    connect_error(&e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runcell_core::session::WorkspaceFile;
+
+    #[test]
+    fn multipart_bodies_are_read_and_hostile_ones_refused() {
+        assert_eq!(
+            boundary("multipart/form-data; boundary=\"abc\"").as_deref(),
+            Some("abc")
+        );
+        assert_eq!(boundary("application/json"), None);
+        assert_eq!(
+            boundary(&format!("multipart/form-data; boundary={}", "x".repeat(71))),
+            None
+        );
+        let body = b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/a.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n\x00\x01\r\n\r\n--B--\r\n";
+        let parts = multipart(body, "B").unwrap();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].name.as_deref(), Some("file"));
+        assert_eq!(parts[0].filename.as_deref(), Some("/home/user/a.bin"));
+        assert_eq!(
+            parts[0].data, b"\x00\x01\r\n",
+            "a CRLF in the content is content"
+        );
+        assert_eq!(multipart(b"nothing", "B"), Err(MultipartError::NoStart));
+        assert_eq!(
+            multipart(
+                b"--B\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nno end",
+                "B"
+            ),
+            Err(MultipartError::Unterminated)
+        );
+        assert_eq!(
+            multipart(b"--B\r\nno headers end", "B"),
+            Err(MultipartError::NoHeaderEnd)
+        );
+        let mut many = Vec::new();
+        for _ in 0..=MAX_PARTS {
+            many.extend_from_slice(
+                b"--B\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n",
+            );
+        }
+        many.extend_from_slice(b"--B--");
+        assert_eq!(
+            multipart(&many, "B"),
+            Err(MultipartError::TooManyParts(MAX_PARTS))
+        );
+    }
+
+    fn listing(files: &[(&str, u64)]) -> WorkspaceListing {
+        WorkspaceListing {
+            files: files
+                .iter()
+                .map(|(p, s)| WorkspaceFile {
+                    path: p.to_string(),
+                    size: *s,
+                })
+                .collect(),
+            omitted: 0,
+        }
+    }
+
+    #[test]
+    fn directories_are_listed_from_the_files_in_them() {
+        let l = listing(&[("a.txt", 10), ("d/b.txt", 3), ("d/e/c.txt", 1)]);
+        let names = |v: Vec<Value>| {
+            v.iter()
+                .map(|e| {
+                    format!(
+                        "{} {}",
+                        e["path"].as_str().unwrap(),
+                        e["type"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(list_dir(&l, "", 1).unwrap()),
+            [
+                "/home/user/a.txt FILE_TYPE_FILE",
+                "/home/user/d FILE_TYPE_DIRECTORY"
+            ]
+        );
+        assert_eq!(list_dir(&l, "", 3).unwrap().len(), 5);
+        assert_eq!(
+            names(list_dir(&l, "d", 1).unwrap()),
+            [
+                "/home/user/d/b.txt FILE_TYPE_FILE",
+                "/home/user/d/e FILE_TYPE_DIRECTORY"
+            ]
+        );
+        assert!(list_dir(&l, "nope", 1).is_none());
+        assert_eq!(list_dir(&listing(&[]), "", 1).unwrap().len(), 0);
+        assert_eq!(list_dir(&l, "", 1).unwrap()[0]["size"], "10");
+        assert_eq!(stat(&l, "d").unwrap()["type"], "FILE_TYPE_DIRECTORY");
+        assert_eq!(stat(&l, "a.txt").unwrap()["size"], "10");
+        assert!(stat(&l, "a").is_none());
+        assert_eq!(stat(&l, "").unwrap()["type"], "FILE_TYPE_DIRECTORY");
+    }
+}
