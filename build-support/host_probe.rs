@@ -44,6 +44,8 @@ pub const ALL: &[&str] = &[
     "host_validators",
     "host_schemathesis",
     "host_ts_mcp_client",
+    "host_e2b_sdk",
+    "host_e2b_sdk_oldest",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -96,6 +98,8 @@ fn probe(name: &str) -> bool {
                 .is_file()
         }
         "host_schemathesis" => venv_with("validators-venv", &["schemathesis"]),
+        "host_e2b_sdk" => venv_with("e2b-venv", &["e2b", "e2b_code_interpreter"]),
+        "host_e2b_sdk_oldest" => venv_with("e2b-old-venv", &["e2b", "e2b_code_interpreter"]),
         "host_validators" => venv_with(
             "validators-venv",
             &["openapi_spec_validator", "prometheus_client"],

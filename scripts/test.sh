@@ -88,6 +88,21 @@ if [ ! -f target/ts-mcp/node_modules/@modelcontextprotocol/sdk/package.json ] \
       || echo "test.sh: could not install the TypeScript MCP SDK; its test will be ignored"
   fi
 fi
+# The E2B tests drive runcell with the official E2B SDKs, pinned: the current releases in
+# target/e2b-venv and the oldest that reach a sandbox by E2B_SANDBOX_URL in target/e2b-old-venv
+# (crates/runcell/tests/e2b.rs looks for them).
+if ! target/e2b-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit((m.version("e2b"), m.version("e2b-code-interpreter")) != ("2.63.0", "2.11.5"))' 2>/dev/null; then
+  echo "installing the E2B SDKs (e2b 2.63.0, e2b-code-interpreter 2.11.5) into target/e2b-venv"
+  rm -rf target/e2b-venv
+  /usr/bin/python3 -m venv target/e2b-venv
+  target/e2b-venv/bin/pip install -q --disable-pip-version-check e2b==2.63.0 e2b-code-interpreter==2.11.5
+fi
+if ! target/e2b-old-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit((m.version("e2b"), m.version("e2b-code-interpreter")) != ("2.26.0", "2.9.0"))' 2>/dev/null; then
+  echo "installing the oldest E2B SDKs with sandbox URLs (e2b 2.26.0, e2b-code-interpreter 2.9.0, which needs e2b >= 2.26.0) into target/e2b-old-venv"
+  rm -rf target/e2b-old-venv
+  /usr/bin/python3 -m venv target/e2b-old-venv
+  target/e2b-old-venv/bin/pip install -q --disable-pip-version-check e2b==2.26.0 e2b-code-interpreter==2.9.0
+fi
 # The package-install tests serve a local index of one wheel, downloaded once from PyPI here
 # (crates/runcell/tests/packages.rs looks for it).
 if [ ! -f target/test-wheels/tabulate-0.9.0-py3-none-any.whl ]; then

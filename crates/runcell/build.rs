@@ -26,6 +26,8 @@ fn main() {
         "host_validators",
         "host_schemathesis",
         "host_ts_mcp_client",
+        "host_e2b_sdk",
+        "host_e2b_sdk_oldest",
     ]);
 }
 

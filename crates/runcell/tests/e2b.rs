@@ -1,0 +1,271 @@
+//! runcell's E2B door driven by the official E2B SDKs, pinned (installed by scripts/test.sh):
+//! the current Python `e2b` and `e2b-code-interpreter` in target/e2b-venv, and the oldest
+//! pair that reaches a sandbox by `E2B_SANDBOX_URL` in target/e2b-old-venv (its control plane
+//! is E2B's older `/sandboxes` paths). The SDKs are pointed at `runcell serve` by
+//! configuration only (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY` set to a runcell key
+//! shaped `e2b_<hex>`).
+//!
+//! The client (tests/e2b/client.py) drives several sandboxes and reports what it saw as
+//! JSON; the assertions are here, and so is the check that nothing is left on the host.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{assert_host_clean, ServeProcess};
+use reqwest::blocking::Client;
+use serde_json::Value;
+
+const KEY: &str = "e2b_0123456789abcdef0123456789abcdef";
+const OTHER: &str = "e2b_fedcba9876543210fedcba9876543210";
+const WRONG: &str = "e2b_00000000000000000000000000000000";
+
+fn python(venv: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target")
+        .join(venv)
+        .join("bin/python");
+    assert!(
+        p.exists(),
+        "the E2B SDKs are not installed at {}: run scripts/test.sh",
+        p.display()
+    );
+    p
+}
+
+/// `runcell serve` with these keys and no warm pool: every sandbox left on the host after
+/// the sandboxes are killed would be one of theirs.
+fn serve(keys: &str) -> ServeProcess {
+    ServeProcess::start(&["--pool", "python=0"], &[("RUNCELL_API_KEY", keys)])
+}
+
+/// Run the client with the SDKs of `venv` against a fresh server; its report, and the
+/// server (still running, for the checks after).
+fn drive(venv: &str) -> (Value, ServeProcess) {
+    let server = serve(&format!("{KEY},{OTHER}"));
+    let base = server.url("/e2b");
+    let out = Command::new(python(venv))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/client.py"))
+        .env("E2B_API_URL", &base)
+        .env("E2B_SANDBOX_URL", &base)
+        .env("E2B_API_KEY", KEY)
+        .env("OTHER_KEY", OTHER)
+        .env("WRONG_KEY", WRONG)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .expect("run the E2B client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the E2B client failed: {}\n{stdout}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    let report: Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    (report, server)
+}
+
+fn check(r: &Value, server: &ServeProcess) {
+    let ids = r["ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 2);
+    for id in ids {
+        let id = id.as_str().unwrap();
+        assert!(
+            !id.is_empty()
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+            "{id}"
+        );
+    }
+    // State is kept between calls, and is the sandbox's own.
+    assert_eq!(r["state_set"]["error"], Value::Null, "{r:#}");
+    assert_eq!(r["state_kept"]["stdout"], "42\n", "{r:#}");
+    assert_eq!(r["isolated"]["error"]["name"], "NameError", "{r:#}");
+    assert_eq!(r["connect"]["x"], "41\n", "{r:#}");
+    // An exception's name, value and traceback.
+    let e = &r["exception"]["error"];
+    assert_eq!(e["name"], "ZeroDivisionError", "{r:#}");
+    assert_eq!(e["value"], "division by zero");
+    assert!(
+        e["traceback"].as_str().unwrap().contains("return 1/0"),
+        "{e:#}"
+    );
+    // Logs, as the code wrote them.
+    assert_eq!(r["logs"]["stdout"], "to out\n", "{r:#}");
+    assert_eq!(r["logs"]["stderr"], "to err\n", "{r:#}");
+    assert_eq!(r["logs"]["execution_count"], 5, "{r:#}");
+    // Environment variables given at creation reach the code; per-run ones are refused.
+    assert_eq!(r["env_at_create"]["stdout"], "bar\n", "{r:#}");
+    assert_eq!(r["env_per_run"]["raised"], "SandboxException", "{r:#}");
+    // Files both ways, text and bytes, under /home/user.
+    let f = &r["files"];
+    assert_eq!(f["write"], "/home/user/a.txt", "{f:#}");
+    assert_eq!(f["code_reads"], "hello file\n[0, 1, 254, 255]\n", "{f:#}");
+    assert_eq!(f["sdk_reads_text"], "written by code");
+    assert_eq!(f["sdk_reads_bytes"], serde_json::json!([0, 128, 255]));
+    let listed: Vec<String> = f["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("{} {}", e[0].as_str().unwrap(), e[1].as_str().unwrap()))
+        .collect();
+    for want in [
+        "a.txt file",
+        "d dir",
+        "from_code.txt file",
+        "from_code.bin file",
+    ] {
+        assert!(listed.iter().any(|l| l == want), "{want} not in {listed:?}");
+    }
+    assert_eq!(f["exists"], serde_json::json!([true, false]));
+    assert_eq!(f["missing"], "FileNotFoundException");
+    assert_ne!(
+        f["outside"], "written",
+        "a path outside /home/user was written"
+    );
+    // Commands are not served: the SDK reports a failure, never a success.
+    assert!(r["commands"].get("raised").is_some(), "{r:#}");
+    // Info, timeout, list, another key, a wrong key, kill.
+    assert_eq!(r["info"]["template"], "code-interpreter-v1", "{r:#}");
+    assert_eq!(r["info"]["metadata"]["suite"], "e2b");
+    assert_eq!(r["info"]["state"], "running");
+    let left = r["timeout"]["seconds_left"].as_f64().unwrap();
+    assert!((100.0..=121.0).contains(&left), "set_timeout(120): {left}");
+    let listed: Vec<&str> = r["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for id in ids {
+        assert!(listed.contains(&id.as_str().unwrap()), "{listed:?}");
+    }
+    assert_eq!(
+        r["other_key"]["connect"], "SandboxNotFoundException",
+        "{r:#}"
+    );
+    assert_eq!(r["other_key"]["kill"], false);
+    assert_eq!(r["other_key"]["list"], serde_json::json!([]));
+    assert_eq!(r["wrong_key"], "AuthenticationException", "{r:#}");
+    assert_eq!(r["kill"]["a"], true, "{r:#}");
+    assert_eq!(r["kill"]["b"], true);
+    assert_eq!(r["kill"]["again"], false);
+    assert_eq!(r["kill"]["info_after"], "SandboxNotFoundException");
+    // A sandbox past its timeout is gone.
+    assert_eq!(r["expiry"]["running"], false, "{r:#}");
+
+    // Nothing is left: no session for either key, no sandbox process or cgroup.
+    let http = Client::new();
+    for key in [KEY, OTHER] {
+        let s: Value = http
+            .get(server.url("/v1/sessions"))
+            .bearer_auth(key)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(s["sessions"], serde_json::json!([]), "sessions left: {s:#}");
+    }
+    assert_host_clean(server.pid());
+}
+
+#[test]
+#[cfg_attr(
+    not(all(host_e2b_sdk, host_python_stack)),
+    ignore = "needs the E2B SDKs (scripts/test.sh installs them in target/e2b-venv) and the Python data stack"
+)]
+fn the_current_python_sdks_work_unchanged() {
+    let (r, server) = drive("e2b-venv");
+    assert_eq!(r["versions"]["e2b"], "2.63.0", "{r:#}");
+    check(&r, &server);
+}
+
+#[test]
+#[cfg_attr(
+    not(all(host_e2b_sdk_oldest, host_python_stack)),
+    ignore = "needs the oldest E2B SDKs with sandbox URLs (scripts/test.sh installs them in target/e2b-old-venv) and the Python data stack"
+)]
+fn the_oldest_python_sdks_with_sandbox_urls_work_unchanged() {
+    let (r, server) = drive("e2b-old-venv");
+    assert_eq!(r["versions"]["e2b-code-interpreter"], "2.9.0", "{r:#}");
+    check(&r, &server);
+}
+
+/// Data-plane requests need the sandbox's own token: none, a wrong one, or another
+/// sandbox's are refused; the API key is not one.
+#[test]
+#[cfg_attr(not(host_python_stack), ignore = "needs the Python data stack")]
+fn sandbox_tokens_are_per_sandbox() {
+    let server = serve(KEY);
+    let http = Client::new();
+    let create = || -> Value {
+        let res = http
+            .post(server.url("/e2b/v2/sandboxes"))
+            .header("X-API-Key", KEY)
+            .json(&serde_json::json!({"templateID": "base"}))
+            .send()
+            .unwrap();
+        assert_eq!(res.status(), 201);
+        res.json().unwrap()
+    };
+    let (a, b) = (create(), create());
+    let health = |id: &Value, token: Option<&str>| {
+        let mut req = http
+            .get(server.url("/e2b/health"))
+            .header("E2b-Sandbox-Id", id.as_str().unwrap());
+        if let Some(t) = token {
+            req = req.header("X-Access-Token", t);
+        }
+        req.send().unwrap().status().as_u16()
+    };
+    let ta = a["envdAccessToken"].as_str().unwrap();
+    let tb = b["envdAccessToken"].as_str().unwrap();
+    assert_eq!(health(&a["sandboxID"], Some(ta)), 204);
+    assert_eq!(health(&a["sandboxID"], None), 401);
+    assert_eq!(
+        health(&a["sandboxID"], Some(tb)),
+        401,
+        "another sandbox's token"
+    );
+    assert_eq!(
+        health(&a["sandboxID"], Some(KEY)),
+        401,
+        "the API key is no token"
+    );
+    assert_eq!(health(&a["sandboxID"], Some("")), 401);
+    // Without a sandbox id, the token routes.
+    let res = http
+        .get(server.url("/e2b/files?path=/home/user/none"))
+        .header("X-Access-Token", tb)
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    // Unknown templates and bad timeouts are refused with E2B's error shape.
+    let res = http
+        .post(server.url("/e2b/sandboxes"))
+        .header("X-API-Key", KEY)
+        .json(&serde_json::json!({"templateID": "my-template"}))
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let body: Value = res.json().unwrap();
+    assert_eq!(body["code"], 400);
+    assert!(
+        body["message"].as_str().unwrap().contains("my-template"),
+        "{body}"
+    );
+    for id in [&a["sandboxID"], &b["sandboxID"]] {
+        let res = http
+            .delete(server.url(&format!("/e2b/sandboxes/{}", id.as_str().unwrap())))
+            .header("X-API-Key", KEY)
+            .send()
+            .unwrap();
+        assert_eq!(res.status(), 204);
+        assert_eq!(health(id, Some(ta)), 502, "a killed sandbox is not running");
+    }
+    assert_host_clean(server.pid());
+}
