@@ -832,9 +832,19 @@ impl Engine {
         let limits = &v.limits;
         let plan = runtime.plan();
         let source_path = match how {
-            RunIn::SessionCell(n) => runtime.session_cell_path(n),
+            RunIn::SessionCell(n) | RunIn::SessionCommand(n) => runtime.session_cell_path(n),
             _ => plan.source_path.clone(),
         };
+        let mut run = plan.run.clone();
+        if let RunIn::SessionCommand(_) = how {
+            let (from, to) = (
+                plan.source_path.to_string_lossy(),
+                source_path.to_string_lossy(),
+            );
+            for a in run.argv.iter_mut().filter(|a| **a == from) {
+                *a = to.to_string();
+            }
+        }
         let source = InputFile {
             path: source_path.clone(),
             mode: 0o644,
@@ -886,7 +896,7 @@ impl Engine {
             }
         }
         let program = Self::program(
-            &plan.run,
+            &run,
             limits,
             limits.timeout(),
             runtime,
@@ -983,6 +993,10 @@ pub(crate) enum RunIn {
     SessionCell(u64),
     /// A session's sandbox without an interpreter (Go): the request runs as a program.
     SessionProgram,
+    /// A program in another language than the session's (a shell command in a Python
+    /// session), run beside the session's interpreter as its own program. Its source is
+    /// written where cells are (number `n`), not in /workspace, which is the user's.
+    SessionCommand(u64),
 }
 
 /// The message of a cell sent to a sandbox whose interpreter is gone (sessions restart it).

@@ -354,9 +354,14 @@ pub struct SessionSettings {
 /// A call in a session as a whole request: the session's language and limits, with the
 /// call's code, stdin, files and program limits. What the session cannot honour is refused.
 pub fn merge_call(call: &ExecRequest, session: &SessionSettings) -> Result<ExecRequest, RunError> {
-    let language = session.language;
+    let mut language = session.language;
     if let Some(asked) = &call.language {
-        if Language::parse(asked) != Some(language) {
+        if Language::parse(asked) == Some(Language::Bash) {
+            // A shell command runs in any session's sandbox, as its own program beside the
+            // session's interpreter (a door that sets the language asks for it: E2B's
+            // `commands.run`).
+            language = Language::Bash;
+        } else if Language::parse(asked) != Some(language) {
             return Err(RunError::invalid(format!(
                 "This is a {0} session: run its code with the {0} tool (or language), or start \
                  a new session.",
@@ -843,6 +848,19 @@ mod tests {
             .unwrap_err()
             .message
             .contains("python session"));
+        // A shell command, which a door that sets the language may ask for: a bash program
+        // in the session's sandbox, with the session's limits.
+        let call = ExecRequest::new("bash", "echo hi");
+        let merged = merge_call(&call, &session).unwrap();
+        assert_eq!(merged.language.as_deref(), Some("bash"));
+        assert_eq!(merged.limits.memory, session.overrides.memory);
+        // A body cannot name a language for a session call at all.
+        assert!(parse_as(
+            json!({"code": "x", "language": "bash"}),
+            Source::Api,
+            TargetKind::Session
+        )
+        .is_err());
     }
 
     #[test]

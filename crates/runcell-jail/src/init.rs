@@ -737,9 +737,18 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
             }
         }
         let report = match frame.message {
-            Request::Exec(_) if interp.is_some() => {
-                Report::from(&invalid("exec", "a warm interpreter is running"))
-            }
+            // A session's interpreter: the program runs beside it, frozen (a shell command in
+            // a Python session).
+            Request::Exec(step) if interp.is_some() => run_beside(
+                ctrl,
+                sigchld,
+                &step,
+                frame.blobs,
+                seccomp,
+                &mut baseline,
+                &mut interp,
+            )
+            .unwrap_or_else(|e| Report::from(&e)),
             Request::Exec(step) => {
                 run_step(ctrl, sigchld, &step, frame.blobs, seccomp, &mut baseline)
                     .unwrap_or_else(|e| Report::from(&e))
@@ -888,6 +897,111 @@ fn run_step(
         return Err(exec_failed(sigchld, failure, step, &mut peak_rss));
     }
     finish(sigchld, exit_status(&status), started, before, peak_rss)
+}
+
+/// Run a program beside a session's interpreter (`Request::Exec` between cells). The
+/// interpreter is frozen (if no cell froze it yet) and stays stopped; the program runs as any other, and when it ends (or is stopped)
+/// everything it started is killed but the interpreter, which is frozen again exactly as
+/// after a cell ([`spare_interpreter`]: a program that continued it, or signalled it, cannot
+/// leave it running). An interpreter that does not survive is gone: the session's next cell
+/// finds none and starts another.
+fn run_beside(
+    ctrl: &UnixStream,
+    sigchld: &OwnedFd,
+    step: &ExecStep,
+    blobs: Vec<Vec<u8>>,
+    seccomp: &SeccompPolicy,
+    baseline: &mut Baseline,
+    interp: &mut Option<Interpreter>,
+) -> Result<Report, StepError> {
+    let mut peak_rss = 0u64;
+    let Some(it) = interp.as_mut() else {
+        return Err(invalid("exec", "no interpreter to run beside"));
+    };
+    if !it.frozen {
+        // Not frozen yet (no cell has run): frozen now, as after a cell, so that nothing of
+        // it runs while the program does. It outlives the program.
+        if !spare_interpreter(sigchld, it.pid, &mut peak_rss) {
+            *interp = None;
+            end_of_run(sigchld, &mut peak_rss)?;
+            return run_step(ctrl, sigchld, step, blobs, seccomp, baseline);
+        }
+        it.frozen = true;
+        it.persistent = true;
+    }
+    let spare = it.pid;
+    let stdin = place_inputs(&step.files, step.stdin_blob, &blobs, baseline)?;
+    drop(blobs);
+    let before = sys::children_rusage();
+    let started = Instant::now();
+    let spawned = spawn(ctrl, step, stdin, None, seccomp)?;
+    let waited = wait_beside(ctrl, sigchld, spawned.pid, spare, &mut peak_rss);
+    let wall = started.elapsed();
+    if !spare_interpreter(sigchld, spare, &mut peak_rss) {
+        // Gone, or not frozen again: the run's end takes everything, the interpreter too.
+        *interp = None;
+        end_of_run(sigchld, &mut peak_rss)?;
+    }
+    let status = match waited? {
+        Waited::Exited(st) => st,
+        Waited::Line(_) => return Err(invalid("wait", "a line without a channel")),
+    };
+    if let Some(failure) = spawned.exec_error {
+        return Err(exec_failed(sigchld, failure, step, &mut peak_rss));
+    }
+    report_exit(exit_status(&status), wall, before, peak_rss, false)
+}
+
+/// [`wait_for`] of a program run beside the frozen interpreter `spare`: a Stop (timeout,
+/// output flood) kills every process but the interpreter, which [`run_beside`] freezes again.
+fn wait_beside(
+    ctrl: &UnixStream,
+    sigchld: &OwnedFd,
+    pid: i32,
+    spare: i32,
+    peak_rss: &mut u64,
+) -> Result<Waited, StepError> {
+    loop {
+        if let Some(st) = reap_exited(pid, peak_rss) {
+            return Ok(Waited::Exited(st));
+        }
+        let mut fds = vec![
+            PollFd::new(sigchld, PollFlags::IN),
+            PollFd::new(ctrl, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e).step("poll"),
+        }
+        let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents()).collect();
+        drop(fds);
+        if !revents[0].is_empty() {
+            drain_signalfd(sigchld);
+        }
+        if !revents[1].is_empty() {
+            match protocol::recv::<Request>(ctrl) {
+                // Everything stopped first (a stopped process forks nothing), then killed but
+                // the interpreter; the program's end follows, and run_beside's freeze sweeps
+                // again, within its deadline.
+                Ok(Some(protocol::Frame {
+                    message: Request::Stop,
+                    ..
+                })) => {
+                    sys::stop_rest_of_namespace().step("stop")?;
+                    sys::kill_all_but(Path::new("/proc"), spare).step("stop")?;
+                }
+                Ok(Some(protocol::Frame {
+                    message: Request::Interrupt,
+                    ..
+                })) => sys::signal_group(pid, libc::SIGINT).step("interrupt")?,
+                Ok(Some(_)) => return Err(invalid("control", "unexpected request while running")),
+                _ => {
+                    let _ = sys::kill_rest_of_namespace();
+                    sys::exit_now(0);
+                }
+            }
+        }
+    }
 }
 
 /// Start a warm interpreter (`Request::Start`): like a program, with the cell channel on its

@@ -127,8 +127,25 @@ fn check(r: &Value, server: &ServeProcess) {
         f["outside"], "written",
         "a path outside /home/user was written"
     );
-    // Commands are not served: the SDK reports a failure, never a success.
-    assert!(r["commands"].get("raised").is_some(), "{r:#}");
+    // Commands run in the sandbox beside the interpreter, which keeps its state.
+    let c = &r["commands"];
+    assert_eq!(c["run"]["stdout"], "hi bar cmd\nhello file", "{c:#}");
+    assert_eq!(c["run"]["stderr"], "oops\n", "{c:#}");
+    assert_eq!(c["run"]["exit_code"], 0);
+    assert_eq!(c["exit"]["exit_code"], 3, "{c:#}");
+    assert_eq!(c["exit"]["stdout"], "before\n");
+    assert_eq!(c["cwd"], "/workspace/d\n", "{c:#}");
+    assert_eq!(c["code_sees"], "from-command 41\n", "{c:#}");
+    assert_ne!(c["timed_out"], "finished", "{c:#}");
+    assert_eq!(
+        c["after_timeout"], "41\n",
+        "the interpreter outlives a command's timeout: {c:#}"
+    );
+    assert_eq!(c["killed"], true, "{c:#}");
+    assert_eq!(
+        c["after_kill"], "41\n",
+        "the interpreter outlives a killed command: {c:#}"
+    );
     // Info, timeout, list, another key, a wrong key, kill.
     assert_eq!(r["info"]["template"], "code-interpreter-v1", "{r:#}");
     assert_eq!(r["info"]["metadata"]["suite"], "e2b");

@@ -34,6 +34,8 @@ pub(super) enum Lost {
 pub struct Session {
     language: Language,
     runtime: Runtime,
+    /// The session's environment (its interpreter's), for the commands run beside it.
+    env: Vec<(String, String)>,
     /// The session's limits as asked, and as resolved; and the policy's defaults (to tell a
     /// limit the request lowered from one it left alone).
     overrides: LimitOverrides,
@@ -70,6 +72,7 @@ impl Engine {
             crate::engine::with_request_env(&runtime, v.env()).map_err(RunError::invalid)?;
         let interpreter = runtime.interpreter(&[], true);
         let mut s = Session {
+            env: v.env().to_vec(),
             language: v.language(),
             interpreter,
             runtime,
@@ -289,6 +292,9 @@ impl Session {
             return Verdict::failed(ErrorCategory::SandboxFailure, e.message);
         }
         *lost = (*lost).max(self.pending.take());
+        if v.language() != self.language {
+            return self.run_command(engine, v, sink, cancel, lost);
+        }
         let has_interpreter = self.interpreter.is_some();
         let mut attempt = 0;
         loop {
@@ -357,6 +363,48 @@ impl Session {
             }
             return verdict;
         }
+    }
+
+    /// Run a call in another language (a shell command, see [`crate::intake::merge_call`])
+    /// as its own program in the session's sandbox, beside the interpreter, which keeps its
+    /// state. It gets the session's environment and its /workspace.
+    fn run_command(
+        &mut self,
+        engine: &Engine,
+        v: &ValidRequest,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+        lost: &mut Option<Lost>,
+    ) -> Verdict {
+        let runtime = match engine.locate(v.language()) {
+            Ok(r) => r,
+            Err(e) => return Verdict::failed(ErrorCategory::RuntimeUnavailable, e.to_string()),
+        };
+        let runtime = match crate::engine::with_request_env(&runtime, &self.env) {
+            Ok(r) => r,
+            Err(e) => return Verdict::failed(ErrorCategory::InvalidRequest, e),
+        };
+        self.cells += 1;
+        let Some(sandbox) = self.sandbox.as_mut() else {
+            return Verdict::failed(ErrorCategory::SandboxFailure, "no sandbox");
+        };
+        let (mut verdict, _) = engine.run_in(
+            sandbox,
+            RunIn::SessionCommand(self.cells),
+            v,
+            &runtime,
+            sink,
+            cancel,
+        );
+        if !self.sandbox.as_mut().is_some_and(|s| s.is_ready()) {
+            *lost = (*lost).max(Some(Lost::Everything));
+            if let Err(e) = self.start_sandbox(engine) {
+                verdict
+                    .warnings
+                    .push(format!("The session could not be rebuilt: {}", e.message));
+            }
+        }
+        verdict
     }
 
     /// End the session: every process and the sandbox are gone when this returns.

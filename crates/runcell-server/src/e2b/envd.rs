@@ -4,19 +4,30 @@
 //! every operation goes through the run service's file operations (a place in line, a slot,
 //! the session's own checks).
 
+use std::collections::BTreeMap;
+
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use base64::Engine as _;
+use runcell_core::verdict::ErrorCategory;
 use runcell_core::WorkspaceListing;
+use runcell_core::{Stream, Verdict};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::access::SandboxRequest;
 use super::connect::{Code, ConnectError};
 use super::{home_path, workspace_path, E2bError};
 use crate::state::AppState;
+
+/// The sandbox path of the session's files (E2B's /home/user).
+const WORKSPACE: &str = "/workspace";
 
 /// The largest JSON a daemon call may send (its messages are a path or two).
 pub const MAX_RPC_BODY: usize = 64 * 1024;
@@ -410,26 +421,357 @@ pub async fn filesystem(
     }
 }
 
-/// `POST /process.Process/{method}`: not served yet (`unimplemented`, as a unary error or
-/// as the end of a stream for the streaming `Start`/`Connect`).
-pub async fn process(Path(method): Path<String>, _req: SandboxRequest) -> Response {
-    let e = ConnectError::new(
-        Code::Unimplemented,
-        format!(
-            "process.Process/{} is not served by runcell's E2B door yet: run commands with \
-             run_code (e.g. subprocess) instead.",
-            method.chars().take(64).collect::<String>()
-        ),
-    );
-    if matches!(method.as_str(), "Start" | "Connect") {
-        let mut res = axum::body::Bytes::from(super::connect::end_stream(Some(&e))).into_response();
-        res.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static(super::connect::STREAM_JSON),
-        );
-        return res;
+/// `process.Process/Start`'s request (proto3 JSON).
+#[derive(Debug, Deserialize)]
+struct StartRequest {
+    process: ProcessConfig,
+    #[serde(default)]
+    pty: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+/// `{"process": {"pid": N}, "signal": ...}`.
+#[derive(Debug, Deserialize)]
+struct SignalRequest {
+    process: Selector,
+}
+
+#[derive(Debug, Deserialize)]
+struct Selector {
+    pid: Option<u32>,
+}
+
+/// The most environment variables one command may set.
+pub const MAX_COMMAND_ENVS: usize = 256;
+
+/// A word quoted for bash: inside single quotes nothing is special but the quote itself.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The shell program that runs a command as E2B's daemon would: in its working directory
+/// (under the sandbox's home, its /workspace), with its environment added, `exec`ing the
+/// command's argv (E2B's SDKs send `/bin/bash -l -c <cmd>`).
+pub fn command_script(
+    cmd: &str,
+    args: &[String],
+    envs: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+) -> Result<String, ConnectError> {
+    let invalid = |m: String| ConnectError::new(Code::InvalidArgument, m);
+    if envs.len() > MAX_COMMAND_ENVS {
+        return Err(invalid(format!(
+            "{} environment variables, above the maximum of {MAX_COMMAND_ENVS}.",
+            envs.len()
+        )));
     }
-    connect_error(&e)
+    let mut script = String::new();
+    let dir = match cwd.filter(|c| !c.is_empty()) {
+        Some(c) => workspace_path(c).map_err(|e| invalid(e.to_string()))?,
+        None => String::new(),
+    };
+    let dir = if dir.is_empty() {
+        WORKSPACE.to_string()
+    } else {
+        format!("{}/{dir}", WORKSPACE)
+    };
+    script.push_str(&format!("cd -- {} || exit 1\n", shell_quote(&dir)));
+    for (k, v) in envs {
+        let ok = !k.is_empty()
+            && k.len() <= 256
+            && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok || v.contains('\0') {
+            return Err(invalid(format!(
+                "Invalid environment variable {:?}: names are letters, digits and _, not \
+                 starting with a digit; values have no NUL.",
+                k.chars().take(64).collect::<String>()
+            )));
+        }
+        script.push_str(&format!("export {k}={}\n", shell_quote(v)));
+    }
+    if cmd.is_empty() || cmd.contains('\0') || args.iter().any(|a| a.contains('\0')) {
+        return Err(invalid("The command is empty or has a NUL byte.".into()));
+    }
+    script.push_str("exec");
+    for w in std::iter::once(cmd).chain(args.iter().map(String::as_str)) {
+        script.push(' ');
+        script.push_str(&shell_quote(w));
+    }
+    script.push('\n');
+    Ok(script)
+}
+
+/// A streamed answer: `application/connect+json` envelopes.
+fn stream_response(body: Body) -> Response {
+    let mut res = body.into_response();
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(super::connect::STREAM_JSON),
+    );
+    res
+}
+
+/// A stream that ends at once with an error.
+fn stream_error(e: &ConnectError) -> Response {
+    stream_response(Body::from(super::connect::end_stream(Some(e))))
+}
+
+/// Live output of a command, as raw bytes (the `data` events carry bytes, base64).
+struct ChunkSink(mpsc::UnboundedSender<Event>);
+
+impl runcell_core::OutputSink for ChunkSink {
+    fn output(&mut self, stream: Stream, chunk: &[u8]) {
+        let _ = self.0.send(Event::Output(stream, chunk.to_vec()));
+    }
+}
+
+enum Event {
+    Output(Stream, Vec<u8>),
+    Done(Box<Result<Verdict, E2bError>>),
+}
+
+/// The `end` event of a command's verdict.
+pub fn end_event(v: &Verdict) -> Value {
+    let mut end = json!({"exited": true});
+    let code = v.exit_code.unwrap_or(-1);
+    if code != 0 {
+        end["exitCode"] = json!(code);
+    }
+    end["status"] = json!(match v.exit_code {
+        Some(c) => format!("exit status {c}"),
+        None => "signal: killed".to_string(),
+    });
+    if let Some(e) = &v.error {
+        if v.exit_code.is_none() || e.category != ErrorCategory::RuntimeError {
+            end["error"] = json!(e.message);
+        }
+    }
+    json!({"event": {"end": end}})
+}
+
+/// `process.Process/Start`: the command runs as its own program in the sandbox's session
+/// (a call whose language is bash, through the one intake and run service: the session's
+/// sandbox and environment, its /workspace), streamed: `start`, `data` as it writes, `end`,
+/// then the end of the stream. `Connect-Timeout-Ms` is its timeout, within the policy.
+async fn start(state: AppState, mut req: SandboxRequest) -> Response {
+    let prepared = async {
+        let (ticket, bytes) = req.reserve_and_read(&state, MAX_RPC_BODY, true).await?;
+        let json = super::connect::read_request(&bytes, MAX_RPC_BODY)
+            .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("{e}.")))?;
+        let start: StartRequest = serde_json::from_slice(json).map_err(|e| {
+            ConnectError::new(
+                Code::InvalidArgument,
+                format!("Invalid Start request: {e}."),
+            )
+        })?;
+        if start.pty.as_ref().is_some_and(|p| !p.is_null()) {
+            return Err(ConnectError::new(
+                Code::Unimplemented,
+                "Terminals (pty) are not served by runcell's E2B door.",
+            ));
+        }
+        let p = &start.process;
+        let script = command_script(&p.cmd, &p.args, &p.envs, p.cwd.as_deref())?;
+        let policy = state.engine().policy();
+        let max_ms = policy.max.timeout.0;
+        let mut fields = json!({ "code": script });
+        if let Some(ms) = super::connect::timeout_ms(&req.headers).filter(|ms| *ms > 0) {
+            fields["timeout"] = json!(ms.min(max_ms) as f64 / 1000.0);
+        }
+        let mut request = runcell_core::intake::parse_value(
+            fields,
+            runcell_core::Source::Api,
+            runcell_core::TargetKind::Session,
+            state.service().offers(),
+        )
+        .map_err(|e| ConnectError::from(E2bError::from(e)))?;
+        // A shell command in the (Python) session's sandbox: the door names the language,
+        // as a tool that knows it does (see runcell_core::intake::merge_call).
+        request.language = Some("bash".into());
+        let call = runcell_core::Call::new(
+            req.caller.clone(),
+            runcell_core::Source::Api,
+            runcell_core::Target::Session(req.sandbox.session.clone()),
+            request,
+        );
+        super::wait_until_free(&state, &req.caller, &req.sandbox.session).await?;
+        state
+            .service()
+            .admit(ticket, call)
+            .await
+            .map_err(|e| ConnectError::from(E2bError::from(e)))
+    }
+    .await;
+    let admitted = match prepared {
+        Ok(a) => a,
+        Err(e) => return stream_error(&e),
+    };
+    let sandbox = req.sandbox.clone();
+    let pid = sandbox
+        .next_pid
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    lock(&sandbox.commands).insert(pid, admitted.kill_switch());
+    // Gone from the table when the run ends, however it ends (an aborted stream too).
+    let registered = Registered(sandbox.clone(), pid);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let done = tx.clone();
+    let task = tokio::spawn(
+        async move {
+            let r = admitted
+                .run(Box::new(ChunkSink(tx)))
+                .await
+                .map_err(E2bError::from);
+            drop(registered);
+            let _ = done.send(Event::Done(Box::new(r)));
+        }
+        .in_current_span(),
+    );
+    let abort = crate::routes::execute::AbortOnDrop(task.abort_handle());
+    let first = Bytes::from(super::connect::message(
+        &json!({"event": {"start": {"pid": pid}}}),
+    ));
+    let frames = futures_util::stream::unfold(
+        (rx, Some(abort), Some(first)),
+        |(mut rx, abort, first)| async move {
+            if let Some(f) = first {
+                return Some((Ok::<_, std::convert::Infallible>(f), (rx, abort, None)));
+            }
+            abort.as_ref()?;
+            let msg = match tokio::time::timeout(KEEPALIVE, rx.recv()).await {
+                Err(_) => {
+                    let k = super::connect::message(&json!({"event": {"keepalive": {}}}));
+                    return Some((Ok(Bytes::from(k)), (rx, abort, None)));
+                }
+                Ok(m) => m,
+            };
+            let out = match msg {
+                Some(Event::Output(stream, chunk)) => {
+                    let key = match stream {
+                        Stream::Stdout => "stdout",
+                        Stream::Stderr => "stderr",
+                    };
+                    let data = base64::engine::general_purpose::STANDARD.encode(chunk);
+                    let m = super::connect::message(&json!({"event": {"data": {key: data}}}));
+                    return Some((Ok(Bytes::from(m)), (rx, abort, None)));
+                }
+                Some(Event::Done(r)) => match *r {
+                    Ok(v) => {
+                        let mut out = super::connect::message(&end_event(&v));
+                        out.extend(super::connect::end_stream(None));
+                        out
+                    }
+                    Err(e) => super::connect::end_stream(Some(&ConnectError::from(e))),
+                },
+                None => super::connect::end_stream(Some(&ConnectError::new(
+                    Code::Internal,
+                    "The command failed unexpectedly.",
+                ))),
+            };
+            Some((Ok(Bytes::from(out)), (rx, None, None)))
+        },
+    );
+    stream_response(Body::from_stream(frames))
+}
+
+/// A running command's entry in its sandbox's table, removed when dropped.
+struct Registered(std::sync::Arc<super::Sandbox>, u32);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        lock(&self.0.commands).remove(&self.1);
+    }
+}
+
+/// How long `SendSignal` waits for the command's run to end.
+pub const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a stream may be silent before a keepalive event (which the SDKs ignore).
+pub const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `POST /process.Process/{method}`: `Start` (streamed), `SendSignal` (any signal stops the
+/// command: its run is killed), `List`. Terminals, stdin and reconnecting (`Connect`,
+/// `SendInput`, `StreamInput`, `CloseStdin`, `Update`) are not served (`unimplemented`).
+pub async fn process(
+    State(state): State<AppState>,
+    Path(method): Path<String>,
+    mut req: SandboxRequest,
+) -> Response {
+    match method.as_str() {
+        "Start" => return start(state, req).await,
+        "SendSignal" | "List" => {}
+        "Connect" => {
+            return stream_error(&ConnectError::new(
+                Code::Unimplemented,
+                "Reconnecting to a command is not served by runcell's E2B door.",
+            ))
+        }
+        other => {
+            return connect_error(&ConnectError::new(
+                Code::Unimplemented,
+                format!(
+                    "process.Process/{} is not served by runcell's E2B door.",
+                    other.chars().take(64).collect::<String>()
+                ),
+            ))
+        }
+    }
+    let r = async {
+        let (_ticket, bytes) = req.reserve_and_read(&state, MAX_RPC_BODY, true).await?;
+        if method == "List" {
+            let pids: Vec<Value> = lock(&req.sandbox.commands)
+                .keys()
+                .map(|pid| json!({"pid": pid, "config": {"cmd": "/bin/bash"}}))
+                .collect();
+            return Ok(json!({ "processes": pids }));
+        }
+        let s: SignalRequest = serde_json::from_slice(&bytes).map_err(|e| {
+            ConnectError::new(
+                Code::InvalidArgument,
+                format!("Invalid SendSignal request: {e}."),
+            )
+        })?;
+        let found = s
+            .process
+            .pid
+            .and_then(|pid| lock(&req.sandbox.commands).get(&pid).cloned());
+        match found {
+            Some(k) => {
+                k.trigger();
+                // Answered once the command's run is over (its entry goes when its verdict is
+                // in): the SDK's next call then finds the session free. Bounded: a run that
+                // takes longer to end is still ending when this answers.
+                let pid = s.process.pid.unwrap_or_default();
+                let deadline = tokio::time::Instant::now() + KILL_WAIT;
+                while lock(&req.sandbox.commands).contains_key(&pid)
+                    && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Ok(json!({}))
+            }
+            None => Err(ConnectError::new(Code::NotFound, "No such process.")),
+        }
+    }
+    .await;
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => connect_error(&e),
+    }
 }
 
 #[cfg(test)]
@@ -493,6 +835,31 @@ mod tests {
                 .collect(),
             omitted: 0,
         }
+    }
+
+    #[test]
+    fn commands_become_quoted_shell_programs() {
+        let envs: BTreeMap<String, String> = [("A_1".to_string(), "it's $HOME".to_string())].into();
+        let s = command_script(
+            "/bin/bash",
+            &["-l".into(), "-c".into(), "echo 'hi'; exit 3".into()],
+            &envs,
+            Some("/home/user/sub"),
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            "cd -- '/workspace/sub' || exit 1\nexport A_1='it'\\''s $HOME'\nexec '/bin/bash' '-l' '-c' 'echo '\\''hi'\\''; exit 3'\n"
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &format!("echo {}", shell_quote("a'b \"$x\" `c`"))])
+            .output()
+            .unwrap();
+        assert_eq!(out.stdout, b"a'b \"$x\" `c`\n");
+        let bad: BTreeMap<String, String> = [("1A; rm".to_string(), "x".to_string())].into();
+        assert!(command_script("ls", &[], &bad, None).is_err());
+        assert!(command_script("ls", &[], &BTreeMap::new(), Some("/etc")).is_err());
+        assert!(command_script("", &[], &BTreeMap::new(), None).is_err());
     }
 
     #[test]

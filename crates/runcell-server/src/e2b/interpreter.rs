@@ -195,6 +195,7 @@ pub async fn execute(
     )
     .inspect_err(|e| state.inner.metrics.rejected(e.category()))?;
     let session = req.sandbox.session.clone();
+    super::wait_until_free(&state, &req.caller, &session).await?;
     let count = state
         .service()
         .session(&req.caller, &session)?

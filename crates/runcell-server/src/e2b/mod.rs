@@ -68,6 +68,11 @@ pub struct Sandbox {
     /// never logged.
     envd_token: String,
     traffic_token: String,
+    /// The commands running in it (`process.Process/Start`), by the pid the door gave them,
+    /// with their kill switches (`SendSignal`). A session runs one call at a time, so this
+    /// holds at most one.
+    pub(crate) commands: Mutex<HashMap<u32, runcell_core::KillSwitch>>,
+    pub(crate) next_pid: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -115,6 +120,8 @@ impl Sandbox {
             metadata,
             envd_token: envd_token.to_string(),
             traffic_token: traffic_token.to_string(),
+            commands: Mutex::new(HashMap::new()),
+            next_pid: std::sync::atomic::AtomicU32::new(1000),
         }
     }
 
@@ -220,6 +227,24 @@ impl Registry {
     pub fn prune(&self, live: impl Fn(&Sandbox) -> bool) {
         self.lock().retain(|_, s| live(s));
     }
+}
+
+/// How long a sandbox call waits for the call before it to end.
+pub const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Wait (at most [`BUSY_WAIT`]) until the sandbox's session runs no call. A session runs one
+/// call at a time, and an E2B client does not expect "busy": a command it stopped waiting for
+/// (its deadline passed, its stream dropped) is still being ended when its next call comes.
+pub(crate) async fn wait_until_free(
+    state: &AppState,
+    caller: &runcell_core::Caller,
+    session: &str,
+) -> Result<(), E2bError> {
+    let deadline = tokio::time::Instant::now() + BUSY_WAIT;
+    while state.service().session(caller, session)?.busy && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    Ok(())
 }
 
 /// An error as the E2B API answers it: a status and `{"code": <status>, "message"}`.

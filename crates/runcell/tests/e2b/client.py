@@ -109,8 +109,32 @@ step("files", files)
 
 
 def commands():
-    r = a.commands.run("echo hi")
-    return {"stdout": r.stdout, "exit_code": r.exit_code}
+    from e2b import CommandExitException
+
+    out = {}
+    r = a.commands.run("echo hi $FOO $PER; cat a.txt; echo oops >&2", envs={"PER": "cmd"})
+    out["run"] = {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
+    try:
+        a.commands.run("echo before; exit 3")
+        out["exit"] = "no exception"
+    except CommandExitException as e:
+        out["exit"] = {"exit_code": e.exit_code, "stdout": e.stdout}
+    out["cwd"] = a.commands.run("pwd", cwd="/home/user/d").stdout
+    a.commands.run("echo from-command > made.txt")
+    out["code_sees"] = execution(a.run_code("print(open('made.txt').read().strip(), x)"))["stdout"]
+    try:
+        a.commands.run("echo started; sleep 600", timeout=2)
+        out["timed_out"] = "finished"
+    except Exception as e:
+        out["timed_out"] = type(e).__name__
+    out["after_timeout"] = execution(a.run_code("print(x)"))["stdout"]
+    h = a.commands.run("sleep 600", background=True)
+    out["background_pid"] = h.pid
+    out["killed"] = h.kill()
+    after = execution(a.run_code("print(x)"))
+    out["after_kill"] = after["stdout"]
+    out["after_kill_error"] = after["error"]
+    return out
 
 
 step("commands", commands)
