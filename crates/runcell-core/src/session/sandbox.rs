@@ -88,6 +88,59 @@ impl Engine {
     }
 }
 
+/// Whether a language's session interpreter reports a cell's results (see [`super::results`]):
+/// Python (displays, figures, exceptions) and Node (the last value).
+fn reports_results(language: Language) -> bool {
+    matches!(language, Language::Python | Language::Node)
+}
+
+/// Read the cell's results report from the sandbox's /tmp (through pid 1, never a link,
+/// within the cap) into the verdict.
+fn read_results(sandbox: &mut Sandbox, limits: &Limits, verdict: &mut Verdict) {
+    let cap = super::results::MAX_RESULTS_BYTES.min(limits.output.0);
+    let read = sandbox.read_tmp_file(
+        &runcell_jail::CollectLimits {
+            max_files: 1,
+            max_file_bytes: cap,
+            max_total_bytes: cap,
+            max_entries: 1,
+            max_read_bytes: cap,
+            deadline_ms: 10_000,
+        },
+        super::results::RESULTS_FILE,
+    );
+    let mut c = match read {
+        Ok(c) => c,
+        Err(e) => {
+            verdict.warnings.push(format!(
+                "The cell's displayed results could not be read: {}",
+                crate::error::chain(&e)
+            ));
+            return;
+        }
+    };
+    let Some(file) = c.files.first() else {
+        // No report (a language's runner that had nothing to say).
+        return;
+    };
+    let bytes = match file.blob {
+        Some(i) if i < c.blobs.len() => c.blobs.swap_remove(i),
+        _ => {
+            verdict.warnings.push(format!(
+                "The cell's displayed results were dropped: their report is {} bytes, more than \
+                 the {cap} bytes a call's results may have (the smaller of 8 MiB and the call's \
+                 output limit). Save large outputs to files in /workspace instead.",
+                file.size
+            ));
+            return;
+        }
+    };
+    let parsed = super::results::parse(&bytes);
+    verdict.warnings.extend(parsed.warnings);
+    verdict.results = Some(parsed.results);
+    verdict.exception = parsed.exception;
+}
+
 /// A verdict that ends a session operation (its sandbox could not be built or rebuilt) as the
 /// refusal it is: the host's failure, or the request's.
 pub(super) fn failure(v: Verdict) -> RunError {
@@ -353,6 +406,19 @@ impl Session {
                         " The call was interrupted (SIGINT); the session's interpreter survived \
                          and keeps its state.",
                     );
+                }
+            }
+            // What the cell displayed, and its exception: reported by an interpreter that
+            // ended the cell itself (a dead or restarted one reports nothing, so nothing stale
+            // is read).
+            if has_interpreter
+                && reports_results(self.language)
+                && outcome.as_ref().is_some_and(|o| o.interpreter_alive)
+            {
+                if let Some(sandbox) = self.sandbox.as_mut() {
+                    if sandbox.is_ready() {
+                        read_results(sandbox, v.limits(), &mut verdict);
+                    }
                 }
             }
             return verdict;
