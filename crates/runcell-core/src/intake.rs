@@ -155,8 +155,6 @@ impl TargetKind {
             (_, Field::Network | Field::Packages) => EmptyOnly,
             (TargetKind::CreateSession, Field::Ttl) => Optional,
             (_, Field::Ttl) => Refused,
-            // A session's interpreter gets its environment when it starts.
-            (TargetKind::Session, Field::Env) => Refused,
             // What a session's sandbox was built with is its own; each call may set what
             // applies to one program.
             (TargetKind::Session, Field::Limit(l)) if l.scope() == Scope::Sandbox => Refused,
@@ -186,10 +184,6 @@ impl TargetKind {
             (_, Field::Ttl) => "ttl is set when a session is created".to_string(),
             (TargetKind::Session, Field::Language) => {
                 "a call runs in its session's language: leave out \"language\"".to_string()
-            }
-            (TargetKind::Session, Field::Env) => {
-                "env is the session's, set when it is created (its interpreter starts with it)"
-                    .to_string()
             }
             (_, Field::Network | Field::Packages) => OFFLINE.to_string(),
             (TargetKind::Session, Field::Limit(l)) => format!(
@@ -550,10 +544,18 @@ fn field_schema(field: Field, ctx: &SchemaContext) -> Value {
             let mut env = json!({
                 "type": ["object", "null"],
                 "description": format!(
-                    "Environment variables for the program (for a session: every call's), \
-                     beside the ones runcell sets for the runtime (PATH, HOME, LANG, ... cannot \
-                     be changed; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS may): at most {} \
-                     names of letters, digits and underscores, {} in all.",
+                    "Environment variables for {}, beside the ones runcell sets for the \
+                     runtime (PATH, HOME, LANG, ... cannot be changed; OMP_NUM_THREADS and \
+                     OPENBLAS_NUM_THREADS may): at most {} names of letters, digits and \
+                     underscores, {} in all.",
+                    match ctx.target {
+                        TargetKind::Session => {
+                            "this call only (over the session's own; they are undone after \
+                             the call)"
+                        }
+                        TargetKind::OneShot => "the program",
+                        _ => "the session (every call's)",
+                    },
                     crate::engine::MAX_ENV_VARS,
                     format_size(crate::engine::MAX_ENV_BYTES)
                 ),

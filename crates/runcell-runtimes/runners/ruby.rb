@@ -1,7 +1,8 @@
 # runcell's session interpreter for Ruby: runs a session's cells one after another in one
 # top-level binding, like irb: local variables, methods, classes and constants persist from
 # cell to cell. `exit n` ends the cell, not the session, with exit code n. SIGINT (a timeout)
-# raises Interrupt in the running cell.
+# raises Interrupt in the running cell. A call's own environment variables are in
+# /tmp/.runcell-env (NAME=value entries, each ended by NUL): set for that cell, then undone.
 #
 # Channel (fd 4, a unix socket to the sandbox's pid 1): "R\n" when ready; pid 1 sends
 # "K <source path>\n" with the cell's stdin attached as a descriptor; this process answers
@@ -27,7 +28,9 @@ module RuncellRunner
       io.close
       $stdin = STDIN
       count += 1
+      restore = apply_env(take_env)
       code = run_cell(msg[2..-2], count)
+      restore.reverse_each { |name, old| ENV[name] = old }
       trap('INT', 'IGNORE')
       $stdout.flush
       $stderr.flush
@@ -49,6 +52,31 @@ module RuncellRunner
   rescue Exception => e # rubocop:disable Lint/RescueException
     report(e)
     1
+  end
+
+  ENV_PATH = '/tmp/.runcell-env'
+
+  # The call's own variables, if any (the file is removed).
+  def self.take_env
+    data = File.open(ENV_PATH, File::RDONLY | File::NOFOLLOW | File::NONBLOCK) { |f| f.read(1 << 20) }
+    File.unlink(ENV_PATH)
+    (data || '').split("\0").filter_map do |entry|
+      name, sep, value = entry.partition('=')
+      [name, value] unless sep.empty? || name.empty?
+    end
+  rescue SystemCallError
+    []
+  end
+
+  # Set them; what to put back after the call.
+  def self.apply_env(pairs)
+    pairs.map do |name, value|
+      old = ENV[name]
+      ENV[name] = value
+      [name, old]
+    end
+  rescue ArgumentError
+    []
   end
 
   def self.report(e)

@@ -33,7 +33,11 @@ pub(super) enum Lost {
 /// A sandbox that keeps its interpreter (or, for Go, its files) between calls.
 pub struct Session {
     language: Language,
+    /// The runtime with the session's environment variables, and without them (a call's own
+    /// are checked against, and added over, the session's).
     runtime: Runtime,
+    base_runtime: Runtime,
+    env: Vec<(String, String)>,
     /// The session's limits as asked, and as resolved; and the policy's defaults (to tell a
     /// limit the request lowered from one it left alone).
     overrides: LimitOverrides,
@@ -66,13 +70,16 @@ impl Engine {
             .locate(v.language())
             .map_err(|e| RunError::new(ErrorKind::RuntimeUnavailable, e.to_string()))?;
         // The session's environment is its interpreter's, and every call's.
+        let base_runtime = runtime;
         let runtime =
-            crate::engine::with_request_env(&runtime, v.env()).map_err(RunError::invalid)?;
+            crate::engine::with_request_env(&base_runtime, v.env()).map_err(RunError::invalid)?;
         let interpreter = runtime.interpreter(&[], true);
         let mut s = Session {
             language: v.language(),
             interpreter,
             runtime,
+            base_runtime,
+            env: v.env().to_vec(),
             overrides,
             limits: *v.limits(),
             defaults: self.policy().defaults,
@@ -342,6 +349,20 @@ impl Session {
             return Verdict::failed(ErrorCategory::SandboxFailure, e.message);
         }
         *lost = (*lost).max(self.pending.take());
+        // The call's own environment variables, checked as at creation (not a name runcell
+        // sets for the runtime), over the session's: a Go program gets them as any program;
+        // an interpreter gets them in a file with the cell (see `Engine::run_in`).
+        let runtime = if v.env().is_empty() {
+            self.runtime.clone()
+        } else {
+            let mut env = self.env.clone();
+            env.retain(|(k, _)| !v.env().iter().any(|(c, _)| c == k));
+            env.extend(v.env().iter().cloned());
+            match crate::engine::with_request_env(&self.base_runtime, &env) {
+                Ok(rt) => rt,
+                Err(message) => return Verdict::failed(ErrorCategory::InvalidRequest, message),
+            }
+        };
         let has_interpreter = self.interpreter.is_some();
         let mut attempt = 0;
         loop {
@@ -355,8 +376,7 @@ impl Session {
             let Some(sandbox) = self.sandbox.as_mut() else {
                 return Verdict::failed(ErrorCategory::SandboxFailure, "no sandbox");
             };
-            let (mut verdict, outcome) =
-                engine.run_in(sandbox, how, v, &self.runtime, sink, cancel);
+            let (mut verdict, outcome) = engine.run_in(sandbox, how, v, &runtime, sink, cancel);
             let no_interpreter = outcome.is_none()
                 && verdict
                     .error
