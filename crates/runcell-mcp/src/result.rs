@@ -338,6 +338,32 @@ fn result_blocks(v: &Verdict) -> Vec<ContentBlock> {
     blocks
 }
 
+/// The summary followed by the text of the call's displayed results (an image is named, not
+/// shown): for a reader of text alone, such as the agent loop's model.
+pub fn summary_with_results(v: &Verdict) -> String {
+    let mut s = summary(v);
+    let Some(results) = &v.results else {
+        return s;
+    };
+    let images = results
+        .iter()
+        .take(RESULT_BLOCKS_MAX)
+        .filter(|r| r.data.contains_key("image/png") || r.data.contains_key("image/jpeg"))
+        .count();
+    for block in result_blocks(v) {
+        if let Some(t) = block.as_text() {
+            s.push('\n');
+            s.push_str(&t.text);
+        }
+    }
+    if images > 0 {
+        s.push_str(&format!(
+            "\n({images} image result(s), such as figures, are not shown in this text.)"
+        ));
+    }
+    s
+}
+
 /// The tool result of a verdict.
 pub fn verdict_result(v: &Verdict) -> CallToolResult {
     let mut content = vec![ContentBlock::text(summary(v))];
@@ -620,6 +646,10 @@ mod tests {
         let t = text_of(&r);
         assert!(t.contains("--- exception ---\nValueError: bad"), "{t}");
         assert!(t.contains("--- results: 4 displayed ---"), "{t}");
+        // For a reader of text alone: the texts, and the images named.
+        let t = summary_with_results(&v);
+        assert!(t.contains("result 2 (displayed):\n**b**"), "{t}");
+        assert!(t.contains("1 image result(s)"), "{t}");
 
         // A figure that is also a returned file is shown once; long text is bounded.
         v.files = vec![OutputFile {
