@@ -275,3 +275,34 @@ fn node_cells_return_their_last_value() {
     let v = code(&s, &id, "null.x");
     assert_eq!(v["exception"]["name"], "TypeError", "{v}");
 }
+
+#[test]
+fn ruby_cells_return_their_last_value() {
+    if !has("ruby") {
+        eprintln!("skipping: ruby is not installed");
+        return;
+    }
+    let s = server();
+    let id = create(&s, json!({"language": "ruby"}));
+    let v = code(&s, &id, "h = {a: 1}\nh");
+    let r = results(&v);
+    assert_eq!(r.len(), 1, "{v}");
+    assert_eq!(r[0]["is_main_result"], true);
+    assert!(
+        ["{:a=>1}", "{a: 1}"].contains(&r[0]["data"]["text/plain"].as_str().unwrap()),
+        "{v}"
+    );
+    // nil (what `puts` returns) is not shown.
+    let v = code(&s, &id, "puts 1");
+    assert_eq!(results(&v).len(), 0, "{v}");
+    let v = code(&s, &id, "raise ArgumentError, 'no'");
+    assert_eq!(v["exception"]["name"], "ArgumentError", "{v}");
+    assert_eq!(v["exception"]["value"], "no", "{v}");
+    assert!(
+        v["exception"]["traceback"]
+            .as_str()
+            .unwrap()
+            .contains("<cell 3>"),
+        "{v}"
+    );
+}

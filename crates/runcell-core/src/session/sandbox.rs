@@ -96,9 +96,9 @@ impl Engine {
 }
 
 /// Whether a language's session interpreter reports a cell's results (see [`super::results`]):
-/// Python (displays, figures, exceptions) and Node (the last value).
+/// Python (displays, figures, exceptions), Node and Ruby (the last value, the exception).
 fn reports_results(language: Language) -> bool {
-    matches!(language, Language::Python | Language::Node)
+    matches!(language, Language::Python | Language::Node | Language::Ruby)
 }
 
 /// Read the cell's results report from the sandbox's /tmp (through pid 1, never a link,
