@@ -364,7 +364,9 @@ class _Shown:
         import os
 
         report = {"results": self.results, "exception": self.exception, "dropped": self.dropped}
-        data = json.dumps(report, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        # (A lone surrogate, from bytes decoded with surrogateescape, becomes "?": the host
+        # reads UTF-8 only.)
+        data = json.dumps(report, ensure_ascii=False).encode("utf-8", "replace")
         tmp = path + ".tmp"
         _unlink(tmp)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

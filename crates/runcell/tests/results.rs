@@ -97,6 +97,14 @@ fn python_cells_return_notebook_results() {
     assert_eq!(r[2]["data"]["application/json"], json!({"a": [1, 2]}));
     assert!(r.iter().all(|x| x["is_main_result"] == false), "{v}");
 
+    // A repr with a lone surrogate (not UTF-8) is still reported, the surrogate replaced.
+    let v = code(
+        &s,
+        &id,
+        "class S:\n    def __repr__(self): return 'a\\udcffb'\nS()",
+    );
+    assert_eq!(results(&v)[0]["data"]["text/plain"], "a?b", "{v}");
+
     // A DataFrame: HTML and plain text.
     let v = code(
         &s,
@@ -305,4 +313,69 @@ fn ruby_cells_return_their_last_value() {
             .contains("<cell 3>"),
         "{v}"
     );
+}
+
+/// The report is written by code the cell controls (the runner's own functions are within its
+/// reach): a link planted in its place is never followed by the host, a FIFO never blocks it,
+/// an oversized or malformed one is dropped with a warning, and none of it harms the session.
+#[test]
+fn a_forged_report_is_never_trusted() {
+    let s = server();
+    // The cell replaces the runner's writer of the report with its own.
+    let forge = |how: &str| {
+        format!(
+            "import os\n\
+             open('/workspace/secret.json', 'w').write('{{\"results\": [{{\"data\": {{\"text/plain\": \"leaked\"}}}}]}}')\n\
+             def forged(self, path):\n    os.unlink(path) if os.path.lexists(path) else None\n    {how}\n\
+             display.__func__.__globals__['_Shown'].write = forged\n"
+        )
+    };
+    let cases = [
+        (
+            "a link",
+            forge("os.symlink('/workspace/secret.json', path)"),
+            None,
+        ),
+        ("a fifo", forge("os.mkfifo(path)"), None),
+        (
+            "too large",
+            forge("open(path, 'w').write(' ' * (9 << 20))"),
+            Some("results were dropped"),
+        ),
+        (
+            "not json",
+            forge("open(path, 'w').write('{\"results\": [')"),
+            Some("not valid"),
+        ),
+        (
+            "bad bundles",
+            forge("open(path, 'w').write('{\"results\": [{\"data\": {\"Bad Key\": 1}}, 7]}')"),
+            Some("2 displayed result(s) were dropped"),
+        ),
+    ];
+    for (name, cell, warning) in cases {
+        let id = create(&s, json!({"language": "python"}));
+        let v = code(&s, &id, &cell);
+        assert_eq!(v["exit_code"], 0, "{name}: {v}");
+        // The cell after the one that replaced the writer reports through it.
+        let v = code(&s, &id, "display('shown')\n1");
+        assert_eq!(v["exit_code"], 0, "{name}: {v}");
+        assert!(!v.to_string().contains("leaked"), "{name}: {v}");
+        assert!(
+            v.get("results").is_none_or(|r| r == &json!([])),
+            "{name}: {v}"
+        );
+        let warnings = v["warnings"].as_array().cloned().unwrap_or_default();
+        match warning {
+            Some(w) => assert!(
+                warnings.iter().any(|x| x.as_str().unwrap().contains(w)),
+                "{name}: {v}"
+            ),
+            None => assert!(warnings.is_empty(), "{name}: {v}"),
+        }
+        // The session is unharmed.
+        let v = code(&s, &id, "print(2)");
+        assert_eq!(v["stdout"], "2\n", "{name}: {v}");
+        assert_eq!(v["state_lost"], false, "{name}: {v}");
+    }
 }
