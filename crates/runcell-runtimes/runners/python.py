@@ -135,11 +135,16 @@ class _Session:
         else:
             sys.meta_path.insert(0, _PlotsFinder(self._on_figure))
 
-    def display(self, *objs, **_kwargs):
-        """Display objects as the cell's results, each a MIME bundle."""
+    def display(self, *objs, raw=False, **_kwargs):
+        """Display objects as the cell's results, each a MIME bundle (with `raw=True`, each
+        object is a bundle already: a dict of MIME type to content, as IPython's)."""
         shown = self.shown
+        if shown is None:
+            return
         for obj in objs:
-            if shown is not None:
+            if raw and isinstance(obj, dict):
+                shown.add_bundle(obj, False)
+            else:
                 shown.add(obj, False)
 
     def _on_figure(self, figure, path):
@@ -317,6 +322,12 @@ class _Shown:
             self.add_figure(obj, buf.getvalue(), main)
             return
         self._push(_bundle(obj), main)
+
+    def add_bundle(self, bundle, main):
+        data = {k: v for k, v in bundle.items() if isinstance(k, str)}
+        if not isinstance(data.get("text/plain"), str):
+            data["text/plain"] = _plain(bundle)
+        self._push(data, main)
 
     def add_figure(self, figure, png, main):
         # A figure displayed already (as the last value, or by display()) is saved at the

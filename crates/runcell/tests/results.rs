@@ -96,6 +96,19 @@ fn python_cells_return_notebook_results() {
     assert_eq!(r[1]["data"]["text/plain"], "Md()");
     assert_eq!(r[2]["data"]["application/json"], json!({"a": [1, 2]}));
     assert!(r.iter().all(|x| x["is_main_result"] == false), "{v}");
+    let v = code(
+        &s,
+        &id,
+        "display({'text/html': '<i>x</i>', 'text/plain': 'x'}, {'text/markdown': '# t'}, raw=True)",
+    );
+    let r = results(&v);
+    assert_eq!(
+        r[0]["data"],
+        json!({"text/html": "<i>x</i>", "text/plain": "x"}),
+        "{v}"
+    );
+    assert_eq!(r[1]["data"]["text/markdown"], "# t", "{v}");
+    assert!(r[1]["data"]["text/plain"].is_string(), "{v}");
 
     // A repr with a lone surrogate (not UTF-8) is still reported, the surrogate replaced.
     let v = code(
