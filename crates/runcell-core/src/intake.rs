@@ -739,6 +739,33 @@ mod tests {
         );
     }
 
+    /// Issue 22: a session call may set its own env (the API's and the operator's), a model
+    /// never, in a session or elsewhere.
+    #[test]
+    fn a_session_call_takes_env_from_the_api_only() {
+        let body = json!({"code": "x", "env": {"A": "1"}});
+        let r = parse_as(body.clone(), Source::Api, TargetKind::Session).unwrap();
+        assert_eq!(r.env.get("A").map(String::as_str), Some("1"));
+        for source in [Source::Mcp, Source::Model] {
+            for target in [
+                TargetKind::OneShot,
+                TargetKind::NewSession,
+                TargetKind::Session,
+            ] {
+                let e = parse_as(body.clone(), source, target).unwrap_err();
+                assert!(
+                    e.contains("unknown field `env`"),
+                    "{source:?} {target:?}: {e}"
+                );
+                let offers = Offers {
+                    network: true,
+                    packages: true,
+                };
+                assert!(!allowed(source, target, offers).contains(Field::Env));
+            }
+        }
+    }
+
     #[test]
     fn every_target_says_what_it_needs() {
         let e = parse_as(
