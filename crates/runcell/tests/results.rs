@@ -163,6 +163,19 @@ fn python_cells_return_notebook_results() {
         "{v}"
     );
 
+    // A plot left open, and the plot call as the last expression: its value is the main
+    // result, the figure (displayed at the cell's end) comes after it.
+    let v = code(&s, &id, "plt.plot([1, 2])");
+    let r = results(&v);
+    assert_eq!(r.len(), 2, "{v}");
+    assert_eq!(r[0]["is_main_result"], true, "{v}");
+    assert!(r[0]["data"]["text/plain"]
+        .as_str()
+        .unwrap()
+        .contains("Line2D"));
+    assert_eq!(r[1]["is_main_result"], false, "{v}");
+    assert!(r[1]["data"]["image/png"].is_string(), "{v}");
+
     // SVG, asked the matplotlib way.
     let v = code(
         &s,

@@ -78,12 +78,11 @@ pub fn parse(bytes: &[u8]) -> CellResults {
             None => invalid += 1,
         }
     }
-    // At most one main result, and only the last one (the value of the last expression).
-    let n = out.results.len();
+    // At most one main result (the value of the last expression): the last that says so.
+    // (Not necessarily the last result: figures still open are displayed after it.)
+    let main = out.results.iter().rposition(|r| r.is_main_result);
     for (i, r) in out.results.iter_mut().enumerate() {
-        if i + 1 != n {
-            r.is_main_result = false;
-        }
+        r.is_main_result = Some(i) == main;
     }
     let dropped_by_runner = raw.dropped.as_ref().and_then(Value::as_u64).unwrap_or(0);
     if offered > MAX_RESULTS || dropped_by_runner > 0 {
@@ -239,13 +238,15 @@ mod tests {
     }
 
     #[test]
-    fn only_the_last_result_can_be_main() {
+    fn at_most_one_result_is_main() {
         let r = parse_json(json!({"results": [
             {"is_main_result": true, "data": {"text/plain": "a"}},
             {"is_main_result": true, "data": {"text/plain": "b"}},
+            {"is_main_result": false, "data": {"text/plain": "<Figure>"}},
         ]}));
         assert!(!r.results[0].is_main_result);
         assert!(r.results[1].is_main_result);
+        assert!(!r.results[2].is_main_result);
         // A truthy non-boolean is not true.
         let r =
             parse_json(json!({"results": [{"is_main_result": 1, "data": {"text/plain": "a"}}]}));
