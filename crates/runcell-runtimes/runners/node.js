@@ -49,8 +49,8 @@ process.on('SIGINT', () => {
 
 const RESULTS_PATH = '/tmp/.runcell-results.json';
 const ENV_PATH = '/tmp/.runcell-env';
-// The most bytes of results a cell reports (the host's cap is the same, or the call's output
-// limit when smaller).
+// The most bytes of results a cell reports (the host's cap is the same): past it, results
+// are left out and counted.
 const RESULTS_MAX_BYTES = 8 << 20;
 
 function unlinkQuietly(path) {

@@ -283,8 +283,8 @@ def _wrap_plots(plots, on_figure):
 # where a call's own environment variables are given (NAME=value entries, each ended by NUL).
 RESULTS_PATH = "/tmp/.runcell-results.json"
 ENV_PATH = "/tmp/.runcell-env"
-# The most bytes of results a cell reports (the host's cap is the same, or the call's output
-# limit when smaller): past it, results are left out and counted.
+# The most bytes of results a cell reports (the host's cap is the same): past it, results
+# are left out and counted.
 RESULTS_MAX_BYTES = 8 << 20
 RESULTS_MAX_COUNT = 100
 
@@ -356,6 +356,12 @@ class _Shown:
             return
         import json
 
+        if len(self.results) >= RESULTS_MAX_COUNT or self.size + sum(
+            len(v) for v in data.values() if isinstance(v, str)
+        ) > RESULTS_MAX_BYTES:
+            # (Known too large before it is serialised: a huge repr is not copied again.)
+            self.dropped += 1
+            return
         item = {"is_main_result": bool(main), "data": data}
         try:
             size = len(json.dumps(item, ensure_ascii=False).encode("utf-8", "replace"))

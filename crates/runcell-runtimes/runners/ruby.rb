@@ -71,8 +71,8 @@ module RuncellRunner
   end
 
   RESULTS_PATH = '/tmp/.runcell-results.json'
-  # The most bytes of results a cell reports (the host's cap is the same, or the call's output
-  # limit when smaller).
+  # The most bytes of results a cell reports (the host's cap is the same): past it, results
+  # are left out and counted.
   RESULTS_MAX_BYTES = 8 << 20
 
   def self.unlink_quietly(path)

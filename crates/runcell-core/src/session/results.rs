@@ -23,8 +23,9 @@ use crate::verdict::{DisplayResult, ExceptionReport};
 /// The file in the sandbox's /tmp where a session interpreter reports a cell's results.
 pub const RESULTS_FILE: &str = ".runcell-results.json";
 
-/// The most bytes a cell's results report may have (and never more than the call's `output`
-/// limit): images and HTML tables fit; a flood is dropped whole, with a warning.
+/// The most bytes a cell's results report may have (the runners stop adding results there,
+/// and count what they left out): images and HTML tables fit; a report past it (one the cell
+/// forged) is dropped whole, with a warning.
 pub const MAX_RESULTS_BYTES: u64 = 8 << 20;
 /// The most results a cell may display.
 pub const MAX_RESULTS: usize = 100;

@@ -103,8 +103,10 @@ fn reports_results(language: Language) -> bool {
 
 /// Read the cell's results report from the sandbox's /tmp (through pid 1, never a link,
 /// within the cap) into the verdict.
-fn read_results(sandbox: &mut Sandbox, limits: &Limits, verdict: &mut Verdict) {
-    let cap = super::results::MAX_RESULTS_BYTES.min(limits.output.0);
+fn read_results(sandbox: &mut Sandbox, verdict: &mut Verdict) {
+    // A fixed cap the interpreter knows too (it leaves results out past it, and says so), so
+    // that a large display costs what is past the cap, not the whole report.
+    let cap = super::results::MAX_RESULTS_BYTES;
     let read = sandbox.read_tmp_file(
         &runcell_jail::CollectLimits {
             max_files: 1,
@@ -135,8 +137,8 @@ fn read_results(sandbox: &mut Sandbox, limits: &Limits, verdict: &mut Verdict) {
         _ => {
             verdict.warnings.push(format!(
                 "The cell's displayed results were dropped: their report is {} bytes, more than \
-                 the {cap} bytes a call's results may have (the smaller of 8 MiB and the call's \
-                 output limit). Save large outputs to files in /workspace instead.",
+                 the {cap} bytes a call's results may have. Save large outputs to files in \
+                 /workspace instead.",
                 file.size
             ));
             return;
@@ -437,7 +439,7 @@ impl Session {
             {
                 if let Some(sandbox) = self.sandbox.as_mut() {
                     if sandbox.is_ready() {
-                        read_results(sandbox, v.limits(), &mut verdict);
+                        read_results(sandbox, &mut verdict);
                     }
                 }
             }
