@@ -211,6 +211,16 @@ fn an_exception_is_reported_by_name_value_and_traceback() {
     // The next call has none.
     let v = code(&s, &id, "1");
     assert!(v.get("exception").is_none(), "{v}");
+    // A timeout interrupts the cell: KeyboardInterrupt, and what it displayed before.
+    let v = exec(
+        &s,
+        &id,
+        json!({"code": "display('before')\nwhile True: pass", "timeout": 1}),
+    );
+    assert_eq!(v["error"]["category"], "timeout", "{v}");
+    assert_eq!(v["exception"]["name"], "KeyboardInterrupt", "{v}");
+    assert_eq!(results(&v)[0]["data"]["text/plain"], "'before'", "{v}");
+    assert_eq!(v["state_lost"], false, "{v}");
 }
 
 #[test]
