@@ -347,4 +347,64 @@ mod tests {
         assert!(e.name.len() <= MAX_EXCEPTION_NAME);
         assert!(e.value.len() <= MAX_EXCEPTION_VALUE);
     }
+
+    mod proptests {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// JSON values of a few levels, with the keys a report has among others.
+        fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(|n| json!(n)),
+                ".{0,20}".prop_map(Value::String),
+                Just(json!("iVBORw0KGgo=")),
+            ];
+            leaf.prop_recursive(4, 64, 8, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                    prop::collection::btree_map(
+                        prop_oneof![
+                            Just("results".to_string()),
+                            Just("data".to_string()),
+                            Just("is_main_result".to_string()),
+                            Just("exception".to_string()),
+                            Just("name".to_string()),
+                            Just("text/plain".to_string()),
+                            Just("image/png".to_string()),
+                            ".{0,12}",
+                        ],
+                        inner,
+                        0..8,
+                    )
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn assert_bounded(r: &CellResults) {
+            assert!(r.results.len() <= MAX_RESULTS);
+            assert!(r.results.iter().filter(|x| x.is_main_result).count() <= 1);
+            for x in &r.results {
+                assert!(!x.data.is_empty() && x.data.len() <= MAX_MIME_TYPES);
+                assert!(x.data.keys().all(|k| is_mime_type(k)));
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1024))]
+
+            #[test]
+            fn any_bytes_are_parsed_without_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+                assert_bounded(&parse(&bytes));
+            }
+
+            #[test]
+            fn any_json_gives_bounded_valid_results(v in json_value()) {
+                assert_bounded(&parse_json(json!({"results": [v.clone()], "exception": v.clone()})));
+                assert_bounded(&parse_json(v));
+            }
+        }
+    }
 }
