@@ -98,9 +98,30 @@ fn check(r: &Value, server: &ServeProcess) {
     assert_eq!(r["logs"]["stdout"], "to out\n", "{r:#}");
     assert_eq!(r["logs"]["stderr"], "to err\n", "{r:#}");
     assert_eq!(r["logs"]["execution_count"], 5, "{r:#}");
-    // Environment variables given at creation reach the code; per-run ones are refused.
+    // Environment variables given at creation and per run reach the code.
     assert_eq!(r["env_at_create"]["stdout"], "bar\n", "{r:#}");
-    assert_eq!(r["env_per_run"]["raised"], "SandboxException", "{r:#}");
+    assert_eq!(r["env_per_run"]["stdout"], "run bar\n", "{r:#}");
+    assert_eq!(
+        r["env_after_run"]["stdout"], "None\n",
+        "a run's env is its own: {r:#}"
+    );
+    // Rich results: the last expression's value, a DataFrame as HTML, a figure as PNG.
+    assert_eq!(r["last_value"]["text"], "42", "{r:#}");
+    assert_eq!(r["dataframe"]["results"][0]["main"], true, "{r:#}");
+    assert!(
+        r["dataframe"]["results"][0]["html"]
+            .as_str()
+            .is_some_and(|h| h.contains("<table")),
+        "{r:#}"
+    );
+    assert!(
+        r["figure"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["png"] == true),
+        "{r:#}"
+    );
     // Files both ways, text and bytes, under /home/user.
     let f = &r["files"];
     assert_eq!(f["write"], "/home/user/a.txt", "{f:#}");

@@ -86,11 +86,6 @@ pub fn check_body(b: &ExecuteBody) -> Result<(), E2bError> {
             l.chars().take(64).collect::<String>()
         )));
     }
-    if b.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(E2bError::invalid(
-            "Per-run env_vars are not supported yet: set envs when the sandbox is created.",
-        ));
-    }
     Ok(())
 }
 
@@ -187,8 +182,10 @@ pub async fn execute(
         .map_err(|e| E2bError::invalid(format!("Invalid request body: {e}.")))?;
     drop(bytes);
     check_body(&body)?;
+    // The call's own environment variables (over the sandbox's, for this call only) are
+    // the request's `env`, checked by the intake as at creation.
     let request = intake::parse_value(
-        json!({ "code": body.code }),
+        json!({ "code": body.code, "env": body.env_vars.unwrap_or_default() }),
         Source::Api,
         TargetKind::Session,
         state.service().offers(),

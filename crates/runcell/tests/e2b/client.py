@@ -58,7 +58,13 @@ step(
     ),
 )
 step("env_at_create", lambda: execution(a.run_code("import os\nprint(os.environ['FOO'])")))
-step("env_per_run", lambda: execution(a.run_code("import os\nprint(os.environ.get('PER'))", envs={"PER": "run"})))
+step(
+    "env_per_run",
+    lambda: execution(
+        a.run_code("import os\nprint(os.environ.get('PER'), os.environ['FOO'])", envs={"PER": "run"})
+    ),
+)
+step("env_after_run", lambda: execution(a.run_code("print(os.environ.get('PER'))")))
 step(
     "dataframe",
     lambda: execution(
