@@ -46,6 +46,7 @@ pub const ALL: &[&str] = &[
     "host_ts_mcp_client",
     "host_e2b_sdk",
     "host_e2b_sdk_oldest",
+    "host_e2b_js_sdk",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -100,6 +101,15 @@ fn probe(name: &str) -> bool {
         "host_schemathesis" => venv_with("validators-venv", &["schemathesis"]),
         "host_e2b_sdk" => venv_with("e2b-venv", &["e2b", "e2b_code_interpreter"]),
         "host_e2b_sdk_oldest" => venv_with("e2b-old-venv", &["e2b", "e2b_code_interpreter"]),
+        "host_e2b_js_sdk" => {
+            let manifest =
+                PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+            let dir = manifest.join("../../target/e2b-js");
+            let _ = fs::create_dir_all(&dir);
+            println!("cargo::rerun-if-changed={}", dir.display());
+            dir.join("node_modules/@e2b/code-interpreter/package.json")
+                .is_file()
+        }
         "host_validators" => venv_with(
             "validators-venv",
             &["openapi_spec_validator", "prometheus_client"],

@@ -103,6 +103,16 @@ if ! target/e2b-old-venv/bin/python -c 'import importlib.metadata as m, sys; sys
   /usr/bin/python3 -m venv target/e2b-old-venv
   target/e2b-old-venv/bin/pip install -q --disable-pip-version-check e2b==2.26.0 e2b-code-interpreter==2.9.0
 fi
+# ... and with the official JS SDK, pinned, in target/e2b-js (without npm its test is ignored).
+if [ ! -f target/e2b-js/node_modules/@e2b/code-interpreter/package.json ] \
+  || ! grep -q '"version": "2.8.0"' target/e2b-js/node_modules/@e2b/code-interpreter/package.json; then
+  if command -v npm >/dev/null; then
+    echo "installing the E2B JS SDK (@e2b/code-interpreter 2.8.0) into target/e2b-js"
+    mkdir -p target/e2b-js
+    npm install --silent --no-audit --no-fund --prefix target/e2b-js @e2b/code-interpreter@2.8.0 \
+      || echo "test.sh: could not install the E2B JS SDK; its test will be ignored"
+  fi
+fi
 # The package-install tests serve a local index of one wheel, downloaded once from PyPI here
 # (crates/runcell/tests/packages.rs looks for it).
 if [ ! -f target/test-wheels/tabulate-0.9.0-py3-none-any.whl ]; then

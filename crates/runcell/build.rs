@@ -28,6 +28,7 @@ fn main() {
         "host_ts_mcp_client",
         "host_e2b_sdk",
         "host_e2b_sdk_oldest",
+        "host_e2b_js_sdk",
     ]);
 }
 

@@ -233,6 +233,77 @@ fn the_oldest_python_sdks_with_sandbox_urls_work_unchanged() {
     check(&r, &server);
 }
 
+/// The current JS SDK (`@e2b/code-interpreter` 2.8.0 with `e2b` 2.51.0): it needs the
+/// Connect stream's end-of-stream frame, and sends binary file content as a Blob.
+#[test]
+#[cfg_attr(
+    not(all(host_e2b_js_sdk, host_node, host_python_stack)),
+    ignore = "needs the E2B JS SDK (scripts/test.sh installs it in target/e2b-js), node and the Python data stack"
+)]
+fn the_current_js_sdk_works_unchanged() {
+    let server = serve(&format!("{KEY},{OTHER}"));
+    let base = server.url("/e2b");
+    let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2b-js");
+    let out = Command::new("node")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/client.mjs"))
+        .arg(&modules)
+        .env("E2B_API_URL", &base)
+        .env("E2B_SANDBOX_URL", &base)
+        .env("E2B_API_KEY", KEY)
+        .env("OTHER_KEY", OTHER)
+        .env("WRONG_KEY", WRONG)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the JS client failed: {}\n{stdout}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    let r: Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    assert_eq!(r["last_value"]["text"], "42", "{r:#}");
+    assert_eq!(r["isolated"]["error"]["name"], "NameError", "{r:#}");
+    assert_eq!(
+        r["exception"]["error"]["name"], "ZeroDivisionError",
+        "{r:#}"
+    );
+    assert_eq!(r["logs"]["stdout"], "to out\n", "{r:#}");
+    assert_eq!(r["logs"]["stderr"], "to err\n", "{r:#}");
+    assert_eq!(r["env"]["stdout"], "bar run\n", "{r:#}");
+    let f = &r["files"];
+    assert_eq!(f["read"], "hello file [0, 1, 254, 255]\n", "{f:#}");
+    assert_eq!(f["bytes"], serde_json::json!([0, 128, 255]), "{f:#}");
+    assert_eq!(f["text"], "hello file", "{f:#}");
+    assert_eq!(
+        f["list"],
+        serde_json::json!(["a.txt", "b.bin", "c.bin"]),
+        "{f:#}"
+    );
+    let c = &r["commands"];
+    assert_eq!(c["stdout"], "hi bar\n", "{c:#}");
+    assert_eq!(c["stderr"], "oops\n", "{c:#}");
+    assert_eq!(c["exit"], 3, "{c:#}");
+    assert_eq!(r["info"]["metadata"]["suite"], "e2b-js", "{r:#}");
+    assert_eq!(r["info"]["state"], "running");
+    let left = r["timeout"]["seconds_left"].as_f64().unwrap();
+    assert!((100.0..=121.0).contains(&left), "{left}");
+    assert_eq!(r["list"].as_array().unwrap().len(), 2, "{r:#}");
+    assert_eq!(r["connect"]["x"], "41\n", "{r:#}");
+    assert_eq!(r["other_key"]["connect"], "SandboxNotFoundError", "{r:#}");
+    assert_eq!(r["other_key"]["kill"], false);
+    assert_eq!(r["wrong_key"], "AuthenticationError", "{r:#}");
+    assert_eq!(
+        r["kill"],
+        serde_json::json!({"a": true, "b": true, "again": false}),
+        "{r:#}"
+    );
+    assert_host_clean(server.pid());
+}
+
 /// Data-plane requests need the sandbox's own token: none, a wrong one, or another
 /// sandbox's are refused; the API key is not one.
 #[test]
