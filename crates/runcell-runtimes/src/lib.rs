@@ -222,6 +222,9 @@ pub struct Plan {
 /// The working directory of every program.
 pub const WORKSPACE: &str = "/workspace";
 
+/// /workspace's second name in every sandbox: E2B's home directory.
+pub const HOME_ALIAS: &str = "/home/user";
+
 /// Where a run sees its package layer (the installed packages' `site`), whatever the host path
 /// of the data directory: first on `PYTHONPATH`, read-only.
 pub const PACKAGES_PATH: &str = "/opt/runcell/packages";
@@ -359,6 +362,13 @@ impl Runtime {
             path: path.clone(),
             at: at.clone(),
         }));
+        // E2B's home directory, where code written for E2B sandboxes finds its files: the
+        // same /workspace under a second name (a symlink in the sandbox's own root; nothing
+        // of the host).
+        entries.push(RootEntry::Symlink {
+            path: PathBuf::from(HOME_ALIAS),
+            target: PathBuf::from(WORKSPACE),
+        });
         entries
     }
 

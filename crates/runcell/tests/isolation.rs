@@ -21,8 +21,10 @@ read("shadow", "/etc/shadow")
 read("gshadow", "/etc/gshadow")
 read("sudoers", "/etc/sudoers")
 read("ssh_host_key", "/etc/ssh/ssh_host_ed25519_key")
-for d in ["/root", "/home", "/run", "/sys", "/boot", "/work", "/mnt", "/opt", "/srv", "/media", "/old_root", "/lost+found"]:
+for d in ["/root", "/run", "/sys", "/boot", "/work", "/mnt", "/opt", "/srv", "/media", "/old_root", "/lost+found"]:
     attempt("ls" + d, lambda: os.listdir(d))
+# /home is the sandbox's own: only E2B's home directory, another name for /workspace.
+print("home=" + json.dumps([os.listdir("/home"), os.readlink("/home/user")]))
 # /var holds nothing of the host's: only the path down to the (read-only) Python data stack.
 print("var=" + json.dumps([sorted(os.listdir(p)) for p in ["/var", "/var/lib", "/var/lib/runcell"]]))
 print("stacks=" + json.dumps(sorted(os.listdir("/var/lib/runcell/python"))))
@@ -41,7 +43,6 @@ read("runcell_src", "/work/main/Cargo.toml")
     ];
     let dirs = [
         "/root",
-        "/home",
         "/run",
         "/sys",
         "/boot",
@@ -64,6 +65,7 @@ read("runcell_src", "/work/main/Cargo.toml")
     ]);
     r.expect(&want);
     assert_eq!(r.out("var"), r#"[["lib"], ["runcell"], ["python"]]"#);
+    assert_eq!(r.out("home"), r#"[["user"], "/workspace"]"#);
     let stacks: Vec<String> = serde_json::from_str(&r.out("stacks")).unwrap();
     assert_eq!(stacks.len(), 1, "only the stack in use: {stacks:?}");
     assert!(stacks[0].starts_with("cp311-"), "{stacks:?}");
@@ -129,6 +131,7 @@ for l in ["/bin", "/lib", "/lib64", "/sbin"]:
             "bin",
             "dev",
             "etc",
+            "home",
             "lib",
             "lib64",
             "proc",

@@ -87,7 +87,7 @@ def files():
     a.files.write("/home/user/d/b.bin", b"\x00\x01\xfe\xff")
     out["code_reads"] = execution(
         a.run_code(
-            "print(open('a.txt').read())\nprint(list(open('d/b.bin', 'rb').read()))"
+            "print(open('/home/user/a.txt').read())\nprint(list(open('d/b.bin', 'rb').read()))"
         )
     )["stdout"]
     a.run_code(
@@ -118,7 +118,7 @@ def commands():
     from e2b import CommandExitException
 
     out = {}
-    r = a.commands.run("echo hi $FOO $PER; cat a.txt; echo oops >&2", envs={"PER": "cmd"})
+    r = a.commands.run("echo hi $FOO $PER; cat /home/user/a.txt; echo oops >&2", envs={"PER": "cmd"})
     out["run"] = {"stdout": r.stdout, "stderr": r.stderr, "exit_code": r.exit_code}
     try:
         a.commands.run("echo before; exit 3")
