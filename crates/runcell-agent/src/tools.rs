@@ -201,7 +201,8 @@ impl Tools for ServiceTools {
         })
     }
 
-    /// The MCP server's trimmed text, without the session's id: the loop keeps the session
+    /// The MCP server's trimmed text (with the text of displayed results), without the
+    /// session's id: the loop keeps the session
     /// itself, and a model that passed the id back would be refused (it is not an argument
     /// of these tools).
     fn result_text(&self, verdict: &Verdict) -> String {
@@ -210,6 +211,6 @@ impl Tools for ServiceTools {
             execution_count: None,
             ..verdict.clone()
         };
-        runcell_mcp::result::summary(&shown)
+        runcell_mcp::result::summary_with_results(&shown)
     }
 }

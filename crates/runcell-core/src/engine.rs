@@ -850,6 +850,23 @@ impl Engine {
             // (A warm interpreter's sandbox, and a session's, got them when they started.)
             files.extend(sandbox_files(runtime));
         }
+        if matches!(how, RunIn::SessionCell(_)) && !v.env.is_empty() {
+            // A session's interpreter started long ago: the call's own variables reach it as
+            // a file, which it applies for this call only (the names and values were checked,
+            // names against the runtime's own too, by `with_request_env`).
+            let mut content = Vec::new();
+            for (k, val) in &v.env {
+                content.extend_from_slice(k.as_bytes());
+                content.push(b'=');
+                content.extend_from_slice(val.as_bytes());
+                content.push(0);
+            }
+            files.push(InputFile {
+                path: PathBuf::from(runcell_runtimes::SESSION_CALL_ENV),
+                mode: 0o600,
+                content,
+            });
+        }
         let mut stdin = v.stdin.clone();
         if cell && v.language == Language::Bash {
             // A shell cannot take a new stdin per cell: it reads it from a file.

@@ -155,8 +155,6 @@ impl TargetKind {
             (_, Field::Network | Field::Packages) => EmptyOnly,
             (TargetKind::CreateSession, Field::Ttl) => Optional,
             (_, Field::Ttl) => Refused,
-            // A session's interpreter gets its environment when it starts.
-            (TargetKind::Session, Field::Env) => Refused,
             // What a session's sandbox was built with is its own; each call may set what
             // applies to one program.
             (TargetKind::Session, Field::Limit(l)) if l.scope() == Scope::Sandbox => Refused,
@@ -186,10 +184,6 @@ impl TargetKind {
             (_, Field::Ttl) => "ttl is set when a session is created".to_string(),
             (TargetKind::Session, Field::Language) => {
                 "a call runs in its session's language: leave out \"language\"".to_string()
-            }
-            (TargetKind::Session, Field::Env) => {
-                "env is the session's, set when it is created (its interpreter starts with it)"
-                    .to_string()
             }
             (_, Field::Network | Field::Packages) => OFFLINE.to_string(),
             (TargetKind::Session, Field::Limit(l)) => format!(
@@ -550,10 +544,18 @@ fn field_schema(field: Field, ctx: &SchemaContext) -> Value {
             let mut env = json!({
                 "type": ["object", "null"],
                 "description": format!(
-                    "Environment variables for the program (for a session: every call's), \
-                     beside the ones runcell sets for the runtime (PATH, HOME, LANG, ... cannot \
-                     be changed; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS may): at most {} \
-                     names of letters, digits and underscores, {} in all.",
+                    "Environment variables for {}, beside the ones runcell sets for the \
+                     runtime (PATH, HOME, LANG, ... cannot be changed; OMP_NUM_THREADS and \
+                     OPENBLAS_NUM_THREADS may): at most {} names of letters, digits and \
+                     underscores, {} in all.",
+                    match ctx.target {
+                        TargetKind::Session => {
+                            "this call only (over the session's own; they are undone after \
+                             the call)"
+                        }
+                        TargetKind::OneShot => "the program",
+                        _ => "the session (every call's)",
+                    },
                     crate::engine::MAX_ENV_VARS,
                     format_size(crate::engine::MAX_ENV_BYTES)
                 ),
@@ -735,6 +737,33 @@ mod tests {
         assert!(
             !allowed(Source::Mcp, TargetKind::OneShot, Offers::default()).contains(Field::Network)
         );
+    }
+
+    /// Issue 22: a session call may set its own env (the API's and the operator's), a model
+    /// never, in a session or elsewhere.
+    #[test]
+    fn a_session_call_takes_env_from_the_api_only() {
+        let body = json!({"code": "x", "env": {"A": "1"}});
+        let r = parse_as(body.clone(), Source::Api, TargetKind::Session).unwrap();
+        assert_eq!(r.env.get("A").map(String::as_str), Some("1"));
+        for source in [Source::Mcp, Source::Model] {
+            for target in [
+                TargetKind::OneShot,
+                TargetKind::NewSession,
+                TargetKind::Session,
+            ] {
+                let e = parse_as(body.clone(), source, target).unwrap_err();
+                assert!(
+                    e.contains("unknown field `env`"),
+                    "{source:?} {target:?}: {e}"
+                );
+                let offers = Offers {
+                    network: true,
+                    packages: true,
+                };
+                assert!(!allowed(source, target, offers).contains(Field::Env));
+            }
+        }
     }
 
     #[test]

@@ -38,7 +38,7 @@ use rustix::thread::{
 use crate::collect::{self, Baseline};
 use crate::config::{ExecStep, JailConfig, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 use crate::protocol::{
-    self, Browse, CellStep, ChildError, ExitStatus, LandlockStatus, Report, Request,
+    self, Browse, BrowseArea, CellStep, ChildError, ExitStatus, LandlockStatus, Report, Request,
 };
 use crate::rootfs::{self, under, Step, StepError};
 use crate::seccomp::SeccompPolicy;
@@ -666,6 +666,8 @@ fn wait_for_word(go_r: &OwnedFd, word: &[u8]) -> Result<(), StepError> {
 
 /// Where programs work and where their output files are collected from.
 const WORKSPACE: &str = "/workspace";
+/// The sandbox's /tmp, where a session interpreter reports a cell's results (see `Browse`).
+const TMP: &str = "/tmp";
 /// Entries visited at most when taking the baseline of /workspace.
 const BASELINE_MAX_ENTRIES: u64 = 200_000;
 
@@ -750,10 +752,25 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
                     Request::Browse(Browse {
                         limits,
                         path: Some(rel),
-                    }) => collect::collect_one(WORKSPACE, rel, limits),
-                    Request::Browse(Browse { limits, path: None }) => {
-                        collect::collect(WORKSPACE, &Baseline::default(), limits)
+                        area,
+                    }) => {
+                        let root = match area {
+                            BrowseArea::Workspace => WORKSPACE,
+                            BrowseArea::Tmp => TMP,
+                        };
+                        collect::collect_one(root, rel, limits)
                     }
+                    Request::Browse(Browse {
+                        limits,
+                        path: None,
+                        area: BrowseArea::Workspace,
+                    }) => collect::collect(WORKSPACE, &Baseline::default(), limits),
+                    // /tmp is never listed: only a named file is read there.
+                    Request::Browse(Browse {
+                        path: None,
+                        area: BrowseArea::Tmp,
+                        ..
+                    }) => collect::Collection::default(),
                     _ => unreachable!("matched above"),
                 };
                 let blobs: Vec<&[u8]> = c.blobs.iter().map(Vec::as_slice).collect();

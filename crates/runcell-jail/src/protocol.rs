@@ -64,9 +64,23 @@ pub enum Request {
 #[serde(deny_unknown_fields)]
 pub struct Browse {
     pub limits: CollectLimits,
-    /// Relative to /workspace: only this file (a missing or non-regular file gives an empty
-    /// list).
+    /// Relative to the area's root: only this file (a missing or non-regular file gives an
+    /// empty list).
     pub path: Option<String>,
+    /// Where `path` is: /workspace (the default), or /tmp (one file only: a session
+    /// interpreter's report of a cell's results, written outside the user's files).
+    #[serde(default)]
+    pub area: BrowseArea,
+}
+
+/// The directory a [`Browse`] reads beneath.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BrowseArea {
+    #[default]
+    Workspace,
+    /// /tmp: only a single `path` may be read there, never a listing.
+    Tmp,
 }
 
 /// One cell for a started interpreter.

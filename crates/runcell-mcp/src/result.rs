@@ -4,6 +4,10 @@
 //!   size, the cut said in place), and on failure the error category, its message and whether
 //!   changing the code can help;
 //! * an image block for each PNG or JPEG the program wrote (plots);
+//! * a session call's displayed results (docs/results.md): PNG and JPEG as image blocks (a
+//!   figure that is also a returned file is shown once), every other result as a text block
+//!   in the form a model reads best, `text/markdown` where offered, else `text/plain` (never
+//!   HTML), each bounded; the full bundles are in `structuredContent.results`;
 //! * the other files as embedded resources (small ones) or resource links (large ones, or
 //!   those over the content cap);
 //! * `structuredContent`: the whole verdict, as the tool's `outputSchema` declares it;
@@ -28,6 +32,12 @@ const STDERR_TAIL: usize = 3 * 1024;
 /// Files up to this size are embedded; larger ones are linked (their content stays in
 /// `structuredContent`).
 const EMBED_MAX_BYTES: u64 = 1 << 20;
+
+/// How much of one displayed result's text a block shows (head and tail), and how many
+/// results get a block of their own (the rest are in structuredContent.results).
+const RESULT_HEAD: usize = 2 * 1024;
+const RESULT_TAIL: usize = 2 * 1024;
+const RESULT_BLOCKS_MAX: usize = 20;
 
 /// Where a file of the run is said to be. Not a `file:` URI: the file is not on the client's
 /// machine, it came back from the sandbox.
@@ -215,6 +225,27 @@ pub fn summary(v: &Verdict) -> String {
             ));
         }
     }
+    if let Some(e) = &v.exception {
+        s.push_str(&format!(
+            "--- exception ---\n{}: {}\n",
+            e.name,
+            trim_middle(&e.value, STDERR_HEAD, STDERR_HEAD, "exception.value")
+        ));
+    }
+    if let Some(results) = v.results.as_ref().filter(|r| !r.is_empty()) {
+        s.push_str(&format!(
+            "--- results: {} displayed{} ---\n",
+            results.len(),
+            if results.len() > RESULT_BLOCKS_MAX {
+                format!(
+                    "; the first {RESULT_BLOCKS_MAX} follow, all are in \
+                     structuredContent.results"
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
     if !v.warnings.is_empty() {
         s.push_str("--- warnings ---\n");
         for w in &v.warnings {
@@ -264,10 +295,80 @@ fn file_block(f: &OutputFile) -> Option<ContentBlock> {
     ))
 }
 
+/// The blocks of a session call's displayed results: an image block for a PNG or JPEG (unless
+/// the same image is a returned file, shown already), a text block otherwise.
+fn result_blocks(v: &Verdict) -> Vec<ContentBlock> {
+    let Some(results) = &v.results else {
+        return Vec::new();
+    };
+    let shown_files: Vec<&str> = v
+        .files
+        .iter()
+        .filter(|f| is_image(f))
+        .filter_map(|f| f.content_base64.as_deref())
+        .collect();
+    let mut blocks = Vec::new();
+    for (i, r) in results.iter().take(RESULT_BLOCKS_MAX).enumerate() {
+        let label = if r.is_main_result {
+            format!("result {} (the value of the last expression)", i + 1)
+        } else {
+            format!("result {} (displayed)", i + 1)
+        };
+        let image = ["image/png", "image/jpeg"]
+            .iter()
+            .find_map(|m| r.data.get(*m).and_then(|d| d.as_str()).map(|d| (*m, d)));
+        if let Some((mime, data)) = image {
+            if !shown_files.contains(&data) {
+                blocks.push(ContentBlock::image(data.to_string(), mime.to_string()));
+            }
+            continue;
+        }
+        let text = ["text/markdown", "text/plain"]
+            .iter()
+            .find_map(|m| r.data.get(*m).and_then(|d| d.as_str()));
+        let text = match text {
+            Some(t) => trim_middle(t, RESULT_HEAD, RESULT_TAIL, "results"),
+            None => format!(
+                "(only {} offered; see structuredContent.results)",
+                r.data.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        };
+        blocks.push(ContentBlock::text(format!("{label}:\n{text}")));
+    }
+    blocks
+}
+
+/// The summary followed by the text of the call's displayed results (an image is named, not
+/// shown): for a reader of text alone, such as the agent loop's model.
+pub fn summary_with_results(v: &Verdict) -> String {
+    let mut s = summary(v);
+    let Some(results) = &v.results else {
+        return s;
+    };
+    let images = results
+        .iter()
+        .take(RESULT_BLOCKS_MAX)
+        .filter(|r| r.data.contains_key("image/png") || r.data.contains_key("image/jpeg"))
+        .count();
+    for block in result_blocks(v) {
+        if let Some(t) = block.as_text() {
+            s.push('\n');
+            s.push_str(&t.text);
+        }
+    }
+    if images > 0 {
+        s.push_str(&format!(
+            "\n({images} image result(s), such as figures, are not shown in this text.)"
+        ));
+    }
+    s
+}
+
 /// The tool result of a verdict.
 pub fn verdict_result(v: &Verdict) -> CallToolResult {
     let mut content = vec![ContentBlock::text(summary(v))];
     content.extend(v.files.iter().filter_map(file_block));
+    content.extend(result_blocks(v));
     let mut result = if v.error.is_some() {
         CallToolResult::error(content)
     } else {
@@ -482,5 +583,95 @@ mod tests {
             t.contains("huge.bin (application/octet-stream, 1 GiB, content not returned"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn displayed_results_become_image_and_text_blocks() {
+        use runcell_core::verdict::{DisplayResult, ExceptionReport};
+        let bundle = |main: bool, pairs: &[(&str, serde_json::Value)]| DisplayResult {
+            is_main_result: main,
+            data: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        };
+        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG fig");
+        let mut v = ok("");
+        v.session_id = Some("ses_1".into());
+        v.results = Some(vec![
+            bundle(
+                false,
+                &[
+                    ("text/plain", json!("<Figure size 640x480 with 1 Axes>")),
+                    ("image/png", json!(png)),
+                ],
+            ),
+            bundle(
+                false,
+                &[
+                    ("text/plain", json!("Md()")),
+                    ("text/markdown", json!("**b**")),
+                ],
+            ),
+            bundle(
+                true,
+                &[
+                    ("text/plain", json!("   a\n0  1")),
+                    ("text/html", json!("<table></table>")),
+                    ("text/x-long", json!("x".repeat(100_000))),
+                ],
+            ),
+            bundle(false, &[("application/json", json!({"a": 1}))]),
+        ]);
+        v.exception = Some(ExceptionReport {
+            name: "ValueError".into(),
+            value: "bad".into(),
+            traceback: "Traceback...".into(),
+        });
+        let r = verdict_result(&v);
+        let blocks = serde_json::to_value(&r.content).unwrap();
+        assert_eq!(blocks[1]["type"], "image");
+        assert_eq!(blocks[1]["mimeType"], "image/png");
+        assert_eq!(blocks[1]["data"], png);
+        // Markdown first, then plain text, never HTML.
+        assert_eq!(blocks[2]["text"], "result 2 (displayed):\n**b**");
+        assert_eq!(
+            blocks[3]["text"],
+            "result 3 (the value of the last expression):\n   a\n0  1"
+        );
+        assert!(blocks[4]["text"]
+            .as_str()
+            .unwrap()
+            .contains("application/json"));
+        let t = text_of(&r);
+        assert!(t.contains("--- exception ---\nValueError: bad"), "{t}");
+        assert!(t.contains("--- results: 4 displayed ---"), "{t}");
+        // For a reader of text alone: the texts, and the images named.
+        let t = summary_with_results(&v);
+        assert!(t.contains("result 2 (displayed):\n**b**"), "{t}");
+        assert!(t.contains("1 image result(s)"), "{t}");
+
+        // A figure that is also a returned file is shown once; long text is bounded.
+        v.files = vec![OutputFile {
+            path: "figures/figure-1.png".into(),
+            size: 8,
+            mime_type: "image/png".into(),
+            sha256: None,
+            content_base64: Some(png.clone()),
+            truncated: false,
+            not_written: None,
+        }];
+        v.results.as_mut().unwrap()[1] =
+            bundle(false, &[("text/plain", json!("y".repeat(1 << 20)))]);
+        let r = verdict_result(&v);
+        let blocks = serde_json::to_value(&r.content).unwrap();
+        let images = blocks
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["type"] == "image")
+            .count();
+        assert_eq!(images, 1, "{blocks}");
+        assert!(blocks[2]["text"].as_str().unwrap().len() < 8 * 1024);
     }
 }

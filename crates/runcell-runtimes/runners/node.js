@@ -4,6 +4,10 @@
 // again is the SyntaxError it is in the REPL). `require` resolves from /workspace. The value
 // of a final expression is displayed (a promise is awaited first). `process.exit(n)` ends the
 // cell, not the session, with exit code n. SIGINT (a timeout) interrupts the running cell.
+// The final value is also reported as the cell's main result (`text/plain`, util.inspect), and
+// an uncaught error as its exception, in /tmp/.runcell-results.json, which the host reads
+// after the cell (docs/results.md). A call's own environment variables are in
+// /tmp/.runcell-env (NAME=value entries, each ended by NUL): set for that cell, then undone.
 //
 // Channel (fd 4, a unix socket to the sandbox's pid 1): "R\n" when ready; pid 1 sends
 // "K <source path>\n"; this process answers "D <exit code>\n" when the cell is over.
@@ -43,6 +47,100 @@ process.on('SIGINT', () => {
   if (interruptWaiting) interruptWaiting();
 });
 
+const RESULTS_PATH = '/tmp/.runcell-results.json';
+const ENV_PATH = '/tmp/.runcell-env';
+// The most bytes of results a cell reports (the host's cap is the same): past it, results
+// are left out and counted.
+const RESULTS_MAX_BYTES = 8 << 20;
+
+function unlinkQuietly(path) {
+  try {
+    fs.unlinkSync(path);
+  } catch {
+    // (Not there.)
+  }
+}
+
+// The call's own variables, if any (the file is removed).
+function takeEnv() {
+  let data;
+  try {
+    const c = fs.constants;
+    const fd = fs.openSync(ENV_PATH, c.O_RDONLY | c.O_NOFOLLOW | c.O_NONBLOCK);
+    try {
+      const buf = Buffer.alloc(1 << 20);
+      data = buf.subarray(0, fs.readSync(fd, buf, 0, buf.length, 0)).toString('utf8');
+    } finally {
+      fs.closeSync(fd);
+    }
+  } catch {
+    return [];
+  } finally {
+    unlinkQuietly(ENV_PATH);
+  }
+  const pairs = [];
+  for (const entry of data.split('\0')) {
+    const i = entry.indexOf('=');
+    if (i > 0) pairs.push([entry.slice(0, i), entry.slice(i + 1)]);
+  }
+  return pairs;
+}
+
+function applyEnv(pairs) {
+  const restore = [];
+  for (const [name, value] of pairs) {
+    restore.push([name, Object.prototype.hasOwnProperty.call(process.env, name) ? process.env[name] : undefined]);
+    process.env[name] = value;
+  }
+  return restore;
+}
+
+function restoreEnv(restore) {
+  for (const [name, old] of restore.reverse()) {
+    if (old === undefined) delete process.env[name];
+    else process.env[name] = old;
+  }
+}
+
+// The cell's report, written whole under a temporary name first.
+function writeResults(report) {
+  let data = Buffer.from(JSON.stringify(report), 'utf8');
+  if (data.length > RESULTS_MAX_BYTES) {
+    report.results = [];
+    report.dropped = 1;
+    data = Buffer.from(JSON.stringify(report), 'utf8');
+  }
+  const tmp = RESULTS_PATH + '.tmp';
+  unlinkQuietly(tmp);
+  const c = fs.constants;
+  const fd = fs.openSync(tmp, c.O_WRONLY | c.O_CREAT | c.O_EXCL | c.O_NOFOLLOW, 0o600);
+  try {
+    fs.writeSync(fd, data);
+  } finally {
+    fs.closeSync(fd);
+  }
+  fs.renameSync(tmp, RESULTS_PATH);
+}
+
+function exceptionOf(e, text) {
+  let name = 'Error';
+  let value = '';
+  try {
+    if (e instanceof CellInterrupted) {
+      name = 'Interrupted';
+    } else if (e !== null && typeof e === 'object') {
+      name = String(e.name ?? e.constructor?.name ?? 'Error');
+      value = String(e.message ?? '');
+    } else {
+      name = 'Uncaught';
+      value = util.inspect(e);
+    }
+  } catch {
+    // (A hostile getter: the names stay the defaults.)
+  }
+  return { name, value, traceback: text };
+}
+
 function printError(e) {
   let text;
   if (e instanceof CellInterrupted) {
@@ -56,6 +154,7 @@ function printError(e) {
     text = 'Uncaught ' + util.inspect(e);
   }
   process.stderr.write(text + '\n');
+  return text;
 }
 
 let count = 0;
@@ -63,6 +162,9 @@ let count = 0;
 async function runCell(path) {
   count += 1;
   let code = 0;
+  const report = { results: [], exception: null };
+  unlinkQuietly(RESULTS_PATH);
+  const restore = applyEnv(takeEnv());
   try {
     const source = fs.readFileSync(path, 'utf8');
     fs.unlinkSync(path);
@@ -76,18 +178,28 @@ async function runCell(path) {
         }),
       ]);
     }
-    if (value !== undefined) process.stdout.write(util.inspect(value) + '\n');
+    if (value !== undefined) {
+      const shown = util.inspect(value);
+      process.stdout.write(shown + '\n');
+      report.results.push({ is_main_result: true, data: { 'text/plain': shown } });
+    }
   } catch (e) {
     if (e instanceof CellExit) {
       code = e.code;
     } else {
-      printError(e);
+      report.exception = exceptionOf(e, printError(e));
       const interrupted =
         (e && e.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') || e instanceof CellInterrupted;
       code = interrupted ? 130 : 1;
     }
   } finally {
     interruptWaiting = null;
+    restoreEnv(restore);
+  }
+  try {
+    writeResults(report);
+  } catch (e) {
+    process.stderr.write(`runcell: the cell's results could not be reported: ${e}\n`);
   }
   return code & 0xff;
 }

@@ -9,6 +9,10 @@
 #   final expression displayed, tracebacks that name the cell ("<cell 3>") and its lines,
 #   open figures saved after each cell, `sys.exit(n)` ending the cell (not the session) with
 #   exit code n, and SIGINT (a timeout) raising KeyboardInterrupt in the cell only.
+#   Like a notebook, a session cell's displayed results (the final expression's value,
+#   `display(obj)`, figures) and its exception are reported as MIME bundles in
+#   /tmp/.runcell-results.json, which the host reads after the cell (docs/results.md); a
+#   call's own environment variables come in /tmp/.runcell-env and are undone after it.
 #
 # Channel (fd 4, a unix socket to the sandbox's pid 1): this process writes "R\n" when ready;
 # pid 1 sends "C\n" or "K <source path>\n" with the cell's stdin attached as a descriptor; this
@@ -116,6 +120,50 @@ class _Session:
         self.main = main
         self.count = 0
         self.in_cell = False
+        self.shown = None
+        # `display` as a builtin, as in a notebook (IPython is not in the stack; its
+        # `IPython.display` works only where a cell installs IPython).
+        import builtins
+
+        builtins.display = self.display
+        # Every figure runcell_plots saves (plt.show(), or open at the cell's end) becomes a
+        # result too. Its module is part of the installed stack (whose id hashes it), so it is
+        # wrapped here, when it is first imported, rather than changed.
+        plots = sys.modules.get("runcell_plots")
+        if plots is not None:
+            _wrap_plots(plots, self._on_figure)
+        else:
+            sys.meta_path.insert(0, _PlotsFinder(self._on_figure))
+
+    def display(self, *objs, raw=False, **_kwargs):
+        """Display objects as the cell's results, each a MIME bundle (with `raw=True`, each
+        object is a bundle already: a dict of MIME type to content, as IPython's)."""
+        shown = self.shown
+        if shown is None:
+            return
+        for obj in objs:
+            if raw and isinstance(obj, dict):
+                shown.add_bundle(obj, False)
+            else:
+                shown.add(obj, False)
+
+    def _on_figure(self, figure, path):
+        shown = self.shown
+        if shown is None or id(figure) in shown.figures:
+            return
+        import os
+
+        # The file runcell_plots has just written, read back within the cap.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as fh:
+                png = fh.read(RESULTS_MAX_BYTES + 1)
+        except OSError:
+            return
+        if len(png) > RESULTS_MAX_BYTES:
+            shown.dropped += 1
+            return
+        shown.add_figure(figure, png, False)
 
     def _on_sigint(self, signum, frame):
         # Ctrl-C (a timeout, an output flood, a cancellation) interrupts the cell's code only.
@@ -132,6 +180,10 @@ class _Session:
         self.count += 1
         name = "<cell %d>" % self.count
         code = 0
+        # Nothing of an earlier cell's report is ever read for this one.
+        _unlink(RESULTS_PATH)
+        self.shown = _Shown()
+        restore = _apply_env(_take_env())
         self.in_cell = True
         signal.signal(signal.SIGINT, self._on_sigint)
         try:
@@ -146,15 +198,18 @@ class _Session:
             if last is not None:
                 value = eval(last, self.main.__dict__)
                 if value is not None:
+                    # Printed, as runcell's sessions always did (stdout keeps the value), and a
+                    # result as a notebook's `execute_result`.
                     sys.displayhook(value)
+                    self.shown.add(value, True)
             self.in_cell = False
         except SystemExit as e:
             code = _exit_code(e)
         except KeyboardInterrupt as e:
-            _print_exception(e)
+            self.shown.exception = _print_exception(e)
             code = 130
         except BaseException as e:
-            _print_exception(e)
+            self.shown.exception = _print_exception(e)
             code = 1
         self.in_cell = False
         try:
@@ -164,7 +219,314 @@ class _Session:
         if os.getpid() != me:
             # A child the cell forked that ran to the end of the cell: it never speaks for it.
             os._exit(code & 0xFF)
+        _restore_env(restore)
+        shown, self.shown = self.shown, None
+        try:
+            shown.write(RESULTS_PATH)
+        except BaseException as e:
+            try:
+                print("runcell: the cell's results could not be reported: %r" % (e,), file=sys.stderr)
+            except Exception:
+                pass
         return code
+
+
+class _PlotsFinder:
+    """Wraps runcell_plots (see `_wrap_plots`) when a cell first imports it."""
+
+    def __init__(self, on_figure):
+        self.on_figure = on_figure
+        self.done = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "runcell_plots" or self.done:
+            return None
+        self.done = True
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+        on_figure = self.on_figure
+
+        def exec_module(module):
+            run(module)
+            _wrap_plots(module, on_figure)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _wrap_plots(plots, on_figure):
+    """Hand every figure runcell_plots saves (its `_save(figure) -> path or None`) to
+    `on_figure(figure, path)`."""
+    save = getattr(plots, "_save", None)
+    if save is None or getattr(save, "_runcell_wrapped", False):
+        return
+
+    def _save(figure):
+        path = save(figure)
+        if path is not None:
+            try:
+                on_figure(figure, path)
+            except Exception:
+                pass
+        return path
+
+    _save._runcell_wrapped = True
+    plots._save = _save
+
+
+# Where a session cell's results are reported (the host reads this file after the cell), and
+# where a call's own environment variables are given (NAME=value entries, each ended by NUL).
+RESULTS_PATH = "/tmp/.runcell-results.json"
+ENV_PATH = "/tmp/.runcell-env"
+# The most bytes of results a cell reports (the host's cap is the same): past it, results
+# are left out and counted.
+RESULTS_MAX_BYTES = 8 << 20
+RESULTS_MAX_COUNT = 100
+
+# (method, MIME type) in the order a notebook asks for them.
+_REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+)
+
+
+class _Shown:
+    """What a cell displayed, in order, within the caps; and its exception."""
+
+    def __init__(self):
+        self.results = []
+        self.size = 0
+        self.dropped = 0
+        self.exception = None
+        self.figures = set()
+
+    def add(self, obj, main):
+        if _is_figure(obj):
+            import io
+
+            buf = io.BytesIO()
+            try:
+                obj.savefig(buf, format="png")
+            except Exception:
+                return
+            self.add_figure(obj, buf.getvalue(), main)
+            return
+        self._push(_bundle(obj), main)
+
+    def add_bundle(self, bundle, main):
+        data = {k: v for k, v in bundle.items() if isinstance(k, str)}
+        if not isinstance(data.get("text/plain"), str):
+            data["text/plain"] = _plain(bundle)
+        self._push(data, main)
+
+    def add_figure(self, figure, png, main):
+        # A figure displayed already (as the last value, or by display()) is saved at the
+        # cell's end as a file, but not shown twice.
+        if id(figure) in self.figures:
+            return
+        self.figures.add(id(figure))
+        import base64
+
+        data = {"text/plain": _plain(figure)}
+        if _figure_format(figure) == "svg":
+            import io
+
+            buf = io.BytesIO()
+            try:
+                figure.savefig(buf, format="svg")
+                data["image/svg+xml"] = buf.getvalue().decode("utf-8", "replace")
+            except Exception:
+                pass
+        if "image/svg+xml" not in data:
+            data["image/png"] = base64.b64encode(png).decode("ascii")
+        self._push(data, main)
+
+    def _push(self, data, main):
+        if not data:
+            return
+        import json
+
+        if len(self.results) >= RESULTS_MAX_COUNT or self.size + sum(
+            len(v) for v in data.values() if isinstance(v, str)
+        ) > RESULTS_MAX_BYTES:
+            # (Known too large before it is serialised: a huge repr is not copied again.)
+            self.dropped += 1
+            return
+        item = {"is_main_result": bool(main), "data": data}
+        try:
+            size = len(json.dumps(item, ensure_ascii=False).encode("utf-8", "replace"))
+        except Exception:
+            self.dropped += 1
+            return
+        if len(self.results) >= RESULTS_MAX_COUNT or self.size + size > RESULTS_MAX_BYTES:
+            self.dropped += 1
+            return
+        self.size += size
+        self.results.append(item)
+
+    def write(self, path):
+        """The report, written whole under a temporary name first, so the host never reads
+        half of one."""
+        import json
+        import os
+
+        report = {"results": self.results, "exception": self.exception, "dropped": self.dropped}
+        # (A lone surrogate, from bytes decoded with surrogateescape, becomes "?": the host
+        # reads UTF-8 only.)
+        data = json.dumps(report, ensure_ascii=False).encode("utf-8", "replace")
+        tmp = path + ".tmp"
+        _unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+
+
+def _is_figure(obj):
+    t = type(obj)
+    return getattr(t, "__module__", "") == "matplotlib.figure" and hasattr(obj, "savefig")
+
+
+def _figure_format(figure):
+    """`svg` when the session asked for SVG figures (matplotlib's own `savefig.format`)."""
+    try:
+        import matplotlib
+
+        return str(matplotlib.rcParams.get("savefig.format", "png")).lower()
+    except Exception:
+        return "png"
+
+
+def _plain(obj):
+    try:
+        return repr(obj)
+    except BaseException as e:
+        return "<%s object (repr failed: %s)>" % (type(obj).__name__, type(e).__name__)
+
+
+def _bundle(obj):
+    """A notebook's MIME bundle for `obj`: `text/plain` always, plus what its `_repr_*_`
+    methods and `_repr_mimebundle_` offer. A method that fails is left out."""
+    import base64
+    import json
+
+    data = {}
+    if isinstance(obj, type):
+        # A class is shown by its repr (its `_repr_*_` are unbound functions).
+        return {"text/plain": _plain(obj)}
+    offered = {}
+    method = getattr(obj, "_repr_mimebundle_", None)
+    if callable(method):
+        try:
+            got = method(include=None, exclude=None)
+            if isinstance(got, tuple):
+                got = got[0]
+            if isinstance(got, dict):
+                offered.update(got)
+        except Exception:
+            pass
+    for name, mime in _REPR_METHODS:
+        if mime in offered:
+            continue
+        method = getattr(obj, name, None)
+        if not callable(method):
+            continue
+        try:
+            got = method()
+        except Exception:
+            continue
+        if isinstance(got, tuple):
+            got = got[0] if got else None
+        if got is not None:
+            offered[mime] = got
+    for mime, value in offered.items():
+        if not isinstance(mime, str):
+            continue
+        if mime in ("image/png", "image/jpeg", "image/gif"):
+            if isinstance(value, (bytes, bytearray)):
+                value = base64.b64encode(bytes(value)).decode("ascii")
+            if not isinstance(value, str):
+                continue
+        elif mime == "application/json" or mime.endswith("+json"):
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    continue
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                continue
+        elif isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        elif not isinstance(value, str):
+            continue
+        data[mime] = value
+    if not isinstance(data.get("text/plain"), str):
+        data["text/plain"] = _plain(obj)
+    return data
+
+
+def _unlink(path):
+    import os
+
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _take_env():
+    """The call's own environment variables (NAME=value entries, each ended by NUL), if it
+    has any; the file is removed."""
+    import os
+
+    try:
+        fd = os.open(ENV_PATH, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return []
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(1 << 20)
+    finally:
+        _unlink(ENV_PATH)
+    pairs = []
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            pairs.append((name, value))
+    return pairs
+
+
+def _apply_env(pairs):
+    """Set the call's variables; what to put back after the call."""
+    import os
+
+    restore = []
+    for name, value in pairs:
+        restore.append((name, os.environb.get(name)))
+        os.environb[name] = value
+    return restore
+
+
+def _restore_env(restore):
+    import os
+
+    for name, old in reversed(restore):
+        if old is None:
+            os.environb.pop(name, None)
+        else:
+            os.environb[name] = old
 
 
 def _remember(name, source):
@@ -192,7 +554,8 @@ def _split(source, name):
 
 def _print_exception(e):
     """Print `e` as an uncaught exception, without this runner's frames (nor the parser's,
-    for a syntax error in a cell): the traceback names only the user's code."""
+    for a syntax error in a cell): the traceback names only the user's code. Returns the
+    exception's report (name, value, traceback)."""
     import ast
     import traceback
 
@@ -212,6 +575,16 @@ def _print_exception(e):
         traceback.print_exception(type(e), e, tb)
     else:
         sys.excepthook(type(e), e, tb)
+    # The exception as a session reports it (name, value, the traceback as printed).
+    try:
+        value = str(e)
+    except BaseException:
+        value = "<unprintable %s>" % type(e).__name__
+    try:
+        text = "".join(traceback.format_exception(type(e), e, tb))
+    except BaseException:
+        text = ""
+    return {"name": type(e).__name__, "value": value, "traceback": text}
 
 
 def _after_cell():

@@ -170,6 +170,10 @@ pub const BASH_RUNNER: &str = include_str!("../runners/bash.sh");
 pub const SESSION_CELL_DIR: &str = "/tmp";
 /// Where a bash session's cell finds its stdin (the shell cannot receive a descriptor).
 pub const BASH_SESSION_STDIN: &str = "/tmp/.runcell-stdin";
+/// Where a session call's own environment variables are given to the session's interpreter
+/// (`NAME=value` entries, each ended by a NUL byte): it sets them for that call only, and
+/// removes the file.
+pub const SESSION_CALL_ENV: &str = "/tmp/.runcell-env";
 
 /// Whether `name` can be a module to preload: dotted Python identifiers (`numpy`,
 /// `matplotlib.pyplot`), nothing that could be read as an option.

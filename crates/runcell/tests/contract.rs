@@ -776,9 +776,19 @@ fn http_session_call_rows() -> Vec<(&'static str, Value, Expect)> {
             Stdout("created\n"),
         ),
         (
-            "env of a call's own",
-            json!({"code": "true", "env": {"A": "1"}}),
-            refused(&["env", "created"]),
+            "env of a call's own, over the session's",
+            json!({"code": "echo $A $FROM_CREATION", "env": {"A": "1", "FROM_CREATION": "call"}}),
+            Stdout("1 call\n"),
+        ),
+        (
+            "the call's env is undone after it",
+            json!({"code": "echo ${A:-unset} $FROM_CREATION"}),
+            Stdout("unset created\n"),
+        ),
+        (
+            "env of a call's own, checked as at creation",
+            json!({"code": "true", "env": {"PATH": "/x"}}),
+            refused(&["PATH"]),
         ),
     ]
 }

@@ -715,6 +715,61 @@ fn older_protocol_over_http_raw() {
     s.stop();
 }
 
+/// A session call's displayed results (issue 22): an image as an MCP image block, the value
+/// of the last expression as a text block, the bundles in structuredContent.
+#[test]
+fn session_results_are_image_and_text_blocks() {
+    let s = Server::start(&[KEY]);
+    let http = Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let post = |body: &Value| post_mcp(&http, &s.url(), body, None);
+    let res = post(&initialize("2025-06-18"));
+    assert_eq!(res.status(), 200);
+    let session = res
+        .headers()
+        .get("mcp-session-id")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let post = |body: &Value| post_mcp(&http, &s.url(), body, Some(&session));
+    assert_eq!(
+        post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).status(),
+        202
+    );
+    // A 1x1 PNG, displayed by an object that offers it, and a final value.
+    let code = "import base64\n\
+        class Dot:\n    def _repr_png_(self):\n        return base64.b64decode(\
+        'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==')\n\
+        display(Dot())\n6 * 7";
+    let res = post(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "code_exec_python", "arguments": {"code": code, "session_id": "new"}}}),
+    );
+    let msgs = messages(res);
+    let result = &response(&msgs, 2)["result"];
+    assert_eq!(result["isError"], false, "{result:#}");
+    let blocks = result["content"].as_array().unwrap();
+    let image = blocks
+        .iter()
+        .find(|b| b["type"] == "image")
+        .unwrap_or_else(|| panic!("no image block: {result:#}"));
+    assert_eq!(image["mimeType"], "image/png");
+    assert!(image["data"].as_str().unwrap().starts_with("iVBORw0KGgo"));
+    assert!(
+        blocks
+            .iter()
+            .any(|b| b["text"] == "result 2 (the value of the last expression):\n42"),
+        "{result:#}"
+    );
+    let results = result["structuredContent"]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{result:#}");
+    assert_eq!(results[1]["is_main_result"], true);
+    s.stop();
+}
+
 /// A call whose stream the client closed, or whose session it ended, is cancelled at once
 /// (its sandbox killed, the run audited as `cancelled`), never left to run to its timeout for
 /// nobody (the TypeScript SDK aborts a call by closing its stream).

@@ -18,6 +18,7 @@
 mod files;
 mod info;
 mod policy;
+pub mod results;
 mod sandbox;
 
 use std::collections::{HashMap, HashSet};

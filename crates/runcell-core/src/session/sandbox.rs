@@ -33,7 +33,11 @@ pub(super) enum Lost {
 /// A sandbox that keeps its interpreter (or, for Go, its files) between calls.
 pub struct Session {
     language: Language,
+    /// The runtime with the session's environment variables, and without them (a call's own
+    /// are checked against, and added over, the session's).
     runtime: Runtime,
+    base_runtime: Runtime,
+    env: Vec<(String, String)>,
     /// The session's limits as asked, and as resolved; and the policy's defaults (to tell a
     /// limit the request lowered from one it left alone).
     overrides: LimitOverrides,
@@ -66,13 +70,16 @@ impl Engine {
             .locate(v.language())
             .map_err(|e| RunError::new(ErrorKind::RuntimeUnavailable, e.to_string()))?;
         // The session's environment is its interpreter's, and every call's.
+        let base_runtime = runtime;
         let runtime =
-            crate::engine::with_request_env(&runtime, v.env()).map_err(RunError::invalid)?;
+            crate::engine::with_request_env(&base_runtime, v.env()).map_err(RunError::invalid)?;
         let interpreter = runtime.interpreter(&[], true);
         let mut s = Session {
             language: v.language(),
             interpreter,
             runtime,
+            base_runtime,
+            env: v.env().to_vec(),
             overrides,
             limits: *v.limits(),
             defaults: self.policy().defaults,
@@ -86,6 +93,61 @@ impl Engine {
         s.start_sandbox(self)?;
         Ok(s)
     }
+}
+
+/// Whether a language's session interpreter reports a cell's results (see [`super::results`]):
+/// Python (displays, figures, exceptions), Node and Ruby (the last value, the exception).
+fn reports_results(language: Language) -> bool {
+    matches!(language, Language::Python | Language::Node | Language::Ruby)
+}
+
+/// Read the cell's results report from the sandbox's /tmp (through pid 1, never a link,
+/// within the cap) into the verdict.
+fn read_results(sandbox: &mut Sandbox, verdict: &mut Verdict) {
+    // A fixed cap the interpreter knows too (it leaves results out past it, and says so), so
+    // that a large display costs what is past the cap, not the whole report.
+    let cap = super::results::MAX_RESULTS_BYTES;
+    let read = sandbox.read_tmp_file(
+        &runcell_jail::CollectLimits {
+            max_files: 1,
+            max_file_bytes: cap,
+            max_total_bytes: cap,
+            max_entries: 1,
+            max_read_bytes: cap,
+            deadline_ms: 10_000,
+        },
+        super::results::RESULTS_FILE,
+    );
+    let mut c = match read {
+        Ok(c) => c,
+        Err(e) => {
+            verdict.warnings.push(format!(
+                "The cell's displayed results could not be read: {}",
+                crate::error::chain(&e)
+            ));
+            return;
+        }
+    };
+    let Some(file) = c.files.first() else {
+        // No report (a language's runner that had nothing to say).
+        return;
+    };
+    let bytes = match file.blob {
+        Some(i) if i < c.blobs.len() => c.blobs.swap_remove(i),
+        _ => {
+            verdict.warnings.push(format!(
+                "The cell's displayed results were dropped: their report is {} bytes, more than \
+                 the {cap} bytes a call's results may have. Save large outputs to files in \
+                 /workspace instead.",
+                file.size
+            ));
+            return;
+        }
+    };
+    let parsed = super::results::parse(&bytes);
+    verdict.warnings.extend(parsed.warnings);
+    verdict.results = Some(parsed.results);
+    verdict.exception = parsed.exception;
 }
 
 /// A verdict that ends a session operation (its sandbox could not be built or rebuilt) as the
@@ -289,6 +351,20 @@ impl Session {
             return Verdict::failed(ErrorCategory::SandboxFailure, e.message);
         }
         *lost = (*lost).max(self.pending.take());
+        // The call's own environment variables, checked as at creation (not a name runcell
+        // sets for the runtime), over the session's: a Go program gets them as any program;
+        // an interpreter gets them in a file with the cell (see `Engine::run_in`).
+        let runtime = if v.env().is_empty() {
+            self.runtime.clone()
+        } else {
+            let mut env = self.env.clone();
+            env.retain(|(k, _)| !v.env().iter().any(|(c, _)| c == k));
+            env.extend(v.env().iter().cloned());
+            match crate::engine::with_request_env(&self.base_runtime, &env) {
+                Ok(rt) => rt,
+                Err(message) => return Verdict::failed(ErrorCategory::InvalidRequest, message),
+            }
+        };
         let has_interpreter = self.interpreter.is_some();
         let mut attempt = 0;
         loop {
@@ -302,8 +378,7 @@ impl Session {
             let Some(sandbox) = self.sandbox.as_mut() else {
                 return Verdict::failed(ErrorCategory::SandboxFailure, "no sandbox");
             };
-            let (mut verdict, outcome) =
-                engine.run_in(sandbox, how, v, &self.runtime, sink, cancel);
+            let (mut verdict, outcome) = engine.run_in(sandbox, how, v, &runtime, sink, cancel);
             let no_interpreter = outcome.is_none()
                 && verdict
                     .error
@@ -353,6 +428,19 @@ impl Session {
                         " The call was interrupted (SIGINT); the session's interpreter survived \
                          and keeps its state.",
                     );
+                }
+            }
+            // What the cell displayed, and its exception: reported by an interpreter that
+            // ended the cell itself (a dead or restarted one reports nothing, so nothing stale
+            // is read).
+            if has_interpreter
+                && reports_results(self.language)
+                && outcome.as_ref().is_some_and(|o| o.interpreter_alive)
+            {
+                if let Some(sandbox) = self.sandbox.as_mut() {
+                    if sandbox.is_ready() {
+                        read_results(sandbox, &mut verdict);
+                    }
                 }
             }
             return verdict;

@@ -465,6 +465,28 @@ impl Sandbox {
         let request = Request::Browse(protocol::Browse {
             limits: *limits,
             path: path.map(str::to_string),
+            area: protocol::BrowseArea::Workspace,
+        });
+        self.files_request(&request, limits)
+    }
+
+    /// The one regular file `name` directly in the sandbox's /tmp (never through a link, never
+    /// a FIFO or device), with its content within `limits`: how a session interpreter's report
+    /// of a cell's results is read. Call between programs.
+    pub fn read_tmp_file(
+        &mut self,
+        limits: &CollectLimits,
+        name: &str,
+    ) -> Result<CollectedFiles, SandboxError> {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(SandboxError::Protocol(format!(
+                "not a file name in /tmp: {name:?}"
+            )));
+        }
+        let request = Request::Browse(protocol::Browse {
+            limits: *limits,
+            path: Some(name.to_string()),
+            area: protocol::BrowseArea::Tmp,
         });
         self.files_request(&request, limits)
     }

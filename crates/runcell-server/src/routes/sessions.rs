@@ -105,13 +105,14 @@ pub(crate) async fn delete(
 }
 
 /// Run code in a session: the verdict of `/v1/execute`, plus `session_id`,
-/// `execution_count` and `state_lost`. With `Accept: text/event-stream`, events as for
+/// `execution_count` and `state_lost`, and the cell's displayed `results` and `exception`
+/// (docs/results.md). With `Accept: text/event-stream`, events as for
 /// `/v1/execute`.
 #[utoipa::path(post, path = "/v1/sessions/{id}/execute", tag = "sessions",
     operation_id = "execute_in_session",
     params(("id" = String, Path, description = "The session's id")),
     request_body(content = crate::openapi::CellRequest, description = "`code`, `stdin`, `files`, and the call's \
-        own `timeout`."),
+        own `timeout` and `env` (for this call only)."),
     responses(
         (status = 200, description = "The verdict (JSON), or events as for /v1/execute",
             content((runcell_core::Verdict = "application/json"), (String = "text/event-stream"))),
