@@ -212,6 +212,14 @@ impl Sessions {
                 settings: SessionSettings {
                     language: v.language(),
                     overrides,
+                    network: {
+                        let mut n: Vec<String> =
+                            v.network().iter().map(ToString::to_string).collect();
+                        n.sort();
+                        n.dedup();
+                        n
+                    },
+                    packages: v.packages().iter().map(|r| r.text.clone()).collect(),
                 },
                 owner: owner.map(str::to_string),
                 created: Instant::now(),
@@ -305,6 +313,8 @@ impl Sessions {
             execution_count: st.executions,
             busy: st.running.is_some(),
             limits: st.limits,
+            network: slot.settings.network.clone(),
+            packages: slot.settings.packages.clone(),
         }
     }
 
@@ -509,6 +519,8 @@ mod tests {
             settings: SessionSettings {
                 language: Language::Python,
                 overrides: LimitOverrides::default(),
+                network: Vec::new(),
+                packages: Vec::new(),
             },
             owner: owner.map(str::to_string),
             created: Instant::now(),
