@@ -1282,3 +1282,54 @@ fn a_session_asking_for_network_waits_for_approval_at_its_creation() {
         assert_eq!(v["approvals"], serde_json::json!([]), "{v}");
     }
 }
+
+/// A session whose sandbox is lost (here every process of it killed from the host) is rebuilt
+/// with its network: a new proxy for the new sandbox, the old one gone, the destination still
+/// reached.
+#[test]
+fn a_session_rebuilt_after_its_sandbox_was_lost_keeps_its_network() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n[network]\nallow = [\"{}\"]\n",
+            srv.entry()
+        ),
+        &[],
+    );
+    let pid = s.pid();
+    let (status, info) = api(
+        &s,
+        KEY_A,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "python", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!(status, 201, "{info}");
+    let exec = format!("/v1/sessions/{}/execute", info["id"].as_str().unwrap());
+    let fetch = serde_json::json!({"code": py_fetch(&srv.url("/"))});
+    let (status, v) = api(&s, KEY_A, "POST", &exec, Some(fetch.clone()));
+    assert_eq!(
+        (status, v["stdout"].clone()),
+        (200, "hello from the host\n".into()),
+        "{v}"
+    );
+    let procs = common::sandbox_processes_of(pid);
+    assert!(!procs.is_empty());
+    for p in &procs {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &p.pid.to_string()])
+            .status();
+    }
+    common::assert_processes_gone(&procs, std::time::Duration::from_secs(30));
+    let (status, v) = api(&s, KEY_A, "POST", &exec, Some(fetch));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state_lost"], true, "{v}");
+    assert_eq!(v["stdout"], "hello from the host\n", "{v}");
+    let c = v["network"]["connections"].as_array().unwrap();
+    assert_eq!(
+        c.iter().filter(|c| c["allowed"] == true).count(),
+        1,
+        "{c:?}"
+    );
+    wait_proxies(pid, 1);
+}
