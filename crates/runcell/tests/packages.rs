@@ -772,7 +772,7 @@ fn a_session_installs_its_packages_at_creation_and_holds_the_layer_while_it_live
     use runcell_core::{LimitOverrides, SessionPolicy, Sessions};
     // As in the quota test above: two small layers fit, not three.
     const QUOTA: u64 = 300 << 10;
-    let index = Index::new(&[]);
+    let index = Index::new(&["slowpkg"]);
     for name in ["pada", "padb", "padc"] {
         index.add(name, 64 << 10);
     }
@@ -780,6 +780,24 @@ fn a_session_installs_its_packages_at_creation_and_holds_the_layer_while_it_live
     let root = data.path().join("packages");
     let e = engine(data.path(), &index, |c| c.packages.cache_max_bytes = QUOTA);
     let sessions = Sessions::new(e.clone(), SessionPolicy::default());
+
+    // An install that does not finish within the creation's timeout: the request's to fix,
+    // and no session is left.
+    let mut slow = ExecRequest::new("python", "");
+    slow.packages = vec!["slowpkg".into()];
+    slow.limits.timeout = Some(Millis(2000));
+    let err = sessions
+        .create(
+            None,
+            &e.validate(&slow).unwrap(),
+            LimitOverrides::default(),
+            Duration::from_secs(600),
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(err.kind, runcell_core::ErrorKind::InvalidRequest, "{err}");
+    assert!(err.message.contains("The session was not created"), "{err}");
+    assert!(sessions.list(None).is_empty());
 
     let mut create = ExecRequest::new("python", "");
     create.packages = vec!["PADA".into()];
@@ -791,6 +809,7 @@ fn a_session_installs_its_packages_at_creation_and_holds_the_layer_while_it_live
             &created,
             LimitOverrides::default(),
             Duration::from_secs(600),
+            None,
         )
         .unwrap();
     assert_eq!(info.packages, ["pada"]);

@@ -165,15 +165,17 @@ impl Sessions {
         s
     }
 
-    /// Create a session for `owner` from a validated request (its language, files and
-    /// limits; `overrides` are the limits it asked for, which its calls are merged with).
-    /// Blocking (it builds a sandbox).
+    /// Create a session for `owner` from a validated request (its language, files, limits,
+    /// network and packages; `overrides` are the limits it asked for, which its calls are
+    /// merged with). Blocking (it installs its packages and builds a sandbox); `cancel` stops
+    /// a package install (a caller that went away).
     pub fn create(
         &self,
         owner: Option<&str>,
         v: &ValidRequest,
         overrides: LimitOverrides,
         ttl: Duration,
+        cancel: Option<&KillSwitch>,
     ) -> Result<SessionInfo, RunError> {
         let holds = v.limits().memory.0.saturating_add(v.limits().disk.0);
         // A place in the table first (so that the caps hold under concurrent creations), the
@@ -242,7 +244,7 @@ impl Sessions {
         lock(&slot.state).running = KillSwitch::new().ok();
         let opened = self
             .engine
-            .open_session(v, overrides, self.policy.max_lifetime);
+            .open_session(v, overrides, self.policy.max_lifetime, cancel);
         let mut st = lock(&slot.state);
         st.running = None;
         match opened {

@@ -77,6 +77,7 @@ impl Engine {
         v: &ValidRequest,
         overrides: LimitOverrides,
         lifetime: Duration,
+        cancel: Option<&KillSwitch>,
     ) -> Result<Session, RunError> {
         let mut runtime = self
             .locate(v.language())
@@ -88,8 +89,8 @@ impl Engine {
             let deadline = Instant::now() + v.limits().timeout();
             let l = self
                 .package_layers()
-                .layer(self, v.packages(), &runtime, deadline, None)
-                .map_err(|verdict| failure(*verdict))?;
+                .layer(self, v.packages(), &runtime, deadline, cancel)
+                .map_err(|verdict| install_failure(*verdict))?;
             runtime = runtime.with_python_path(l.site());
             layer = Some(l);
         }
@@ -132,6 +133,19 @@ pub(super) fn failure(v: Verdict) -> RunError {
         _ => ErrorKind::SandboxFailure,
     };
     RunError::new(kind, v.error.map(|e| e.message).unwrap_or_default())
+}
+
+/// A session's package install that failed, as the refusal of its creation: an install that
+/// did not finish within the creation's timeout is the request's to fix (a longer timeout), a
+/// cancelled one is the caller's going away; the rest as any sandbox's failure.
+fn install_failure(v: Verdict) -> RunError {
+    let kind = match v.category() {
+        Some(ErrorCategory::Timeout) => ErrorKind::InvalidRequest,
+        Some(ErrorCategory::Cancelled) => ErrorKind::Unavailable,
+        _ => return failure(v),
+    };
+    let message = v.error.map(|e| e.message).unwrap_or_default();
+    RunError::new(kind, format!("{message} The session was not created."))
 }
 
 impl Session {
