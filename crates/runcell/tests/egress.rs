@@ -1178,10 +1178,28 @@ fn a_session_created_without_network_has_none() {
     let srv = HostServer::start();
     let (_config, s) = serve_with_config(
         &format!(
-            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n[network]\nallow = [\"{}\"]\n",
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [[api_keys]]\nid = \"team-b\"\nkey = \"{KEY_B}\"\nallow_net = []\n\
+             [network]\nallow = [\"{}\"]\n",
             srv.entry()
         ),
         &[],
+    );
+    // A key narrowed to no network cannot create a session with some.
+    let (status, v) = api(
+        &s,
+        KEY_B,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "python", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not allowed for this API key"),
+        "{v}"
     );
     let (status, info) = api(
         &s,
@@ -1332,4 +1350,48 @@ fn a_session_rebuilt_after_its_sandbox_was_lost_keeps_its_network() {
         "{c:?}"
     );
     wait_proxies(pid, 1);
+}
+
+/// Node's clients ignore HTTP_PROXY: a node session's interpreter gets runcell's preloaded
+/// module too, and every call goes through the session's proxy.
+#[test]
+#[cfg_attr(not(host_node), ignore = "needs node")]
+fn a_node_session_reaches_its_destination_through_its_proxy() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n[network]\nallow = [\"{}\"]\n",
+            srv.entry()
+        ),
+        &[],
+    );
+    let (status, info) = api(
+        &s,
+        KEY_A,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "node", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!(status, 201, "{info}");
+    let exec = format!("/v1/sessions/{}/execute", info["id"].as_str().unwrap());
+    for _ in 0..2 {
+        let code = format!(
+            "(async () => console.log((await (await fetch({:?})).text()).trim()))()",
+            srv.url("/")
+        );
+        let (status, v) = api(
+            &s,
+            KEY_A,
+            "POST",
+            &exec,
+            Some(serde_json::json!({"code": code})),
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["stdout"], "hello from the host\n", "{v}");
+        assert_eq!(
+            v["network"]["connections"].as_array().unwrap().len(),
+            1,
+            "{v}"
+        );
+    }
 }
