@@ -362,10 +362,15 @@ pub fn session_network(allow: &[String]) -> Result<Vec<String>, RunError> {
     }
     let rules = runcell_proxy::parse_rules(allow)
         .map_err(|e| RunError::invalid(format!("Invalid network request: {e}.")))?;
+    Ok(network_entries(&rules))
+}
+
+/// Checked entries as a session keeps them: written out, sorted, each once.
+pub fn network_entries(rules: &[runcell_proxy::NetRule]) -> Vec<String> {
     let mut v: Vec<String> = rules.iter().map(ToString::to_string).collect();
     v.sort();
     v.dedup();
-    Ok(v)
+    v
 }
 
 /// A call in a session as a whole request: the session's language and limits, with the

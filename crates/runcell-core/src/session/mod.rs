@@ -214,13 +214,7 @@ impl Sessions {
                 settings: SessionSettings {
                     language: v.language(),
                     overrides,
-                    network: {
-                        let mut n: Vec<String> =
-                            v.network().iter().map(ToString::to_string).collect();
-                        n.sort();
-                        n.dedup();
-                        n
-                    },
+                    network: crate::intake::network_entries(v.network()),
                     packages: v.packages().iter().map(|r| r.text.clone()).collect(),
                 },
                 owner: owner.map(str::to_string),

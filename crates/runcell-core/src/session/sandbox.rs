@@ -336,7 +336,7 @@ impl Session {
         let mut verdict = self.run_once(engine, v, sink, cancel, &mut lost);
         if !self.network.is_empty() {
             // The call's connections (and those of a sandbox rebuilt since the last call);
-            // what it left open is cut now, before its processes are stopped.
+            // what it left open is cut now (its processes are stopped until the next call).
             let mut connections = std::mem::take(&mut self.earlier);
             if let Some(p) = &self.proxy {
                 connections.extend(p.end_call().into_iter().map(NetworkConnection::from));
