@@ -82,6 +82,12 @@ struct Shared {
     /// record each: one summary record at the end).
     over_cap: AtomicU64,
     bytes: AtomicU64,
+    /// Between two calls of a session ([`ProxyHandle::end_call`] until
+    /// [`ProxyHandle::begin_call`]): its processes are stopped, and a connection that reaches
+    /// the proxy now (queued as the last call ended) goes nowhere.
+    between_calls: AtomicBool,
+    /// Connections closed so (one summary record in the next call's report).
+    refused_between: AtomicU64,
     gate: Mutex<Gate>,
     /// Signalled whenever an attempt moves on or ends.
     moved: Condvar,
@@ -293,6 +299,8 @@ pub(crate) fn serve(
         accepted: AtomicU32::new(0),
         over_cap: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
+        between_calls: AtomicBool::new(false),
+        refused_between: AtomicU64::new(0),
         gate: Mutex::new(Gate {
             closed: false,
             ended_tx: Some(ended_tx),
@@ -378,6 +386,7 @@ impl ProxyHandle {
     /// bytes) start again for the next call, as each one-shot run has its own.
     pub fn end_call(&self) -> Vec<Connection> {
         let shared = &self.shared;
+        shared.between_calls.store(true, Ordering::Release);
         let bound = Instant::now() + FINISH_BOUND;
         let mut g = shared.gate();
         for s in g.live.drain(..) {
@@ -404,6 +413,22 @@ impl ProxyHandle {
             g.records
                 .push(over_cap_record(over, shared.permit.max_connections));
         }
+        let between = shared.refused_between.swap(0, Ordering::AcqRel);
+        if between > 0 {
+            g.records.push(Connection {
+                host: "*".into(),
+                port: 0,
+                allowed: false,
+                address: None,
+                reason: Some(format!(
+                    "{between} connection(s) made as the session's previous call ended were \
+                     closed unread: a session runs nothing between its calls"
+                )),
+                bytes_out: 0,
+                bytes_in: 0,
+                duration_seconds: 0.0,
+            });
+        }
         shared.accepted.store(0, Ordering::Release);
         shared.bytes.store(0, Ordering::Release);
         let records = std::mem::take(&mut g.records);
@@ -416,6 +441,14 @@ impl ProxyHandle {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(_, h)| !h.is_finished());
         records
+    }
+}
+
+impl ProxyHandle {
+    /// A session's next call begins: connections are taken again (see
+    /// [`ProxyHandle::end_call`]).
+    pub fn begin_call(&self) {
+        self.shared.between_calls.store(false, Ordering::Release);
     }
 }
 
@@ -483,6 +516,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        if shared.between_calls.load(Ordering::Acquire) {
+            // Closed unread: nothing of it reaches a destination while the session runs
+            // nothing.
+            shared.refused_between.fetch_add(1, Ordering::AcqRel);
+            continue;
+        }
         let n = shared.accepted.fetch_add(1, Ordering::AcqRel) + 1;
         if n > shared.permit.max_connections {
             // Over the cap: answered by the one refuser thread, without a thread or a record
@@ -1718,6 +1757,7 @@ mod tests {
             c
         };
         for call in 0..2 {
+            handle.begin_call();
             // Left open at the end of the call: cut, and reported with the call.
             let mut open = tunnel();
             let records = handle.end_call();
@@ -1728,7 +1768,23 @@ mod tests {
             let _ = open.read_to_end(&mut rest);
             assert!(rest.is_empty(), "the connection was not cut: {rest:?}");
         }
+        // Between calls (no begin_call): a connection is closed unread, and the next call's
+        // report says so.
+        let mut c = TcpStream::connect(proxy_addr).unwrap();
+        let _ = write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+        let mut res = Vec::new();
+        let _ = c.read_to_end(&mut res);
+        assert!(res.is_empty(), "{:?}", String::from_utf8_lossy(&res));
+        handle.begin_call();
+        let records = handle.end_call();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert!(records[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("between its calls"));
         // Nothing in between: an empty report.
+        handle.begin_call();
         assert!(handle.end_call().is_empty());
         assert!(handle.finish().is_empty());
     }

@@ -333,6 +333,9 @@ impl Session {
     ) -> Verdict {
         self.executions += 1;
         let mut lost = self.pending.take();
+        if let Some(p) = &self.proxy {
+            p.begin_call();
+        }
         let mut verdict = self.run_once(engine, v, sink, cancel, &mut lost);
         if !self.network.is_empty() {
             // The call's connections (and those of a sandbox rebuilt since the last call);
