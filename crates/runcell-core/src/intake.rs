@@ -794,8 +794,16 @@ mod tests {
             packages: true,
         };
         assert!(allowed(Source::Mcp, TargetKind::OneShot, offers).contains(Field::Network));
-        assert!(!allowed(Source::Model, TargetKind::OneShot, offers).contains(Field::Network));
-        assert!(!allowed(Source::Model, TargetKind::OneShot, offers).contains(Field::Packages));
+        for target in [
+            TargetKind::OneShot,
+            TargetKind::NewSession,
+            TargetKind::Session,
+        ] {
+            let model = allowed(Source::Model, target, offers);
+            assert!(!model.contains(Field::Network), "{target:?}");
+            assert!(!model.contains(Field::Packages), "{target:?}");
+        }
+        assert!(allowed(Source::Mcp, TargetKind::NewSession, offers).contains(Field::Network));
         // Without an offer, MCP clients do not see the keys at all.
         assert!(
             !allowed(Source::Mcp, TargetKind::OneShot, Offers::default()).contains(Field::Network)
