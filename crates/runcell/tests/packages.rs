@@ -469,6 +469,53 @@ fn the_server_installs_only_what_its_policy_allows() {
         m.contains("\"requests\" is not allowed") && m.contains("tabulate"),
         "{m}"
     );
+
+    // A session over HTTP: its packages within the same policy, installed at creation (from
+    // the cache here), shown in its description, imported by its calls.
+    let client = reqwest::blocking::Client::new();
+    let send = |path: &str, body: serde_json::Value| {
+        let res = client
+            .post(s.url(path))
+            .json(&body)
+            .timeout(std::time::Duration::from_secs(120))
+            .send()
+            .unwrap();
+        (
+            res.status().as_u16(),
+            res.json::<serde_json::Value>().unwrap(),
+        )
+    };
+    let (status, v) = send(
+        "/v1/sessions",
+        serde_json::json!({"language": "python", "packages": ["requests"]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    let (status, info) = send(
+        "/v1/sessions",
+        serde_json::json!({"language": "python", "packages": ["Tabulate==0.9.0"]}),
+    );
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(info["packages"], serde_json::json!(["tabulate==0.9.0"]));
+    let exec = format!("/v1/sessions/{}/execute", info["id"].as_str().unwrap());
+    let (status, v) = send(
+        &exec,
+        serde_json::json!({"code": "import tabulate\nprint(tabulate.__version__)"}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stdout"], "0.9.0\n", "{v}");
+    assert_eq!(v["packages"]["requirements"][0], "tabulate==0.9.0", "{v}");
+    let (status, v) = send(
+        &exec,
+        serde_json::json!({"code": "print(1)", "packages": ["tabulate"]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("packages is the session's own"),
+        "{v}"
+    );
 }
 
 /// How long a test waits for an install to reach its index, or for a run it started to say
