@@ -212,6 +212,11 @@ impl ValidRequest {
         &self.network
     }
 
+    /// The packages to install for it (Python; empty: none).
+    pub fn packages(&self) -> &[crate::packages::Requirement] {
+        &self.packages
+    }
+
     /// The limits the run gets.
     pub fn limits(&self) -> &Limits {
         &self.limits
@@ -405,6 +410,11 @@ impl Engine {
     /// pool). For tests and benchmarks.
     pub fn wait_pool_filled(&self, within: Duration) -> bool {
         self.pool.as_ref().is_none_or(|p| p.wait_filled(within))
+    }
+
+    /// The package layers (a session installs its own when it is created).
+    pub(crate) fn package_layers(&self) -> &crate::packages::Packages {
+        &self.packages
     }
 
     pub fn config(&self) -> &EngineConfig {

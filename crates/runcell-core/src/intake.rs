@@ -9,7 +9,8 @@
 //! * The **target table** ([`TargetKind::rule`]): where the request goes. A one-shot run needs
 //!   a language and code; a session is created without code; a call in a session takes its
 //!   language and its sandbox's limits from the session (it may set the limits that apply to
-//!   each program: its clocks and output caps), and sessions run offline.
+//!   each program: its clocks and output caps); a session's network and packages are asked
+//!   for when it is created, and are its own.
 //!
 //! A door parses a body with [`parse`] (a key the door may not send stops the parser before
 //! its value is read), the run service checks the request against its target with
@@ -57,8 +58,8 @@ impl Source {
             Source::Api | Source::Operator => true,
             // A model writes code, gives it files and asks for time; the operator's
             // defaults size its sandbox. Network and packages are offered to MCP clients
-            // where the operator allows some (see `Offers`); the agent loop's runs share a
-            // session, which runs offline.
+            // where the operator allows some (see `Offers`); a model in the agent loop gets
+            // neither (nobody reads its requests before they run).
             Source::Mcp => matches!(
                 field,
                 Field::Code
@@ -132,9 +133,10 @@ pub enum Rule {
     Required,
     /// It may be there.
     Optional,
-    /// It may be there only empty (or null): sessions run offline, and the key is kept so
-    /// that one body shape serves every target.
-    EmptyOnly,
+    /// It may be there empty (or null), or with the session's own value, set when it was
+    /// created (a call cannot change it; [`merge_call`] compares): the key is kept so that
+    /// one body shape serves every target.
+    SessionOwn,
     /// The key is refused, with a reason.
     Refused,
 }
@@ -150,9 +152,9 @@ impl TargetKind {
             (_, Field::Language) => Required,
             (TargetKind::CreateSession, Field::Code | Field::Stdin) => Refused,
             (_, Field::Code) => Required,
-            (TargetKind::OneShot, Field::Network | Field::Packages) => Optional,
-            // Sessions run offline with the pre-installed packages.
-            (_, Field::Network | Field::Packages) => EmptyOnly,
+            // A session's proxy and package layer are set up when it is created, and serve
+            // every call.
+            (TargetKind::Session, Field::Network | Field::Packages) => SessionOwn,
             (TargetKind::CreateSession, Field::Ttl) => Optional,
             (_, Field::Ttl) => Refused,
             // What a session's sandbox was built with is its own; each call may set what
@@ -185,7 +187,7 @@ impl TargetKind {
             (TargetKind::Session, Field::Language) => {
                 "a call runs in its session's language: leave out \"language\"".to_string()
             }
-            (_, Field::Network | Field::Packages) => OFFLINE.to_string(),
+            (_, f @ (Field::Network | Field::Packages)) => session_own(f),
             (TargetKind::Session, Field::Limit(l)) => format!(
                 "{l} is the session's own, set when it was created (its sandbox is built with \
                  it); a call may set only {}. Create a new session for other limits",
@@ -206,9 +208,14 @@ fn program_limits() -> String {
         .join(", ")
 }
 
-const OFFLINE: &str = "network by permission and package installs are for one-shot runs; a \
-    session's code runs offline with the pre-installed packages. Leave out \"network\" and \
-    \"packages\", or run this code without a session";
+/// Why a call cannot change its session's network or packages.
+fn session_own(field: Field) -> String {
+    format!(
+        "{field} is the session's own, set when it was created (its proxy and package layer \
+         serve every call): leave out \"{field}\" (or repeat the session's value), or create \
+         a new session with the {field} this code needs"
+    )
+}
 
 /// What the operator's policy offers beyond the basics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -319,21 +326,7 @@ pub fn check(req: &ExecRequest, target: TargetKind) -> Result<(), RunError> {
             )));
         }
     }
-    let asks_network = req.network.as_ref().is_some_and(|n| !n.allow.is_empty());
-    let asks = |f: Field| match f {
-        Field::Network => asks_network,
-        Field::Packages => !req.packages.is_empty(),
-        _ => false,
-    };
-    if let Some(f) = [Field::Network, Field::Packages]
-        .into_iter()
-        .find(|&f| target.rule(f) == Rule::EmptyOnly && asks(f))
-    {
-        return Err(RunError::invalid(format!(
-            "Invalid request: {}.",
-            target.refusal(f)
-        )));
-    }
+    // (What a call in a session may repeat of its session is for [`merge_call`] to compare.)
     Ok(())
 }
 
@@ -343,6 +336,35 @@ pub struct SessionSettings {
     pub language: Language,
     /// The limits the creation asked for (each call's program limits replace theirs).
     pub overrides: LimitOverrides,
+    /// The destinations its proxy lets through, normalised and sorted (empty: no network).
+    pub network: Vec<String>,
+    /// The requirements its package layer holds, normalised (empty: none).
+    pub packages: Vec<String>,
+}
+
+/// Longest list a call's `network` or `packages` is compared with its session's (a session's
+/// own are within the policy's caps, far below this).
+const MAX_COMPARED: usize = 1024;
+
+/// A call's `network` entries as a session keeps them: normalised, sorted, each once.
+pub fn session_network(allow: &[String]) -> Result<Vec<String>, RunError> {
+    if allow.len() > MAX_COMPARED {
+        return Err(RunError::invalid(format!(
+            "Invalid request: {} network entries is more than a session may have.",
+            allow.len()
+        )));
+    }
+    let rules = runcell_proxy::parse_rules(allow)
+        .map_err(|e| RunError::invalid(format!("Invalid network request: {e}.")))?;
+    Ok(network_entries(&rules))
+}
+
+/// Checked entries as a session keeps them: written out, sorted, each once.
+pub fn network_entries(rules: &[runcell_proxy::NetRule]) -> Vec<String> {
+    let mut v: Vec<String> = rules.iter().map(ToString::to_string).collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// A call in a session as a whole request: the session's language and limits, with the
@@ -369,6 +391,41 @@ pub fn merge_call(call: &ExecRequest, session: &SessionSettings) -> Result<ExecR
              standard input per call): pass the data as a file in `files` and read it from \
              /workspace.",
         ));
+    }
+    // The session's network and packages: a call may leave them out, or repeat them (a door
+    // that sends the same body for every call); another value is refused, never dropped.
+    let asked_network = call.network.as_ref().map_or(&[][..], |n| &n.allow[..]);
+    if !asked_network.is_empty() && session_network(asked_network)? != session.network {
+        return Err(RunError::invalid(format!(
+            "Invalid request: {} (it has {}).",
+            session_own(Field::Network),
+            if session.network.is_empty() {
+                "no network".to_string()
+            } else {
+                session.network.join(", ")
+            }
+        )));
+    }
+    if !call.packages.is_empty() {
+        if call.packages.len() > MAX_COMPARED {
+            return Err(RunError::invalid(format!(
+                "Invalid request: {}.",
+                session_own(Field::Packages)
+            )));
+        }
+        let asked = crate::packages::normalize(&call.packages)
+            .map_err(|e| RunError::invalid(format!("Invalid packages: {e}.")))?;
+        if asked != session.packages {
+            return Err(RunError::invalid(format!(
+                "Invalid request: {} (it has {}).",
+                session_own(Field::Packages),
+                if session.packages.is_empty() {
+                    "none".to_string()
+                } else {
+                    session.packages.join(", ")
+                }
+            )));
+        }
     }
     let mut limits = session.overrides;
     for &l in Limit::ALL {
@@ -625,8 +682,15 @@ fn network_schema(ctx: &SchemaContext) -> Value {
     let Some(config) = ctx.policy else {
         return schema;
     };
-    let offline = ctx.target.rule(Field::Network) == Rule::EmptyOnly;
+    let own = ctx.target.rule(Field::Network) == Rule::SessionOwn;
     let network = &config.network.allow;
+    if own {
+        schema["description"] = json!(format!(
+            "The session's own, set when it was created: leave it out (or repeat the \
+             session's entries). {}",
+            schema["description"].as_str().unwrap_or_default()
+        ));
+    }
     if ctx.for_model() {
         schema["description"] = json!(format!(
             "Only when the code needs the network: the destinations it may reach (through an \
@@ -649,7 +713,7 @@ fn network_schema(ctx: &SchemaContext) -> Value {
         })
     };
     schema["properties"]["allow"]["items"] = items;
-    if network.is_empty() || offline {
+    if network.is_empty() {
         schema["properties"]["allow"]["maxItems"] = json!(0);
     }
     schema
@@ -683,14 +747,15 @@ fn packages_schema(ctx: &SchemaContext) -> Value {
             ),
         });
     }
-    let offline = ctx.target.rule(Field::Packages) == Rule::EmptyOnly;
-    if !packages.enabled() || offline {
+    if ctx.target.rule(Field::Packages) == Rule::SessionOwn {
+        schema["description"] = json!(
+            "The session's own, installed when it was created: leave it out (or repeat the \
+             session's requirements)."
+        );
+    }
+    if !packages.enabled() {
         schema["maxItems"] = json!(0);
-        schema["description"] = json!(if offline {
-            "A session installs no packages: the list must be empty."
-        } else {
-            "This server installs no packages: the list must be empty."
-        });
+        schema["description"] = json!("This server installs no packages: the list must be empty.");
     } else {
         schema["maxItems"] = json!(packages.max_requirements);
         if !packages.allow_any {
@@ -736,8 +801,16 @@ mod tests {
             packages: true,
         };
         assert!(allowed(Source::Mcp, TargetKind::OneShot, offers).contains(Field::Network));
-        assert!(!allowed(Source::Model, TargetKind::OneShot, offers).contains(Field::Network));
-        assert!(!allowed(Source::Model, TargetKind::OneShot, offers).contains(Field::Packages));
+        for target in [
+            TargetKind::OneShot,
+            TargetKind::NewSession,
+            TargetKind::Session,
+        ] {
+            let model = allowed(Source::Model, target, offers);
+            assert!(!model.contains(Field::Network), "{target:?}");
+            assert!(!model.contains(Field::Packages), "{target:?}");
+        }
+        assert!(allowed(Source::Mcp, TargetKind::NewSession, offers).contains(Field::Network));
         // Without an offer, MCP clients do not see the keys at all.
         assert!(
             !allowed(Source::Mcp, TargetKind::OneShot, Offers::default()).contains(Field::Network)
@@ -809,31 +882,57 @@ mod tests {
     }
 
     #[test]
-    fn sessions_refuse_network_and_packages_but_keep_the_keys() {
-        for target in [
-            TargetKind::CreateSession,
-            TargetKind::Session,
-            TargetKind::NewSession,
-        ] {
-            let mut body = json!({"network": {"allow": []}, "packages": []});
-            if target != TargetKind::Session {
-                body["language"] = json!("python");
-            }
-            if target != TargetKind::CreateSession {
+    fn sessions_take_network_and_packages_when_created_and_calls_keep_them() {
+        for target in [TargetKind::CreateSession, TargetKind::NewSession] {
+            let mut body = json!({
+                "language": "python",
+                "network": {"allow": ["example.com:443"]},
+                "packages": ["tabulate"],
+            });
+            if target == TargetKind::NewSession {
                 body["code"] = json!("x");
             }
-            assert!(
-                parse_as(body.clone(), Source::Api, target).is_ok(),
-                "{target:?}"
-            );
-            body["packages"] = json!(["tabulate"]);
-            let e = parse_as(body.clone(), Source::Api, target).unwrap_err();
-            assert!(e.contains("offline"), "{target:?}: {e}");
-            body["packages"] = json!([]);
-            body["network"] = json!({"allow": ["example.com:443"]});
-            let e = parse_as(body, Source::Api, target).unwrap_err();
-            assert!(e.contains("offline"), "{target:?}: {e}");
+            assert!(parse_as(body, Source::Api, target).is_ok(), "{target:?}");
         }
+        // A call may leave them out or send them empty (one body shape for every target)...
+        let body = json!({"code": "x", "network": {"allow": []}, "packages": []});
+        let call = parse_as(body, Source::Api, TargetKind::Session).unwrap();
+        let session = SessionSettings {
+            language: Language::Python,
+            overrides: LimitOverrides::default(),
+            network: vec!["example.com:443".into()],
+            packages: vec!["tabulate==0.9.0".into()],
+        };
+        let merged = merge_call(&call, &session).unwrap();
+        assert!(merged.network.is_none() && merged.packages.is_empty());
+        // ... or repeat the session's (in another spelling), but not change them.
+        let body = json!({
+            "code": "x",
+            "network": {"allow": ["EXAMPLE.com:443", "example.com:443"]},
+            "packages": ["Tabulate == 0.9.0"],
+        });
+        let call = parse_as(body, Source::Api, TargetKind::Session).unwrap();
+        let merged = merge_call(&call, &session).unwrap();
+        assert!(merged.network.is_none() && merged.packages.is_empty());
+        let body = json!({"code": "x", "network": {"allow": ["other.com:443"]}});
+        let call = parse_as(body, Source::Api, TargetKind::Session).unwrap();
+        let e = merge_call(&call, &session).unwrap_err().message;
+        assert!(e.contains("network is the session's own"), "{e}");
+        assert!(e.contains("example.com:443"), "{e}");
+        let body = json!({"code": "x", "packages": ["rich"]});
+        let call = parse_as(body, Source::Api, TargetKind::Session).unwrap();
+        let e = merge_call(&call, &session).unwrap_err().message;
+        assert!(e.contains("packages is the session's own"), "{e}");
+        // A session without network: a call cannot open it.
+        let offline = SessionSettings {
+            network: Vec::new(),
+            packages: Vec::new(),
+            ..session
+        };
+        let body = json!({"code": "x", "network": {"allow": ["example.com:443"]}});
+        let call = parse_as(body, Source::Api, TargetKind::Session).unwrap();
+        let e = merge_call(&call, &offline).unwrap_err().message;
+        assert!(e.contains("it has no network"), "{e}");
     }
 
     #[test]
@@ -841,6 +940,8 @@ mod tests {
         let session = SessionSettings {
             language: Language::Python,
             overrides: serde_json::from_value(json!({"memory": "512M", "timeout": 5})).unwrap(),
+            network: Vec::new(),
+            packages: Vec::new(),
         };
         let call = parse_as(
             json!({"code": "x", "timeout": 2, "output": "1K"}),

@@ -212,11 +212,22 @@ pub fn collect(root: &str, baseline: &Baseline, limits: &CollectLimits) -> Colle
             over_list += (count - i) as u64;
             break;
         }
-        let Some((size, sha256, content)) =
-            read_file(&top, path.as_bytes(), limits, total, &mut read_budget)
-        else {
+        let Some((size, sha256, content)) = read_file(
+            &top,
+            path.as_bytes(),
+            limits,
+            total,
+            &mut read_budget,
+            deadline,
+        ) else {
             continue;
         };
+        if sha256.is_none() && std::time::Instant::now() >= deadline {
+            notes.push(format!(
+                "{path} is listed without its hash or content: reading it did not end within \
+                 the collection's time bound"
+            ));
+        }
         list_json += entry_json;
         let blob = content.map(|c| {
             total += c.len() as u64;
@@ -259,7 +270,10 @@ pub fn collect_one(root: &str, rel: &str, limits: &CollectLimits) -> Collection 
         return c;
     };
     let mut budget = limits.max_read_bytes;
-    if let Some((size, sha256, content)) = read_file(&top, rel.as_bytes(), limits, 0, &mut budget) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(limits.deadline_ms);
+    if let Some((size, sha256, content)) =
+        read_file(&top, rel.as_bytes(), limits, 0, &mut budget, deadline)
+    {
         let blob = content.map(|b| {
             c.blobs.push(b);
             0
@@ -275,13 +289,17 @@ pub fn collect_one(root: &str, rel: &str, limits: &CollectLimits) -> Collection 
 }
 
 /// Open `rel` beneath `top` one component at a time without following symlinks, check it is a
-/// regular file, hash all of it and keep the content if it fits.
+/// regular file, hash all of it and keep the content if it fits. A read still going at
+/// `deadline` stops there: the file is listed without hash or content (one large file, a
+/// sparse one as large as the disk limit, must not hold pid 1 past the bound its supervisor
+/// waits for, which would cost the sandbox).
 fn read_file(
     top: &OwnedFd,
     rel: &[u8],
     limits: &CollectLimits,
     total_so_far: u64,
     read_budget: &mut u64,
+    deadline: std::time::Instant,
 ) -> Option<(u64, Option<String>, Option<Vec<u8>>)> {
     let parts: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
     let (name, dirs) = parts.split_last()?;
@@ -331,6 +349,10 @@ fn read_file(
             Err(_) => return None,
         };
         read += n as u64;
+        // (Checked every MiB: the clock costs less than hashing it.)
+        if read % (1 << 20) < n as u64 && std::time::Instant::now() >= deadline {
+            return Some((size, None, None));
+        }
         hasher.update(&buf[..n]);
         if let Some(c) = content.as_mut() {
             // Never keep more than was promised, whatever the file does.
@@ -360,6 +382,31 @@ mod tests {
             max_read_bytes: 1 << 30,
             deadline_ms: 10_000,
         }
+    }
+
+    /// Regression: one large file (a sparse one as large as the disk limit) was hashed whole
+    /// whatever the deadline, so pid 1 could answer after its supervisor gave up, which cost
+    /// a session its sandbox.
+    #[test]
+    fn reading_a_file_stops_at_the_deadline() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_str().unwrap();
+        fs::File::create(d.path().join("sparse"))
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        let past = CollectLimits {
+            deadline_ms: 0,
+            ..limits()
+        };
+        let c = collect_one(root, "sparse", &past);
+        assert_eq!(c.files.len(), 1);
+        assert_eq!(c.files[0].size, 64 << 20);
+        assert_eq!(c.files[0].sha256, None);
+        assert_eq!(c.files[0].blob, None);
+        // With time to read it, it is hashed.
+        let c = collect_one(root, "sparse", &limits());
+        assert!(c.files[0].sha256.is_some());
     }
 
     #[test]

@@ -82,6 +82,12 @@ struct Shared {
     /// record each: one summary record at the end).
     over_cap: AtomicU64,
     bytes: AtomicU64,
+    /// Between two calls of a session ([`ProxyHandle::end_call`] until
+    /// [`ProxyHandle::begin_call`]): its processes are stopped, and a connection that reaches
+    /// the proxy now (queued as the last call ended) goes nowhere.
+    between_calls: AtomicBool,
+    /// Connections closed so (one summary record in the next call's report).
+    refused_between: AtomicU64,
     gate: Mutex<Gate>,
     /// Signalled whenever an attempt moves on or ends.
     moved: Condvar,
@@ -165,11 +171,14 @@ impl Shared {
         if g.closed {
             return false;
         }
-        if let Some(a) = g.open.get_mut(&id) {
-            a.step = step;
-            a.host = host.to_string();
-            a.port = port;
-        }
+        // Recorded already: a session's call ended while it was resolving or connecting
+        // ([`ProxyHandle::end_call`]), and it goes no further.
+        let Some(a) = g.open.get_mut(&id) else {
+            return false;
+        };
+        a.step = step;
+        a.host = host.to_string();
+        a.port = port;
         self.moved.notify_all();
         true
     }
@@ -181,11 +190,12 @@ impl Shared {
         if g.closed {
             return false;
         }
+        let Some(a) = g.open.get_mut(&id) else {
+            return false;
+        };
+        a.step = Step::Busy;
         if let Ok(c) = s.try_clone() {
             g.live.push(c);
-        }
-        if let Some(a) = g.open.get_mut(&id) {
-            a.step = Step::Busy;
         }
         true
     }
@@ -289,6 +299,8 @@ pub(crate) fn serve(
         accepted: AtomicU32::new(0),
         over_cap: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
+        between_calls: AtomicBool::new(false),
+        refused_between: AtomicU64::new(0),
         gate: Mutex::new(Gate {
             closed: false,
             ended_tx: Some(ended_tx),
@@ -344,19 +356,8 @@ impl ProxyHandle {
         }
         let over = shared.over_cap.load(Ordering::Acquire);
         if over > 0 {
-            g.records.push(Connection {
-                host: "*".into(),
-                port: 0,
-                allowed: false,
-                address: None,
-                reason: Some(format!(
-                    "{over} more connection(s) refused: this run had used its {} connections",
-                    shared.permit.max_connections
-                )),
-                bytes_out: 0,
-                bytes_in: 0,
-                duration_seconds: 0.0,
-            });
+            g.records
+                .push(over_cap_record(over, shared.permit.max_connections));
         }
         let records = std::mem::take(&mut g.records);
         drop(g);
@@ -371,6 +372,100 @@ impl ProxyHandle {
             }
         }
         records
+    }
+}
+
+impl ProxyHandle {
+    /// End one call of a session whose sandbox this proxy serves for the session's whole
+    /// life: like the end of a run for the connections, not for the proxy. Every open
+    /// connection is cut (a session's processes are stopped between its calls: a connection
+    /// left open would serve nobody, and the next call's report would carry it), every
+    /// attempt still resolving or connecting is recorded now as ended with the call (its
+    /// thread, when its resolver or connect returns, finds it recorded and goes no further:
+    /// no byte is sent for it), and the call's records are returned. The caps (connections,
+    /// bytes) start again for the next call, as each one-shot run has its own.
+    pub fn end_call(&self) -> Vec<Connection> {
+        let shared = &self.shared;
+        shared.between_calls.store(true, Ordering::Release);
+        let bound = Instant::now() + FINISH_BOUND;
+        let mut g = shared.gate();
+        for s in g.live.drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        shared.moved.notify_all();
+        // The attempts copying or answering end as soon as their sockets are shut down.
+        while g.open.values().any(|a| a.step == Step::Busy) {
+            let left = bound.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            g = shared
+                .moved
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        for (_, a) in std::mem::take(&mut g.open) {
+            g.records.push(ended_with_the_run(a));
+        }
+        let over = shared.over_cap.swap(0, Ordering::AcqRel);
+        if over > 0 {
+            g.records
+                .push(over_cap_record(over, shared.permit.max_connections));
+        }
+        let between = shared.refused_between.swap(0, Ordering::AcqRel);
+        if between > 0 {
+            g.records.push(Connection {
+                host: "*".into(),
+                port: 0,
+                allowed: false,
+                address: None,
+                reason: Some(format!(
+                    "{between} connection(s) made as the session's previous call ended were \
+                     closed unread: a session runs nothing between its calls"
+                )),
+                bytes_out: 0,
+                bytes_in: 0,
+                duration_seconds: 0.0,
+            });
+        }
+        shared.accepted.store(0, Ordering::Release);
+        shared.bytes.store(0, Ordering::Release);
+        let records = std::mem::take(&mut g.records);
+        drop(g);
+        // The threads of the connections that ended are gone or going: forget them, so that
+        // a long session does not keep a handle per connection it ever made.
+        shared
+            .handlers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(_, h)| !h.is_finished());
+        records
+    }
+}
+
+impl ProxyHandle {
+    /// A session's next call begins: connections are taken again (see
+    /// [`ProxyHandle::end_call`]).
+    pub fn begin_call(&self) {
+        self.shared.between_calls.store(false, Ordering::Release);
+    }
+}
+
+/// The one record that stands for the connections refused past the cap.
+fn over_cap_record(over: u64, max_connections: u32) -> Connection {
+    Connection {
+        host: "*".into(),
+        port: 0,
+        allowed: false,
+        address: None,
+        reason: Some(format!(
+            "{over} more connection(s) refused: this run had used its {max_connections} \
+             connections"
+        )),
+        bytes_out: 0,
+        bytes_in: 0,
+        duration_seconds: 0.0,
     }
 }
 
@@ -421,6 +516,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        if shared.between_calls.load(Ordering::Acquire) {
+            // Closed unread: nothing of it reaches a destination while the session runs
+            // nothing.
+            shared.refused_between.fetch_add(1, Ordering::AcqRel);
+            continue;
+        }
         let n = shared.accepted.fetch_add(1, Ordering::AcqRel) + 1;
         if n > shared.permit.max_connections {
             // Over the cap: answered by the one refuser thread, without a thread or a record
@@ -1615,6 +1716,77 @@ mod tests {
             .iter()
             .filter(|r| !r.allowed)
             .all(|r| r.reason.is_some()));
+    }
+
+    /// A session's proxy serves every call: each call's report holds its own connections, a
+    /// connection left open is cut when the call ends, and the caps start again.
+    #[test]
+    fn a_session_proxy_reports_each_call_and_cuts_what_is_left_open() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // Echoes whatever it gets, on each connection, until the connection ends.
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let entry = format!("127.0.0.1:{port}");
+        let mut p = permit(&[&entry], &[&entry]);
+        p.max_connections = 1;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy_addr = listener.local_addr().unwrap();
+        let handle = start(listener, p).unwrap();
+        let tunnel = || {
+            let mut c = TcpStream::connect(proxy_addr).unwrap();
+            write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").unwrap();
+            let mut ok = [0u8; 39];
+            c.read_exact(&mut ok).unwrap();
+            assert_eq!(&ok[..], b"HTTP/1.1 200 Connection established\r\n\r\n");
+            c.write_all(b"hello").unwrap();
+            let mut back = [0u8; 5];
+            c.read_exact(&mut back).unwrap();
+            assert_eq!(&back, b"hello");
+            c
+        };
+        for call in 0..2 {
+            handle.begin_call();
+            // Left open at the end of the call: cut, and reported with the call.
+            let mut open = tunnel();
+            let records = handle.end_call();
+            assert_eq!(records.len(), 1, "call {call}: {records:?}");
+            assert!(records[0].allowed);
+            assert_eq!((records[0].bytes_out, records[0].bytes_in), (5, 5));
+            let mut rest = Vec::new();
+            let _ = open.read_to_end(&mut rest);
+            assert!(rest.is_empty(), "the connection was not cut: {rest:?}");
+        }
+        // Between calls (no begin_call): a connection is closed unread, and the next call's
+        // report says so.
+        let mut c = TcpStream::connect(proxy_addr).unwrap();
+        let _ = write!(c, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+        let mut res = Vec::new();
+        let _ = c.read_to_end(&mut res);
+        assert!(res.is_empty(), "{:?}", String::from_utf8_lossy(&res));
+        handle.begin_call();
+        let records = handle.end_call();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert!(records[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("between its calls"));
+        // Nothing in between: an empty report.
+        handle.begin_call();
+        assert!(handle.end_call().is_empty());
+        assert!(handle.finish().is_empty());
     }
 
     #[test]

@@ -704,8 +704,9 @@ fn mcp_tool_arguments_are_accepted_and_refused_as_pinned() {
 // ---------------------------------------------------------------------------------------------
 
 /// A call in a bash session whose creation set `timeout` 20 and `memory` 128M: what a call may
-/// set (its clocks and output caps) and what it may not (the session's sandbox, network and
-/// packages: sessions run offline), refused with the reason, never dropped.
+/// set (its clocks and output caps) and what it may not (the session's sandbox, and the
+/// network and packages it was created with, here none), refused with the reason, never
+/// dropped.
 fn http_session_call_rows() -> Vec<(&'static str, Value, Expect)> {
     vec![
         (
@@ -743,12 +744,12 @@ fn http_session_call_rows() -> Vec<(&'static str, Value, Expect)> {
         (
             "network",
             json!({"code": "true", "network": {"allow": ["example.com:443"]}}),
-            refused(&["offline"]),
+            refused(&["network is the session's own", "no network"]),
         ),
         (
             "packages",
             json!({"code": "true", "packages": ["tabulate"]}),
-            refused(&["offline"]),
+            refused(&["packages is the session's own"]),
         ),
         (
             "empty network and packages",
@@ -833,9 +834,10 @@ fn http_session_calls_are_accepted_and_refused_as_pinned() {
     }
 }
 
-/// MCP's `session_id`: "new" starts a session (offline, as every session), an id continues
-/// it; what an MCP tool takes is the same table's (code, files, timeout; network and packages
-/// where the operator offers them, refused for a session with the reason).
+/// MCP's `session_id`: "new" starts a session (with network and packages where the operator
+/// offers them), an id continues it; what an MCP tool takes is the same table's (code, files,
+/// timeout; network and packages where the operator offers them, in a session only its own,
+/// another refused with the reason).
 fn mcp_session_rows() -> Vec<(&'static str, Value, Expect)> {
     vec![
         (
@@ -849,14 +851,14 @@ fn mcp_session_rows() -> Vec<(&'static str, Value, Expect)> {
             Accepted(&[("timeout_ms", 3000)]),
         ),
         (
-            "network in a session",
+            "network in a session created without it",
             json!({"code": "true", "network": {"allow": ["127.0.0.2:9"]}}),
-            refused(&["offline"]),
+            refused(&["network is the session's own"]),
         ),
         (
-            "packages in a session",
+            "packages in a session created without them",
             json!({"code": "true", "packages": ["tabulate"]}),
-            refused(&["offline"]),
+            refused(&["packages is the session's own"]),
         ),
         (
             "a limit the tool does not take",
@@ -881,12 +883,35 @@ fn mcp_session_calls_are_accepted_and_refused_as_pinned() {
             ("RUNCELL_ALLOW_PACKAGES", "tabulate"),
         ],
     );
-    // A new session refuses network and packages as a session does.
+    // A new session may ask for what the operator offers; a call in it may repeat it.
     let msg = mcp.call(
         "code_exec_bash",
         json!({"code": "true", "session_id": "new", "network": {"allow": ["127.0.0.2:9"]}}),
     );
-    check_mcp_row("network for a new session", &msg, &refused(&["offline"]));
+    check_mcp_row(
+        "network for a new session",
+        &msg,
+        &Accepted(&DEFAULT_LIMITS),
+    );
+    let networked = msg["result"]["structuredContent"]["session_id"]
+        .as_str()
+        .expect("the new session's id")
+        .to_string();
+    let msg = mcp.call(
+        "code_exec_bash",
+        json!({"code": "true", "session_id": networked, "network": {"allow": ["127.0.0.2:9"]}}),
+    );
+    check_mcp_row("its own network again", &msg, &Accepted(&DEFAULT_LIMITS));
+    // Packages are for Python: a bash session is refused them, with the reason.
+    let msg = mcp.call(
+        "code_exec_bash",
+        json!({"code": "true", "session_id": "new", "packages": ["tabulate"]}),
+    );
+    check_mcp_row(
+        "packages for a new bash session",
+        &msg,
+        &refused(&["Python runs only"]),
+    );
     let msg = mcp.call(
         "code_exec_bash",
         json!({"code": "export X=1", "session_id": "new"}),

@@ -979,3 +979,419 @@ print("status=" + s.recv(4096).decode("latin1").split("\r\n")[0][:12].replace(" 
         "{why}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sessions (issue 22): network asked for when a session is created, served by the session's
+// own proxy for its whole life.
+// ---------------------------------------------------------------------------------------------
+
+/// A request to the server's API with `key` (`None`: a GET).
+fn api(
+    s: &common::ServeProcess,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let client = reqwest::blocking::Client::new();
+    let mut req = match method {
+        "GET" => client.get(s.url(path)),
+        "DELETE" => client.delete(s.url(path)),
+        _ => client.post(s.url(path)),
+    }
+    .header("x-api-key", key)
+    .timeout(std::time::Duration::from_secs(120));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// The threads of the server's egress proxies (each proxy has one accept thread of this name).
+fn proxy_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim_end() == "runcell-proxy")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Poll until the server runs `n` proxies (a bound against a hang, not a measurement).
+fn wait_proxies(pid: u32, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while proxy_threads(pid) != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server runs {} proxies, not {n}",
+            proxy_threads(pid)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Python that fetches `url` and prints the answer, or `ERR` and why.
+fn py_fetch(url: &str) -> String {
+    format!(
+        "import urllib.request\ntry:\n    print(urllib.request.urlopen({url:?}, timeout=10).read().decode().strip())\nexcept Exception as e:\n    print('ERR', e)"
+    )
+}
+
+#[test]
+fn a_session_with_a_destination_reaches_it_on_every_call_and_its_proxy_ends_with_it() {
+    let srv = HostServer::start();
+    let other = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [network]\nallow = [\"{}\", \"{}\"]\n",
+            srv.entry(),
+            other.entry()
+        ),
+        &[],
+    );
+    let pid = s.pid();
+    assert_eq!(proxy_threads(pid), 0);
+    let (status, info) = api(
+        &s,
+        KEY_A,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "python", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(info["network"], serde_json::json!([srv.entry()]), "{info}");
+    assert_eq!(info["packages"], serde_json::json!([]), "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    let exec = format!("/v1/sessions/{id}/execute");
+    wait_proxies(pid, 1);
+
+    // Two calls reach it; each verdict reports its own connection. The first keeps a
+    // variable, the second finds it: one interpreter, one proxy.
+    for call in 0..2 {
+        let code = format!("n = {call}\n{}", py_fetch(&srv.url("/")));
+        let (status, v) = api(
+            &s,
+            KEY_A,
+            "POST",
+            &exec,
+            Some(serde_json::json!({"code": code})),
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["stdout"], "hello from the host\n", "call {call}: {v}");
+        let c = v["network"]["connections"].as_array().unwrap();
+        assert_eq!(c.len(), 1, "call {call}: {c:?}");
+        assert_eq!(
+            (c[0]["allowed"].clone(), c[0]["port"].clone()),
+            (true.into(), srv.port.into())
+        );
+    }
+    assert_eq!(srv.accepted.load(Ordering::SeqCst), 2);
+    // A destination the session was not created with (though the server's policy has it):
+    // refused, and the refusal reported with the call.
+    let (status, v) = api(
+        &s,
+        KEY_A,
+        "POST",
+        &exec,
+        Some(serde_json::json!({"code": format!("print(n)\n{}", py_fetch(&other.url("/")))})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let out = v["stdout"].as_str().unwrap();
+    assert!(out.starts_with("1\nERR"), "{v}");
+    assert!(out.contains("403"), "{out}");
+    let c = v["network"]["connections"].as_array().unwrap();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0]["allowed"], false);
+    assert!(c[0]["reason"].as_str().unwrap().contains("not on"), "{c:?}");
+    assert_eq!(other.accepted.load(Ordering::SeqCst), 0);
+    // A call may repeat the session's network, not change it.
+    let (status, v) = api(
+        &s,
+        KEY_A,
+        "POST",
+        &exec,
+        Some(serde_json::json!({"code": "print(2)", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!((status, v["stdout"].clone()), (200, "2\n".into()), "{v}");
+    assert_eq!(v["network"]["connections"], serde_json::json!([]), "{v}");
+    let (status, v) = api(
+        &s,
+        KEY_A,
+        "POST",
+        &exec,
+        Some(serde_json::json!({"code": "print(3)", "network": {"allow": [other.entry()]}})),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("network is the session's own"),
+        "{v}"
+    );
+
+    // Deleted: its sandbox and its proxy are gone.
+    let procs = common::sandbox_processes_of(pid);
+    assert!(!procs.is_empty());
+    let (status, v) = api(&s, KEY_A, "DELETE", &format!("/v1/sessions/{id}"), None);
+    assert!(status == 204 || status == 200, "{status} {v}");
+    wait_proxies(pid, 0);
+    common::assert_processes_gone(&procs, std::time::Duration::from_secs(30));
+
+    // Expired (its idle TTL): the same.
+    let (status, info) = api(
+        &s,
+        KEY_A,
+        "POST",
+        "/v1/sessions",
+        Some(
+            serde_json::json!({"language": "python", "ttl": 1, "network": {"allow": [srv.entry()]}}),
+        ),
+    );
+    assert_eq!(status, 201, "{info}");
+    wait_proxies(pid, 1);
+    wait_proxies(pid, 0);
+    let (status, _) = api(
+        &s,
+        KEY_A,
+        "GET",
+        &format!("/v1/sessions/{}", info["id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(status, 404);
+}
+
+/// Regression: a session created without `network` has none: no proxy, no report, no way out.
+#[test]
+fn a_session_created_without_network_has_none() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [[api_keys]]\nid = \"team-b\"\nkey = \"{KEY_B}\"\nallow_net = []\n\
+             [network]\nallow = [\"{}\"]\n",
+            srv.entry()
+        ),
+        &[],
+    );
+    // A key narrowed to no network cannot create a session with some.
+    let (status, v) = api(
+        &s,
+        KEY_B,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "python", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not allowed for this API key"),
+        "{v}"
+    );
+    let (status, info) = api(
+        &s,
+        KEY_A,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "python"})),
+    );
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(info["network"], serde_json::json!([]));
+    let exec = format!("/v1/sessions/{}/execute", info["id"].as_str().unwrap());
+    let code = format!(
+        "import os\nprint(os.environ.get('HTTP_PROXY'))\n{}",
+        py_fetch(&srv.url("/"))
+    );
+    let (status, v) = api(
+        &s,
+        KEY_A,
+        "POST",
+        &exec,
+        Some(serde_json::json!({"code": code})),
+    );
+    assert_eq!(status, 200, "{v}");
+    let out = v["stdout"].as_str().unwrap();
+    assert!(out.starts_with("None\nERR"), "{v}");
+    assert!(v.get("network").is_none(), "{v}");
+    assert_eq!(proxy_threads(s.pid()), 0);
+    assert_eq!(srv.accepted.load(Ordering::SeqCst), 0);
+}
+
+/// With `approval = true`, a session that asks for network waits at its creation for an
+/// admin (holding its place as a run does); the approval covers the session's calls, a denial
+/// creates nothing.
+#[test]
+fn a_session_asking_for_network_waits_for_approval_at_its_creation() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [[api_keys]]\nid = \"boss\"\nkey = \"{BOSS}\"\nadmin = true\n\
+             [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"60s\"\n",
+            srv.entry()
+        ),
+        &[],
+    );
+    let s = std::sync::Arc::new(s);
+    let waiting = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let (status, v) = api(&s, BOSS, "GET", "/v1/approvals", None);
+            assert_eq!(status, 200, "{v}");
+            if let Some(first) = v["approvals"].as_array().and_then(|a| a.first()) {
+                return first.clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "no creation waits");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let create = serde_json::json!({"language": "python", "network": {"allow": [srv.entry()]}});
+    for decision in ["deny", "approve"] {
+        let (s2, body) = (s.clone(), create.clone());
+        let creating =
+            std::thread::spawn(move || api(&s2, KEY_A, "POST", "/v1/sessions", Some(body)));
+        let pending = waiting();
+        assert_eq!(pending["destinations"][0], srv.entry());
+        let id = pending["id"].as_str().unwrap();
+        let (status, _) = api(
+            &s,
+            BOSS,
+            "POST",
+            &format!("/v1/approvals/{id}"),
+            Some(serde_json::json!({"decision": decision})),
+        );
+        assert_eq!(status, 200);
+        let (status, v) = creating.join().unwrap();
+        let (_, listed) = api(&s, KEY_A, "GET", "/v1/sessions", None);
+        if decision == "deny" {
+            assert_eq!(status, 403, "{v}");
+            assert_eq!(v["error"]["category"], "approval_denied", "{v}");
+            assert_eq!(listed["sessions"], serde_json::json!([]), "{listed}");
+            continue;
+        }
+        assert_eq!(status, 201, "{v}");
+        // Its calls run without another approval.
+        let exec = format!("/v1/sessions/{}/execute", v["id"].as_str().unwrap());
+        for _ in 0..2 {
+            let (status, r) = api(
+                &s,
+                KEY_A,
+                "POST",
+                &exec,
+                Some(serde_json::json!({"code": py_fetch(&srv.url("/"))})),
+            );
+            assert_eq!(status, 200, "{r}");
+            assert_eq!(r["stdout"], "hello from the host\n", "{r}");
+        }
+        let (_, v) = api(&s, BOSS, "GET", "/v1/approvals", None);
+        assert_eq!(v["approvals"], serde_json::json!([]), "{v}");
+    }
+}
+
+/// A session whose sandbox is lost (here every process of it killed from the host) is rebuilt
+/// with its network: a new proxy for the new sandbox, the old one gone, the destination still
+/// reached.
+#[test]
+fn a_session_rebuilt_after_its_sandbox_was_lost_keeps_its_network() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n[network]\nallow = [\"{}\"]\n",
+            srv.entry()
+        ),
+        &[],
+    );
+    let pid = s.pid();
+    let (status, info) = api(
+        &s,
+        KEY_A,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "python", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!(status, 201, "{info}");
+    let exec = format!("/v1/sessions/{}/execute", info["id"].as_str().unwrap());
+    let fetch = serde_json::json!({"code": py_fetch(&srv.url("/"))});
+    let (status, v) = api(&s, KEY_A, "POST", &exec, Some(fetch.clone()));
+    assert_eq!(
+        (status, v["stdout"].clone()),
+        (200, "hello from the host\n".into()),
+        "{v}"
+    );
+    let procs = common::sandbox_processes_of(pid);
+    assert!(!procs.is_empty());
+    for p in &procs {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &p.pid.to_string()])
+            .status();
+    }
+    common::assert_processes_gone(&procs, std::time::Duration::from_secs(30));
+    let (status, v) = api(&s, KEY_A, "POST", &exec, Some(fetch));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state_lost"], true, "{v}");
+    assert_eq!(v["stdout"], "hello from the host\n", "{v}");
+    let c = v["network"]["connections"].as_array().unwrap();
+    assert_eq!(
+        c.iter().filter(|c| c["allowed"] == true).count(),
+        1,
+        "{c:?}"
+    );
+    wait_proxies(pid, 1);
+}
+
+/// Node's clients ignore HTTP_PROXY: a node session's interpreter gets runcell's preloaded
+/// module too, and every call goes through the session's proxy.
+#[test]
+#[cfg_attr(not(host_node), ignore = "needs node")]
+fn a_node_session_reaches_its_destination_through_its_proxy() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n[network]\nallow = [\"{}\"]\n",
+            srv.entry()
+        ),
+        &[],
+    );
+    let (status, info) = api(
+        &s,
+        KEY_A,
+        "POST",
+        "/v1/sessions",
+        Some(serde_json::json!({"language": "node", "network": {"allow": [srv.entry()]}})),
+    );
+    assert_eq!(status, 201, "{info}");
+    let exec = format!("/v1/sessions/{}/execute", info["id"].as_str().unwrap());
+    for _ in 0..2 {
+        let code = format!(
+            "(async () => console.log((await (await fetch({:?})).text()).trim()))()",
+            srv.url("/")
+        );
+        let (status, v) = api(
+            &s,
+            KEY_A,
+            "POST",
+            &exec,
+            Some(serde_json::json!({"code": code})),
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["stdout"], "hello from the host\n", "{v}");
+        assert_eq!(
+            v["network"]["connections"].as_array().unwrap().len(),
+            1,
+            "{v}"
+        );
+    }
+}

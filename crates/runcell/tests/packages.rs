@@ -469,6 +469,53 @@ fn the_server_installs_only_what_its_policy_allows() {
         m.contains("\"requests\" is not allowed") && m.contains("tabulate"),
         "{m}"
     );
+
+    // A session over HTTP: its packages within the same policy, installed at creation (from
+    // the cache here), shown in its description, imported by its calls.
+    let client = reqwest::blocking::Client::new();
+    let send = |path: &str, body: serde_json::Value| {
+        let res = client
+            .post(s.url(path))
+            .json(&body)
+            .timeout(std::time::Duration::from_secs(120))
+            .send()
+            .unwrap();
+        (
+            res.status().as_u16(),
+            res.json::<serde_json::Value>().unwrap(),
+        )
+    };
+    let (status, v) = send(
+        "/v1/sessions",
+        serde_json::json!({"language": "python", "packages": ["requests"]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    let (status, info) = send(
+        "/v1/sessions",
+        serde_json::json!({"language": "python", "packages": ["Tabulate==0.9.0"]}),
+    );
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(info["packages"], serde_json::json!(["tabulate==0.9.0"]));
+    let exec = format!("/v1/sessions/{}/execute", info["id"].as_str().unwrap());
+    let (status, v) = send(
+        &exec,
+        serde_json::json!({"code": "import tabulate\nprint(tabulate.__version__)"}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stdout"], "0.9.0\n", "{v}");
+    assert_eq!(v["packages"]["requirements"][0], "tabulate==0.9.0", "{v}");
+    let (status, v) = send(
+        &exec,
+        serde_json::json!({"code": "print(1)", "packages": ["tabulate"]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("packages is the session's own"),
+        "{v}"
+    );
 }
 
 /// How long a test waits for an install to reach its index, or for a run it started to say
@@ -757,4 +804,117 @@ fn an_install_in_flight_holds_up_no_other_set_and_no_run_without_packages() {
     assert_eq!(names(&root.join("keys")).len(), 1, "tabulate's only");
     assert!(layer_of(&root, "tabulate").is_some());
     assert!(names(&root).iter().all(|n| !n.starts_with(".tmp-")));
+}
+
+/// Issue 22: a session asks for packages when it is created. They are installed then (within
+/// the creation's timeout), every call imports them, and the session holds its layer: the
+/// cache evicts other layers rather than the session's while it lives, and releases it when
+/// the session ends. A call may repeat the session's packages, never change them.
+#[test]
+#[cfg_attr(
+    not(host_test_wheels),
+    ignore = "needs target/test-wheels (scripts/test.sh downloads tabulate's wheel from PyPI)"
+)]
+fn a_session_installs_its_packages_at_creation_and_holds_the_layer_while_it_lives() {
+    use runcell_core::{LimitOverrides, SessionPolicy, Sessions};
+    // As in the quota test above: two small layers fit, not three.
+    const QUOTA: u64 = 300 << 10;
+    let index = Index::new(&["slowpkg"]);
+    for name in ["pada", "padb", "padc"] {
+        index.add(name, 64 << 10);
+    }
+    let data = data_dir();
+    let root = data.path().join("packages");
+    let e = engine(data.path(), &index, |c| c.packages.cache_max_bytes = QUOTA);
+    let sessions = Sessions::new(e.clone(), SessionPolicy::default());
+
+    // An install that does not finish within the creation's timeout: the request's to fix,
+    // and no session is left.
+    let mut slow = ExecRequest::new("python", "");
+    slow.packages = vec!["slowpkg".into()];
+    slow.limits.timeout = Some(Millis(2000));
+    let err = sessions
+        .create(
+            None,
+            &e.validate(&slow).unwrap(),
+            LimitOverrides::default(),
+            Duration::from_secs(600),
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(err.kind, runcell_core::ErrorKind::InvalidRequest, "{err}");
+    assert!(err.message.contains("The session was not created"), "{err}");
+    assert!(sessions.list(None).is_empty());
+
+    let mut create = ExecRequest::new("python", "");
+    create.packages = vec!["PADA".into()];
+    create.limits.timeout = Some(Millis(120_000));
+    let created = e.validate(&create).unwrap();
+    let info = sessions
+        .create(
+            None,
+            &created,
+            LimitOverrides::default(),
+            Duration::from_secs(600),
+            None,
+        )
+        .unwrap();
+    assert_eq!(info.packages, ["pada"]);
+    assert!(info.network.is_empty());
+    assert!(layer_of(&root, "pada").is_some(), "installed at creation");
+    let hits = index.hits.load(Ordering::SeqCst);
+
+    let call = |code: &str, packages: &[&str]| {
+        let mut req = ExecRequest::new("python", code);
+        req.packages = packages.iter().map(|p| p.to_string()).collect();
+        let settings = sessions.settings(None, &info.id).unwrap();
+        let merged = runcell_core::intake::merge_call(&req, &settings)?;
+        let v = e.validate(&merged).unwrap();
+        Ok::<_, runcell_core::RunError>(
+            sessions
+                .execute(None, &info.id, &v, &mut NoSink, None)
+                .unwrap(),
+        )
+    };
+    let v = call("import pada\nx = pada.VERSION\nprint(x)", &[]).unwrap();
+    assert_eq!(v.stdout, "1.0\n", "{v:#?}");
+    assert_eq!(v.packages.as_ref().unwrap().requirements, ["pada"]);
+    // Other installs fill the cache: the least recently used layer that is not in use goes,
+    // never the session's (which was used first).
+    for name in ["padb", "padc"] {
+        let code = format!("import {name}; print({name}.VERSION)");
+        let v = e.execute(&python(&code, &[name], 120), &mut NoSink, None);
+        assert_eq!(v.stdout, "1.0\n", "{name}: {v:#?}");
+    }
+    assert!(
+        layer_of(&root, "pada").is_some(),
+        "the session's layer was evicted"
+    );
+    assert!(
+        layer_of(&root, "padb").is_none(),
+        "least recently used: evicted"
+    );
+    // The second call repeats the session's packages: accepted, and installs nothing.
+    let v = call("import pada\nprint(x, pada.VERSION)", &["pada"]).unwrap();
+    assert_eq!(v.stdout, "1.0 1.0\n", "{v:#?}");
+    let e2 = call("print(1)", &["padb"]).unwrap_err();
+    assert!(e2.message.contains("packages is the session's own"), "{e2}");
+    assert_eq!(
+        index.hits.load(Ordering::SeqCst),
+        hits + 4,
+        "only padb and padc were fetched"
+    );
+
+    // Ended: the layer is released, and the next install may evict it.
+    sessions.delete(None, &info.id).unwrap();
+    let v = e.execute(
+        &python("import padb; print(1)", &["padb"], 120),
+        &mut NoSink,
+        None,
+    );
+    assert_eq!(v.stdout, "1\n", "{v:#?}");
+    assert!(
+        layer_of(&root, "pada").is_none(),
+        "released when the session ended"
+    );
 }

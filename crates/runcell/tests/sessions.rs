@@ -812,10 +812,14 @@ fn a_session_too_small_for_its_interpreter_and_an_invalid_streamed_call_are_400s
         // Only `pids` was set: the limit named is the one the request chose.
         assert!(message.contains("`pids`"), "{v}");
     }
-    // A session runs offline: asking for network or packages is refused, never dropped.
-    for asked in [
-        json!({"network": {"allow": ["example.com:443"]}}),
-        json!({"packages": ["tabulate"]}),
+    // A server that offers neither network nor packages: a session that asks for them is
+    // refused by the policy, never created without them.
+    for (asked, why) in [
+        (
+            json!({"network": {"allow": ["example.com:443"]}}),
+            "allows no network",
+        ),
+        (json!({"packages": ["tabulate"]}), "allows no package"),
     ] {
         let mut body = json!({"language": "python"});
         body.as_object_mut()
@@ -823,6 +827,7 @@ fn a_session_too_small_for_its_interpreter_and_an_invalid_streamed_call_are_400s
             .extend(asked.as_object().unwrap().clone());
         let (st, v) = call(&s, KEY_A, reqwest::Method::POST, "/v1/sessions", Some(body));
         assert_eq!(st, 400, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(why), "{v}");
     }
     let id = create(
         &s,

@@ -247,6 +247,21 @@ pub fn check(asked: &[String], policy: &PackagePolicy) -> Result<Vec<Requirement
     Ok(by_name.into_values().collect())
 }
 
+/// `asked` normalised as [`check`] normalises it (one per name, sorted), without the policy:
+/// the canonical texts, as a session keeps them to compare its calls' `packages` with.
+pub fn normalize(asked: &[String]) -> Result<Vec<String>, String> {
+    let mut by_name: BTreeMap<String, Requirement> = BTreeMap::new();
+    for a in asked {
+        let r = parse_requirement(a)?;
+        let merged = match by_name.remove(&r.name) {
+            Some(before) => before.merge(r),
+            None => r,
+        };
+        by_name.insert(merged.name.clone(), merged);
+    }
+    Ok(by_name.into_values().map(|r| r.text).collect())
+}
+
 fn parse_requirement(text: &str) -> Result<Requirement, String> {
     let bad = || {
         format!(

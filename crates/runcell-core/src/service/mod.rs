@@ -688,7 +688,7 @@ impl Admitted {
                 Target::NewSession => match create {
                     Some((c, overrides, ttl)) => s
                         .sessions
-                        .create(owner.as_deref(), &c, overrides, ttl)
+                        .create(owner.as_deref(), &c, overrides, ttl, Some(&kill))
                         .and_then(|info| made.made(&info.id).map(|()| info))
                         .and_then(|info| {
                             s.sessions.execute(
@@ -731,6 +731,7 @@ impl Admitted {
     pub async fn create(self) -> Result<SessionInfo, RunError> {
         let Admitted {
             service,
+            kill,
             ticket,
             caller,
             summary,
@@ -748,14 +749,17 @@ impl Admitted {
         let owner = caller.key_id.clone();
         let s2 = s.clone();
         let (made, mut waiting) = NewSessions::watch(&s.sessions, owner.clone());
+        // A caller that goes away stops the session's package install.
+        let mut guard = kill.kill_on_drop();
         let r = tokio::task::spawn_blocking(move || {
             let _held = (slot, ticket);
             s2.sessions
-                .create(owner.as_deref(), &c, overrides, ttl)
+                .create(owner.as_deref(), &c, overrides, ttl, Some(&kill))
                 .and_then(|info| made.made(&info.id).map(|()| info))
         })
         .await
         .unwrap_or_else(|_| Err(RunError::internal("The session could not be created.")));
+        guard.disarm();
         waiting.answered();
         if let Err(e) = &r {
             s.observer.refused(&caller, &summary, e);

@@ -23,6 +23,12 @@ pub struct SessionInfo {
     /// A call is running now.
     pub busy: bool,
     pub limits: Limits,
+    /// The destinations its code may reach through its egress proxy (set when it was
+    /// created; empty: no network).
+    pub network: Vec<String>,
+    /// The packages installed for it when it was created (normalised requirements; empty:
+    /// none).
+    pub packages: Vec<String>,
 }
 
 /// One file of a session's /workspace.

@@ -167,15 +167,17 @@ impl Sessions {
         s
     }
 
-    /// Create a session for `owner` from a validated request (its language, files and
-    /// limits; `overrides` are the limits it asked for, which its calls are merged with).
-    /// Blocking (it builds a sandbox).
+    /// Create a session for `owner` from a validated request (its language, files, limits,
+    /// network and packages; `overrides` are the limits it asked for, which its calls are
+    /// merged with). Blocking (it installs its packages and builds a sandbox); `cancel` stops
+    /// a package install (a caller that went away).
     pub fn create(
         &self,
         owner: Option<&str>,
         v: &ValidRequest,
         overrides: LimitOverrides,
         ttl: Duration,
+        cancel: Option<&KillSwitch>,
     ) -> Result<SessionInfo, RunError> {
         let holds = v.limits().memory.0.saturating_add(v.limits().disk.0);
         // A place in the table first (so that the caps hold under concurrent creations), the
@@ -214,6 +216,8 @@ impl Sessions {
                 settings: SessionSettings {
                     language: v.language(),
                     overrides,
+                    network: crate::intake::network_entries(v.network()),
+                    packages: v.packages().iter().map(|r| r.text.clone()).collect(),
                 },
                 owner: owner.map(str::to_string),
                 created: Instant::now(),
@@ -236,7 +240,7 @@ impl Sessions {
         lock(&slot.state).running = KillSwitch::new().ok();
         let opened = self
             .engine
-            .open_session(v, overrides, self.policy.max_lifetime);
+            .open_session(v, overrides, self.policy.max_lifetime, cancel);
         let mut st = lock(&slot.state);
         st.running = None;
         match opened {
@@ -328,6 +332,8 @@ impl Sessions {
             execution_count: st.executions,
             busy: st.running.is_some(),
             limits: st.limits,
+            network: slot.settings.network.clone(),
+            packages: slot.settings.packages.clone(),
         }
     }
 
@@ -532,6 +538,8 @@ mod tests {
             settings: SessionSettings {
                 language: Language::Python,
                 overrides: LimitOverrides::default(),
+                network: Vec::new(),
+                packages: Vec::new(),
             },
             owner: owner.map(str::to_string),
             created: Instant::now(),

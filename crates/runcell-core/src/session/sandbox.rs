@@ -7,8 +7,15 @@
 //! its state where it survives; where it does not (a memory kill, a crash, an exit), the
 //! interpreter is restarted and the verdict says that the state was lost (`state_lost`, and
 //! a warning). A session never dies silently.
+//!
+//! A session created with `network` has its own egress proxy for its whole life (a new one
+//! with each sandbox it is rebuilt into); each call's verdict reports the connections made
+//! during that call, and the connections a call leaves open are cut when it ends (its
+//! processes are stopped until the next call). A session created with `packages` installs
+//! its layer when it is created, and holds it (the cache never evicts a layer in use) until
+//! it ends.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use runcell_jail::{KillSwitch, OutputSink, Sandbox};
 use runcell_runtimes::{Invocation, Language, Runtime};
@@ -19,7 +26,7 @@ use crate::engine::{
 };
 use crate::error::{ErrorKind, RunError};
 use crate::limits::{Limit, LimitOverrides, Limits, Scope};
-use crate::verdict::{ErrorCategory, Verdict};
+use crate::verdict::{ErrorCategory, NetworkConnection, NetworkReport, Verdict};
 
 /// What a session lost in a call, for its verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,6 +53,15 @@ pub struct Session {
     defaults: Limits,
     /// The session's initial files.
     pub(super) files: Vec<runcell_jail::InputFile>,
+    /// The destinations its proxy lets through (empty: no network, no proxy).
+    network: Vec<runcell_proxy::NetRule>,
+    /// The proxy serving its sandbox (with `network`).
+    proxy: Option<runcell_proxy::ProxyHandle>,
+    /// Connections recorded by the proxy of a sandbox that was rebuilt since the last call:
+    /// the next call's report carries them.
+    earlier: Vec<NetworkConnection>,
+    /// Its package layer, held (never evicted) until the session ends.
+    layer: Option<crate::packages::Layer>,
     pub(super) sandbox: Option<Sandbox>,
     /// The session interpreter's command; `None` for Go (calls run as programs).
     interpreter: Option<Invocation>,
@@ -66,10 +82,26 @@ impl Engine {
         v: &ValidRequest,
         overrides: LimitOverrides,
         lifetime: Duration,
+        cancel: Option<&KillSwitch>,
     ) -> Result<Session, RunError> {
-        let runtime = self
+        let mut runtime = self
             .locate(v.language())
             .map_err(|e| RunError::new(ErrorKind::RuntimeUnavailable, e.to_string()))?;
+        // Phase one of a package install, as for a one-shot run, within the creation's
+        // timeout; the layer is the session's until it ends.
+        let mut layer = None;
+        if !v.packages().is_empty() {
+            let deadline = Instant::now() + v.limits().timeout();
+            let l = self
+                .package_layers()
+                .layer(self, v.packages(), &runtime, deadline, cancel)
+                .map_err(|verdict| install_failure(*verdict))?;
+            runtime = runtime.with_python_path(l.site());
+            layer = Some(l);
+        }
+        if !v.network().is_empty() {
+            runtime = runtime.with_proxy(runcell_proxy::SANDBOX_PROXY_PORT);
+        }
         // The session's environment is its interpreter's, and every call's.
         let base_runtime = runtime;
         let runtime =
@@ -85,6 +117,10 @@ impl Engine {
             limits: *v.limits(),
             defaults: self.policy().defaults,
             files: v.files().to_vec(),
+            network: v.network().to_vec(),
+            proxy: None,
+            earlier: Vec::new(),
+            layer,
             sandbox: None,
             lifetime,
             cells: 0,
@@ -162,6 +198,19 @@ pub(super) fn failure(v: Verdict) -> RunError {
     RunError::new(kind, v.error.map(|e| e.message).unwrap_or_default())
 }
 
+/// A session's package install that failed, as the refusal of its creation: an install that
+/// did not finish within the creation's timeout is the request's to fix (a longer timeout), a
+/// cancelled one is the caller's going away; the rest as any sandbox's failure.
+fn install_failure(v: Verdict) -> RunError {
+    let kind = match v.category() {
+        Some(ErrorCategory::Timeout) => ErrorKind::InvalidRequest,
+        Some(ErrorCategory::Cancelled) => ErrorKind::Unavailable,
+        _ => return failure(v),
+    };
+    let message = v.error.map(|e| e.message).unwrap_or_default();
+    RunError::new(kind, format!("{message} The session was not created."))
+}
+
 impl Session {
     pub fn language(&self) -> Language {
         self.language
@@ -178,11 +227,42 @@ impl Session {
     /// A new sandbox with the session's files (and the runtime's), its interpreter started.
     pub(super) fn start_sandbox(&mut self, engine: &Engine) -> Result<(), RunError> {
         self.sandbox = None;
-        let spec = sandbox_spec(engine.config(), &self.limits, &self.runtime);
+        // The proxy served the sandbox that is gone (its listener was in that sandbox's
+        // network namespace): what it recorded goes to the next call's report.
+        if let Some(p) = self.proxy.take() {
+            self.earlier
+                .extend(p.finish().into_iter().map(NetworkConnection::from));
+        }
+        let networked = !self.network.is_empty();
+        let mut spec = sandbox_spec(engine.config(), &self.limits, &self.runtime);
+        if networked {
+            spec.proxy_port = Some(runcell_proxy::SANDBOX_PROXY_PORT);
+        }
         let mut sandbox = Sandbox::create(&spec)
             .map_err(|e| failure(sandbox_failure("of the session could not be set up", &e)))?;
         if let Some(refused) = engine.strict_refusal(&sandbox) {
             return Err(failure(refused));
+        }
+        if networked {
+            let permit = engine.config().network.permit(&self.network);
+            let started = sandbox
+                .take_proxy_listener()
+                .map(|l| runcell_proxy::start(l, permit));
+            let why = match started {
+                Some(Ok(p)) => {
+                    self.proxy = Some(p);
+                    None
+                }
+                Some(Err(e)) => Some(format!("the egress proxy did not start: {e}")),
+                None => Some("no listening socket for the egress proxy".to_string()),
+            };
+            if let Some(why) = why {
+                let e = runcell_jail::SandboxError::Protocol(why);
+                return Err(failure(sandbox_failure(
+                    "of the session could not be set up",
+                    &e,
+                )));
+            }
         }
         sandbox.set_persistent(true);
         let mut files = sandbox_files(&self.runtime);
@@ -316,7 +396,20 @@ impl Session {
     ) -> Verdict {
         self.executions += 1;
         let mut lost = self.pending.take();
+        if let Some(p) = &self.proxy {
+            p.begin_call();
+        }
         let mut verdict = self.run_once(engine, v, sink, cancel, &mut lost);
+        if !self.network.is_empty() {
+            // The call's connections (and those of a sandbox rebuilt since the last call);
+            // what it left open is cut now (its processes are stopped until the next call).
+            let mut connections = std::mem::take(&mut self.earlier);
+            if let Some(p) = &self.proxy {
+                connections.extend(p.end_call().into_iter().map(NetworkConnection::from));
+            }
+            verdict.network = Some(NetworkReport { connections });
+        }
+        verdict.packages = self.layer.as_ref().map(|l| l.report().clone());
         verdict.language = Some(self.language.name().into());
         verdict.limits = Some(*v.limits());
         verdict.execution_count = Some(self.executions);
@@ -504,5 +597,11 @@ impl Session {
                 tracing::warn!(error = %crate::error::chain(&e), "session teardown failed");
             }
         }
+        // Its proxy ends with it (every connection cut, its threads joined), and its package
+        // layer is released (the cache may evict it from now on).
+        if let Some(p) = self.proxy.take() {
+            p.finish();
+        }
+        self.layer = None;
     }
 }

@@ -29,13 +29,17 @@ pub(crate) struct SessionList {
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", operation_id = "create_session",
     request_body(content = crate::openapi::SessionRequest, description = "`language`, `files`, `ttl` (idle \
         seconds, default 600) and limits under their usual names: `timeout` is each call's \
-        default, `memory`, `pids`, `disk`, `cpus` are the whole session's."),
+        default (and the package install's), `memory`, `pids`, `disk`, `cpus` are the whole \
+        session's; `network` and `packages`, within the server's policy, are the session's \
+        for its whole life (its own egress proxy, its package layer installed now)."),
     responses(
         (status = 201, description = "The session", body = SessionInfo),
         (status = 400, description = "Invalid request", body = ErrorBody),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 403, description = "An operator denied the session's network access", body = ErrorBody),
         (status = 429, description = "Too many live sessions for this key or in total", body = ErrorBody),
         (status = 500, description = "The sandbox could not be built", body = ErrorBody),
+        (status = 504, description = "No operator approved the session's network access in time", body = ErrorBody),
     ))]
 pub(crate) async fn create(
     State(state): State<AppState>,
