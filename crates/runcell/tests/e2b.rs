@@ -143,6 +143,10 @@ fn check(r: &Value, server: &ServeProcess) {
         assert!(listed.iter().any(|l| l == want), "{want} not in {listed:?}");
     }
     assert_eq!(f["exists"], serde_json::json!([true, false]));
+    assert_eq!(f["make_dir"], serde_json::json!([true, false]), "{f:#}");
+    assert_eq!(f["rename"], "/home/user/moved/dst.txt", "{f:#}");
+    assert_eq!(f["renamed_reads"], "moving", "{f:#}");
+    assert_eq!(f["removed"], false, "{f:#}");
     assert_eq!(f["missing"], "FileNotFoundException");
     assert_ne!(
         f["outside"], "written",

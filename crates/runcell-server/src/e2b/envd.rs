@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use super::access::SandboxRequest;
 use super::connect::{Code, ConnectError};
-use super::{home_path, workspace_path, E2bError};
+use super::{home_path, workspace_path, E2bError, HOME};
 use crate::state::AppState;
 
 /// The sandbox path of the session's files (E2B's /home/user).
@@ -362,8 +362,9 @@ pub fn stat(listing: &WorkspaceListing, rel: &str) -> Option<Value> {
     None
 }
 
-/// `POST /filesystem.Filesystem/{method}` (unary, JSON): `ListDir` and `Stat`. Changing
-/// directories (`MakeDir`, `Remove`, `Move`) and watching them are not served yet
+/// `POST /filesystem.Filesystem/{method}` (unary, JSON): `ListDir` and `Stat` from the
+/// workspace's listing (directories are those that hold files); `MakeDir`, `Remove` and
+/// `Move` as short shell programs in the sandbox, run like commands. Watching is not served
 /// (`unimplemented`).
 pub async fn filesystem(
     State(state): State<AppState>,
@@ -372,6 +373,7 @@ pub async fn filesystem(
 ) -> Response {
     let r = async {
         let (ticket, bytes) = req.reserve_and_read(&state, MAX_RPC_BODY, true).await?;
+        let (caller, session) = (req.caller.clone(), req.sandbox.session.clone());
         let call = |what: &str| -> Result<PathRequest, ConnectError> {
             serde_json::from_slice(&bytes).map_err(|e| {
                 ConnectError::new(
@@ -403,12 +405,92 @@ pub async fn filesystem(
                     list_dir(&listing, &rel, p.depth.unwrap_or(1)).ok_or_else(not_found)?;
                 Ok(json!({"entries": entries}))
             }
+            "MakeDir" | "Remove" => {
+                let p = call(&method)?;
+                let rel = rel_path(&p.path)?;
+                if rel.is_empty() {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        format!("{HOME} itself cannot be made or removed."),
+                    ));
+                }
+                let at = shell_quote(&format!("{WORKSPACE}/{rel}"));
+                let script = if method == "MakeDir" {
+                    format!("[ -e {at} ] || [ -L {at} ] && exit 17\nexec mkdir -p -- {at}\n")
+                } else {
+                    format!("[ -e {at} ] || [ -L {at} ] || exit 2\nexec rm -rf -- {at}\n")
+                };
+                match shell(&state, &caller, &session, ticket, script).await? {
+                    0 => Ok(json!({})),
+                    17 => Err(ConnectError::new(
+                        Code::AlreadyExists,
+                        format!("{:?} exists.", home_path(&rel)),
+                    )),
+                    2 => Err(ConnectError::new(
+                        Code::NotFound,
+                        format!("No such path {:?}.", home_path(&rel)),
+                    )),
+                    c => Err(ConnectError::new(
+                        Code::Internal,
+                        format!(
+                            "{method} of {:?} failed (exit status {c}).",
+                            home_path(&rel)
+                        ),
+                    )),
+                }
+            }
+            "Move" => {
+                #[derive(Deserialize)]
+                struct MoveRequest {
+                    source: String,
+                    destination: String,
+                }
+                let m: MoveRequest = serde_json::from_slice(&bytes).map_err(|e| {
+                    ConnectError::new(Code::InvalidArgument, format!("Invalid Move request: {e}."))
+                })?;
+                let (from, to) = (rel_path(&m.source)?, rel_path(&m.destination)?);
+                if from.is_empty() || to.is_empty() {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        format!("{HOME} itself cannot be moved or replaced."),
+                    ));
+                }
+                let (src, dst) = (
+                    shell_quote(&format!("{WORKSPACE}/{from}")),
+                    shell_quote(&format!("{WORKSPACE}/{to}")),
+                );
+                let script = format!(
+                    "[ -e {src} ] || [ -L {src} ] || exit 2\nmkdir -p -- \"$(dirname -- {dst})\" \
+                     && exec mv -T -- {src} {dst}\n"
+                );
+                match shell(&state, &caller, &session, ticket.clone(), script).await? {
+                    0 => {}
+                    2 => {
+                        return Err(ConnectError::new(
+                            Code::NotFound,
+                            format!("No such path {:?}.", home_path(&from)),
+                        ))
+                    }
+                    c => {
+                        return Err(ConnectError::new(
+                            Code::Internal,
+                            format!("Move to {:?} failed (exit status {c}).", home_path(&to)),
+                        ))
+                    }
+                }
+                wait_free(&state, &caller, &session).await?;
+                let listing = state
+                    .service()
+                    .list_files(&ticket, &caller, session.clone())
+                    .await
+                    .map_err(E2bError::from)?;
+                let e = stat(&listing, &to).unwrap_or_else(|| entry(&to, true, 0));
+                Ok(json!({ "entry": e }))
+            }
             other => Err(ConnectError::new(
                 Code::Unimplemented,
                 format!(
-                    "filesystem.Filesystem/{} is not served by runcell's E2B door (files are \
-                     read, written, listed and stat'ed; directories are made by writing into \
-                     them).",
+                    "filesystem.Filesystem/{} is not served by runcell's E2B door.",
                     other.chars().take(64).collect::<String>()
                 ),
             )),
@@ -419,6 +501,57 @@ pub async fn filesystem(
         Ok(v) => Json(v).into_response(),
         Err(e) => connect_error(&e),
     }
+}
+
+async fn wait_free(
+    state: &AppState,
+    caller: &runcell_core::Caller,
+    session: &str,
+) -> Result<(), ConnectError> {
+    Ok(super::wait_until_free(state, caller, session).await?)
+}
+
+/// Run a short shell program of the door's own (a directory operation) in the sandbox's
+/// session, as a command is run (the one intake and run service, its place in line
+/// `ticket`): its exit status.
+async fn shell(
+    state: &AppState,
+    caller: &runcell_core::Caller,
+    session: &str,
+    ticket: runcell_core::Ticket,
+    script: String,
+) -> Result<i32, ConnectError> {
+    let mut request = runcell_core::intake::parse_value(
+        json!({ "code": script }),
+        runcell_core::Source::Api,
+        runcell_core::TargetKind::Session,
+        state.service().offers(),
+    )
+    .map_err(|e| ConnectError::from(E2bError::from(e)))?;
+    request.language = Some("bash".into());
+    let call = runcell_core::Call::new(
+        caller.clone(),
+        runcell_core::Source::Api,
+        runcell_core::Target::Session(session.to_string()),
+        request,
+    );
+    wait_free(state, caller, session).await?;
+    let v = state
+        .service()
+        .admit(ticket, call)
+        .await
+        .map_err(|e| ConnectError::from(E2bError::from(e)))?
+        .run(Box::new(runcell_core::NoSink))
+        .await
+        .map_err(|e| ConnectError::from(E2bError::from(e)))?;
+    v.exit_code.ok_or_else(|| {
+        ConnectError::new(
+            Code::Internal,
+            v.error
+                .map(|e| e.message)
+                .unwrap_or_else(|| "The operation did not finish.".into()),
+        )
+    })
 }
 
 /// `process.Process/Start`'s request (proto3 JSON).

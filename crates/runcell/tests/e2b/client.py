@@ -103,6 +103,12 @@ def files():
         out["missing"] = "read"
     except Exception as e:
         out["missing"] = type(e).__name__
+    out["make_dir"] = [a.files.make_dir("/home/user/newdir"), a.files.make_dir("/home/user/newdir")]
+    a.files.write("/home/user/mv/src.txt", "moving")
+    out["rename"] = a.files.rename("/home/user/mv/src.txt", "/home/user/moved/dst.txt").path
+    out["renamed_reads"] = a.files.read("/home/user/moved/dst.txt")
+    a.files.remove("/home/user/moved")
+    out["removed"] = a.files.exists("/home/user/moved/dst.txt")
     try:
         a.files.write("/etc/passwd", "x")
         out["outside"] = "written"
