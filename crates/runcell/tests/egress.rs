@@ -1395,3 +1395,76 @@ fn a_node_session_reaches_its_destination_through_its_proxy() {
         );
     }
 }
+
+/// E2B's network settings map onto a session's `network`, within the policy: a sandbox
+/// created with `network.allowOut` reaches that destination from `run_code`; one created
+/// with only `allow_internet_access: true` (what older SDKs send on every create) reaches
+/// nothing; a destination outside the policy is refused at creation.
+#[test]
+fn an_e2b_sandbox_reaches_what_its_allow_out_names_and_nothing_else() {
+    let srv = HostServer::start();
+    let (_config, s) = serve_with_config(
+        &format!(
+            "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
+             [network]\nallow = [\"{}\"]\n",
+            srv.entry()
+        ),
+        &[],
+    );
+    let http = reqwest::blocking::Client::new();
+    let create = |body: serde_json::Value| -> (u16, serde_json::Value) {
+        let res = http
+            .post(s.url("/e2b/v2/sandboxes"))
+            .header("X-API-Key", KEY_A)
+            .json(&body)
+            .send()
+            .unwrap();
+        (res.status().as_u16(), res.json().unwrap())
+    };
+    // The code's stdout, from /execute's NDJSON lines.
+    let run = |sandbox: &serde_json::Value, code: &str| -> String {
+        let text = http
+            .post(s.url("/e2b/execute"))
+            .header("E2b-Sandbox-Id", sandbox["sandboxID"].as_str().unwrap())
+            .header("E2b-Sandbox-Port", "49999")
+            .header(
+                "X-Access-Token",
+                sandbox["envdAccessToken"].as_str().unwrap(),
+            )
+            .json(&serde_json::json!({ "code": code }))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["type"] == "stdout")
+            .map(|v| v["text"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let (status, open) = create(serde_json::json!({
+        "templateID": "code-interpreter-v1",
+        "network": { "allowOut": [srv.entry()], "denyOut": ["0.0.0.0/0"] },
+    }));
+    assert_eq!(status, 201, "{open}");
+    assert_eq!(
+        run(&open, &py_fetch(&srv.url("/"))),
+        "hello from the host\n"
+    );
+    let (status, closed) = create(serde_json::json!({
+        "templateID": "code-interpreter-v1",
+        "allow_internet_access": true,
+    }));
+    assert_eq!(status, 201, "{closed}");
+    assert!(run(&closed, &py_fetch(&srv.url("/"))).starts_with("ERR"));
+    assert_eq!(srv.accepted.load(Ordering::SeqCst), 1);
+    let (status, v) = create(serde_json::json!({
+        "templateID": "code-interpreter-v1",
+        "network": { "allowOut": ["example.com"] },
+    }));
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("example.com"),
+        "{v}"
+    );
+}

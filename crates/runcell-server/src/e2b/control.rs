@@ -34,8 +34,10 @@ pub const DEFAULT_TIMEOUT: u64 = 300;
 pub const MAX_PAGE: usize = 100;
 
 /// `NewSandbox` (`POST /sandboxes`) and `NewSandboxV2` (`POST /v2/sandboxes`). Fields this
-/// door does not serve are ignored, as E2B's own optional fields are: `allow_internet_access`
-/// (sessions run offline), `secure` (the tokens are always issued), `autoPause`, `mcp`.
+/// door does not serve are ignored, as E2B's own optional fields are: `secure` (the tokens
+/// are always issued), `autoPause`, `mcp`. `allow_internet_access` opens nothing by itself
+/// (older SDKs send `true` on every create): a sandbox reaches only the destinations its
+/// `network.allowOut` names, within the operator's policy.
 #[derive(Debug, Deserialize)]
 pub struct NewSandbox {
     #[serde(rename = "templateID")]
@@ -46,6 +48,86 @@ pub struct NewSandbox {
     pub metadata: Option<BTreeMap<String, String>>,
     #[serde(default, rename = "envVars")]
     pub env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub network: Option<NetworkConfig>,
+}
+
+/// The most `allowOut` entries a sandbox may name.
+pub const MAX_ALLOW_OUT: usize = 64;
+
+/// E2B's `SandboxNetworkConfig`, as far as runcell serves it. runcell denies every
+/// destination by default, so `denyOut` is already in force (and E2B's allow entries win
+/// over its deny entries anyway); what a sandbox may not reach from outside
+/// (`allowPublicTraffic`, `maskRequestHost`) does not apply, since nothing reaches in.
+/// Rules that rewrite traffic or route it elsewhere (`rules`, `egressProxy`) are refused,
+/// never dropped: they would change what the sandbox's traffic is.
+#[derive(Debug, Default, Deserialize)]
+pub struct NetworkConfig {
+    #[serde(default, rename = "allowOut")]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default, rename = "denyOut")]
+    pub _deny_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub rules: Option<serde_json::Value>,
+    #[serde(default, rename = "egressProxy")]
+    pub egress_proxy: Option<serde_json::Value>,
+}
+
+/// The destinations of runcell's request for `allowOut`: host names, `*.domain` wildcards and
+/// addresses (a CIDR block of one address is that address); every port. The intake checks
+/// each against the operator's policy (and the key's), and the run service asks for approval
+/// where the policy says so.
+fn destinations(network: Option<&NetworkConfig>) -> Result<Vec<String>, E2bError> {
+    let Some(n) = network else {
+        return Ok(Vec::new());
+    };
+    let is_set = |v: &Option<serde_json::Value>| {
+        v.as_ref().is_some_and(|v| match v {
+            serde_json::Value::Null => false,
+            serde_json::Value::Array(a) => !a.is_empty(),
+            serde_json::Value::Object(o) => !o.is_empty(),
+            _ => true,
+        })
+    };
+    if is_set(&n.rules) || is_set(&n.egress_proxy) {
+        return Err(E2bError::invalid(
+            "network.rules and network.egressProxy are not supported: runcell's egress proxy \
+             lets a sandbox's connections through to the destinations its network.allowOut \
+             names (within the operator's policy), unchanged.",
+        ));
+    }
+    let allow = n.allow_out.as_deref().unwrap_or_default();
+    if allow.len() > MAX_ALLOW_OUT {
+        return Err(E2bError::invalid(format!(
+            "network.allowOut has {} entries, above the maximum of {MAX_ALLOW_OUT}.",
+            allow.len()
+        )));
+    }
+    allow
+        .iter()
+        .map(|entry| {
+            let e = entry.trim();
+            let one = e
+                .strip_suffix("/32")
+                .filter(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+                .or_else(|| {
+                    e.strip_suffix("/128")
+                        .filter(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+                });
+            match one {
+                // An IPv6 address is given in brackets, so that a port is never read into it.
+                Some(a) if a.contains(':') => Ok(format!("[{a}]")),
+                Some(a) => Ok(a.to_string()),
+                None if e.contains('/') => Err(E2bError::invalid(format!(
+                    "network.allowOut entry {:?}: runcell does not open address blocks; name \
+                     hosts (api.example.com, *.example.com) or single addresses, within the \
+                     operator's policy.",
+                    e.chars().take(64).collect::<String>()
+                ))),
+                None => Ok(e.to_string()),
+            }
+        })
+        .collect()
 }
 
 /// `{"timeout": seconds}` (set_timeout, and the v1 connect).
@@ -190,15 +272,20 @@ pub async fn create(
     }
     let metadata = new.metadata.unwrap_or_default();
     check_metadata(&metadata)?;
+    let allow = destinations(new.network.as_ref())?;
     prune(&state);
     // The one request, as the HTTP API would send it: the intake checks the environment's
-    // names and sizes and the TTL against the policy.
+    // names and sizes, the TTL and the destinations against the policy.
+    let mut body = json!({
+        "language": "python",
+        "ttl": new.timeout.unwrap_or(DEFAULT_TIMEOUT),
+        "env": new.env_vars.unwrap_or_default(),
+    });
+    if !allow.is_empty() {
+        body["network"] = json!({ "allow": allow });
+    }
     let request = intake::parse_value(
-        json!({
-            "language": "python",
-            "ttl": new.timeout.unwrap_or(DEFAULT_TIMEOUT),
-            "env": new.env_vars.unwrap_or_default(),
-        }),
+        body,
         Source::Api,
         TargetKind::CreateSession,
         state.service().offers(),
@@ -444,5 +531,61 @@ pub async fn e2b_errors(res: Response) -> Response {
             res
         }
         None => Response::from_parts(parts, Body::from(bytes)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(v: serde_json::Value) -> NetworkConfig {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn allow_out_becomes_the_requests_destinations() {
+        assert!(destinations(None).unwrap().is_empty());
+        let d = destinations(Some(&net(json!({
+            "allowOut": ["api.example.com", "*.pypi.org", "10.1.2.3/32", "::1/128", "8.8.8.8"],
+            "denyOut": ["0.0.0.0/0"],
+            "allowPublicTraffic": false,
+            "rules": {},
+        }))))
+        .unwrap();
+        assert_eq!(
+            d,
+            [
+                "api.example.com",
+                "*.pypi.org",
+                "10.1.2.3",
+                "[::1]",
+                "8.8.8.8"
+            ]
+        );
+    }
+
+    #[test]
+    fn what_would_open_more_or_change_traffic_is_refused() {
+        for bad in [
+            json!({ "allowOut": ["0.0.0.0/0"] }),
+            json!({ "allowOut": ["10.0.0.0/8"] }),
+            json!({ "rules": { "api.example.com": [{ "transform": {} }] } }),
+            json!({ "egressProxy": { "url": "http://proxy" } }),
+            json!({ "allowOut": vec!["a.example.com"; MAX_ALLOW_OUT + 1] }),
+        ] {
+            assert!(destinations(Some(&net(bad.clone()))).is_err(), "{bad}");
+        }
+    }
+
+    /// `allow_internet_access` alone opens nothing: older SDKs send `true` on every create.
+    #[test]
+    fn allow_internet_access_alone_opens_nothing() {
+        let new: NewSandbox = serde_json::from_value(json!({
+            "templateID": "code-interpreter-v1",
+            "allow_internet_access": true,
+            "secure": true,
+        }))
+        .unwrap();
+        assert!(destinations(new.network.as_ref()).unwrap().is_empty());
     }
 }
