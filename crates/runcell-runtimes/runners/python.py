@@ -198,9 +198,16 @@ class _Session:
             if last is not None:
                 value = eval(last, self.main.__dict__)
                 if value is not None:
-                    # Printed, as runcell's sessions always did (stdout keeps the value), and a
-                    # result as a notebook's `execute_result`.
-                    sys.displayhook(value)
+                    # A result, as a notebook's `execute_result`; and printed, as runcell's
+                    # sessions always did (stdout keeps the value), unless the session's
+                    # environment says RUNCELL_PRINT_RESULT=0: a notebook's behaviour (E2B's
+                    # sandboxes set it), the value then only in `_` and the results.
+                    if os.environ.get("RUNCELL_PRINT_RESULT") == "0":
+                        import builtins
+
+                        builtins._ = value
+                    else:
+                        sys.displayhook(value)
                     self.shown.add(value, True)
             self.in_cell = False
         except SystemExit as e:

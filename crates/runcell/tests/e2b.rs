@@ -98,6 +98,9 @@ fn check(r: &Value, server: &ServeProcess) {
     assert_eq!(r["logs"]["stdout"], "to out\n", "{r:#}");
     assert_eq!(r["logs"]["stderr"], "to err\n", "{r:#}");
     assert_eq!(r["logs"]["execution_count"], 5, "{r:#}");
+    // The last value is the main result, not printed too (as a notebook does).
+    assert_eq!(r["last_value"]["text"], "42", "{r:#}");
+    assert_eq!(r["last_value"]["stdout"], "", "{r:#}");
     // Environment variables given at creation and per run reach the code.
     assert_eq!(r["env_at_create"]["stdout"], "bar\n", "{r:#}");
     assert_eq!(r["env_per_run"]["stdout"], "run bar\n", "{r:#}");
@@ -270,6 +273,7 @@ fn the_current_js_sdk_works_unchanged() {
     let r: Value =
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
     assert_eq!(r["last_value"]["text"], "42", "{r:#}");
+    assert_eq!(r["last_value"]["stdout"], "", "{r:#}");
     assert_eq!(r["isolated"]["error"]["name"], "NameError", "{r:#}");
     assert_eq!(
         r["exception"]["error"]["name"], "ZeroDivisionError",

@@ -52,6 +52,9 @@ pub struct NewSandbox {
     pub network: Option<NetworkConfig>,
 }
 
+/// The session variable that keeps a Python cell's last value out of its stdout.
+const PRINT_RESULT: &str = "RUNCELL_PRINT_RESULT";
+
 /// The most `allowOut` entries a sandbox may name.
 pub const MAX_ALLOW_OUT: usize = 64;
 
@@ -273,13 +276,18 @@ pub async fn create(
     let metadata = new.metadata.unwrap_or_default();
     check_metadata(&metadata)?;
     let allow = destinations(new.network.as_ref())?;
+    // A notebook's behaviour: a cell's last value is its result, not also printed to stdout
+    // (`run_code("x + 1")` has `text == "2"` and no logs), as E2B's code interpreter does.
+    let mut env = new.env_vars.unwrap_or_default();
+    env.entry(PRINT_RESULT.to_string())
+        .or_insert_with(|| "0".to_string());
     prune(&state);
     // The one request, as the HTTP API would send it: the intake checks the environment's
     // names and sizes, the TTL and the destinations against the policy.
     let mut body = json!({
         "language": "python",
         "ttl": new.timeout.unwrap_or(DEFAULT_TIMEOUT),
-        "env": new.env_vars.unwrap_or_default(),
+        "env": env,
     });
     if !allow.is_empty() {
         body["network"] = json!({ "allow": allow });
