@@ -354,6 +354,29 @@ fn sandbox_tokens_are_per_sandbox() {
         "the API key is no token"
     );
     assert_eq!(health(&a["sandboxID"], Some("")), 401);
+    // The traffic token opens the code interpreter's routes only (where the SDKs send it),
+    // never the sandbox's files, filesystem or processes.
+    let tt = a["trafficAccessToken"].as_str().unwrap();
+    let with_traffic = |method: reqwest::Method, path: &str| {
+        http.request(method, server.url(path))
+            .header("E2b-Sandbox-Id", a["sandboxID"].as_str().unwrap())
+            .header("E2B-Traffic-Access-Token", tt)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(with_traffic(reqwest::Method::GET, "/e2b/contexts"), 200);
+    for (method, path) in [
+        (reqwest::Method::GET, "/e2b/files?path=/home/user/x"),
+        (reqwest::Method::GET, "/e2b/health"),
+        (reqwest::Method::POST, "/e2b/filesystem.Filesystem/ListDir"),
+        (reqwest::Method::POST, "/e2b/process.Process/List"),
+    ] {
+        assert_eq!(with_traffic(method, path), 401, "{path}");
+    }
     // Without a sandbox id, the token routes.
     let res = http
         .get(server.url("/e2b/files?path=/home/user/none"))
@@ -385,4 +408,81 @@ fn sandbox_tokens_are_per_sandbox() {
         assert_eq!(health(id, Some(ta)), 502, "a killed sandbox is not running");
     }
     assert_host_clean(server.pid());
+}
+
+/// Regression (review): a data-plane answer kept no place in line once its handler returned,
+/// so 40 clients that never read a 30 MiB download held 1.2 GB outside the body budget. A
+/// download waiting for its client now keeps its place, as `/v1/sessions/{id}/files` does:
+/// with two places, the third unread download is refused.
+#[test]
+#[cfg_attr(not(host_python_stack), ignore = "needs the Python data stack")]
+fn an_undelivered_download_keeps_its_place_in_line() {
+    use std::io::{Read, Write};
+    let server = ServeProcess::start(
+        &[
+            "--pool",
+            "python=0",
+            "--max-concurrent",
+            "1",
+            "--max-queue",
+            "1",
+        ],
+        &[("RUNCELL_API_KEY", KEY)],
+    );
+    let http = Client::new();
+    let res = http
+        .post(server.url("/e2b/v2/sandboxes"))
+        .header("X-API-Key", KEY)
+        .json(&serde_json::json!({"templateID": "base"}))
+        .send()
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let sbx: Value = res.json().unwrap();
+    let id = sbx["sandboxID"].as_str().unwrap().to_string();
+    let token = sbx["envdAccessToken"].as_str().unwrap().to_string();
+    let text = http
+        .post(server.url("/e2b/execute"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .json(&serde_json::json!({"code": "import os\nopen('big', 'wb').write(os.urandom(30 << 20))"}))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(text.contains("end_of_execution"), "{text}");
+    // Each connection asks for the file and reads only the status line.
+    let addr = server.url("").trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            c,
+            "GET /e2b/files?path=big HTTP/1.1\r\nHost: {addr}\r\nE2b-Sandbox-Id: {id}\r\n\
+             X-Access-Token: {token}\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).unwrap();
+        statuses.push(String::from_utf8_lossy(&head[9..12]).to_string());
+        held.push(c);
+    }
+    assert_eq!(statuses, ["200", "200", "429", "429"], "{}", server.log());
+    // Once the clients are gone, the places come back.
+    drop(held);
+    let mut again = 0;
+    for _ in 0..100 {
+        let res = http
+            .get(server.url("/e2b/files?path=none"))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .send()
+            .unwrap();
+        if res.status() == 404 {
+            again += 1;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(again, 1);
 }

@@ -34,6 +34,8 @@ pub struct SandboxRequest {
     pub headers: HeaderMap,
     pub query: Option<String>,
     pub body: Body,
+    /// Where the place in line is kept until the response is delivered.
+    hold: Option<runcell_core::Hold>,
 }
 
 /// What a sandbox that is not (or no longer) here answers: E2B's proxy answers 502 for a
@@ -49,18 +51,34 @@ fn gone() -> E2bError {
 fn unauthenticated() -> E2bError {
     E2bError::new(
         StatusCode::UNAUTHORIZED,
-        "This sandbox request needs the sandbox's access token (X-Access-Token or \
-         E2B-Traffic-Access-Token, as issued when the sandbox was created).",
+        "This sandbox request needs the sandbox's access token (X-Access-Token, as issued \
+         when the sandbox was created; the code interpreter's routes also take its \
+         E2B-Traffic-Access-Token).",
     )
 }
 
-/// Find and authenticate the sandbox a request is for.
-pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Arc<Sandbox>, E2bError> {
+/// Whether `path` (within the E2B door) is the code interpreter's: `/execute` and
+/// `/contexts...`, the only routes the traffic token opens.
+pub fn interpreter_path(path: &str) -> bool {
+    path.ends_with("/execute") || path.contains("/contexts")
+}
+
+/// Find and authenticate the sandbox a request is for. The traffic token opens only the code
+/// interpreter's routes (`traffic_ok`), where the SDKs send it (`/contexts` carries nothing
+/// else); files, the filesystem and processes need the sandbox's access token. On E2B the
+/// traffic token is the one shared more widely (for traffic to the sandbox's ports): it must
+/// not hand over the sandbox's files and commands.
+pub fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+    traffic_ok: bool,
+) -> Result<Arc<Sandbox>, E2bError> {
     let registry = &state.inner.e2b;
     let access = headers.get(ACCESS_TOKEN).map(|v| v.as_bytes().trim_ascii());
     let traffic = headers
         .get(TRAFFIC_TOKEN)
-        .map(|v| v.as_bytes().trim_ascii());
+        .map(|v| v.as_bytes().trim_ascii())
+        .filter(|_| traffic_ok);
     let named = headers
         .get(SANDBOX_ID)
         .and_then(|v| v.to_str().ok())
@@ -92,7 +110,8 @@ impl FromRequest<AppState> for SandboxRequest {
 
     async fn from_request(req: Request, state: &AppState) -> Result<SandboxRequest, E2bError> {
         let (parts, body) = req.into_parts();
-        let sandbox = authenticate(state, &parts.headers).inspect_err(|e| {
+        let traffic_ok = interpreter_path(parts.uri.path());
+        let sandbox = authenticate(state, &parts.headers, traffic_ok).inspect_err(|e| {
             state
                 .inner
                 .metrics
@@ -115,6 +134,7 @@ impl FromRequest<AppState> for SandboxRequest {
         Ok(SandboxRequest {
             sandbox,
             caller,
+            hold: parts.extensions.get::<runcell_core::Hold>().cloned(),
             headers: parts.headers,
             query: parts.uri.query().map(str::to_string),
             body,
@@ -132,6 +152,11 @@ impl SandboxRequest {
         json: bool,
     ) -> Result<(runcell_core::Ticket, axum::body::Bytes), E2bError> {
         let ticket = state.service().reserve(&self.caller)?;
+        // The place is kept until the response is delivered, as `Reserved` keeps it: a file
+        // or a run's lines waiting for a client that reads slowly hold memory.
+        if let Some(hold) = &self.hold {
+            hold.keep(&ticket);
+        }
         let body = std::mem::take(&mut self.body);
         let bytes = crate::extract::read_body(body, &self.headers, limit, &ticket).await?;
         if json {
