@@ -846,25 +846,41 @@ impl Engine {
             _ => plan.source_path.clone(),
         };
         let mut run = plan.run.clone();
+        let mut content = v.code.clone().into_bytes();
+        // A command beside a session's interpreter: its script is what it carries for itself
+        // alone (its own `envs`), so it never lands in the sandbox where later code would find
+        // it: it goes as `bash -c`'s argument. One too long for an argument (the kernel's
+        // MAX_ARG_STRLEN, 128 KiB) is written where cells are, and removes itself first (bash
+        // reads on through the descriptor it opened).
+        let mut source_file = true;
         if let RunIn::SessionCommand(_) = how {
-            let (from, to) = (
-                plan.source_path.to_string_lossy(),
-                source_path.to_string_lossy(),
-            );
-            for a in run.argv.iter_mut().filter(|a| **a == from) {
-                *a = to.to_string();
+            let from = plan.source_path.to_string_lossy().into_owned();
+            if let Some(i) = run.argv.iter().position(|a| *a == from) {
+                if content.len() <= COMMAND_ARG_BYTES && !content.contains(&0) {
+                    run.argv
+                        .splice(i..=i, ["-c".to_string(), v.code.clone(), "bash".into()]);
+                    source_file = false;
+                } else {
+                    run.argv[i] = source_path.to_string_lossy().into_owned();
+                    let mut script = format!("rm -f -- '{}'\n", source_path.display()).into_bytes();
+                    script.append(&mut content);
+                    content = script;
+                }
             }
         }
         let source = InputFile {
             path: source_path.clone(),
             mode: 0o644,
-            content: v.code.clone().into_bytes(),
+            content,
         };
         let enforcement = sandbox.enforcement().clone();
         let cell = matches!(how, RunIn::OneShotCell | RunIn::SessionCell(_));
 
         let mut compile_time = None;
-        let mut files = vec![source];
+        let mut files = Vec::new();
+        if source_file {
+            files.push(source);
+        }
         files.extend(v.files.iter().cloned());
         if how == RunIn::FreshSandbox {
             // (A warm interpreter's sandbox, and a session's, got them when they started.)
@@ -1025,6 +1041,10 @@ pub(crate) enum RunIn {
     /// written where cells are (number `n`), not in /workspace, which is the user's.
     SessionCommand(u64),
 }
+
+/// The longest command script given to `bash -c` as an argument (well below the kernel's
+/// 128 KiB for one argument).
+const COMMAND_ARG_BYTES: usize = 96 << 10;
 
 /// The message of a cell sent to a sandbox whose interpreter is gone (sessions restart it).
 pub(crate) const NO_INTERPRETER: &str = "The session's interpreter is not running.";

@@ -164,6 +164,7 @@ fn check(r: &Value, server: &ServeProcess) {
     assert_eq!(c["exit"]["stdout"], "before\n");
     assert_eq!(c["cwd"], "/workspace/d\n", "{c:#}");
     assert_eq!(c["code_sees"], "from-command 41\n", "{c:#}");
+    assert_eq!(c["left_in_tmp"], "[]\n", "{c:#}");
     assert_ne!(c["timed_out"], "finished", "{c:#}");
     assert_eq!(
         c["after_timeout"], "41\n",

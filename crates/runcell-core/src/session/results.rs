@@ -27,6 +27,11 @@ pub const RESULTS_FILE: &str = ".runcell-results.json";
 /// and count what they left out): images and HTML tables fit; a report past it (one the cell
 /// forged) is dropped whole, with a warning.
 pub const MAX_RESULTS_BYTES: u64 = 8 << 20;
+/// The most memory parsing a report may build ([`crate::request::json_parse_bytes`]): 8 MiB
+/// of `[[],[],...]` would otherwise build about 12 times its size in the server, outside any
+/// budget, on every call. Real reports are strings (text, HTML, base64 images) and a few
+/// JSON values: far below it.
+const MAX_RESULTS_PARSE_BYTES: u64 = 16 << 20;
 /// The most results a cell may display.
 pub const MAX_RESULTS: usize = 100;
 /// The most MIME types in one result's bundle.
@@ -62,6 +67,14 @@ struct Raw {
 /// Parse a results report (`bytes`, already within the byte cap).
 pub fn parse(bytes: &[u8]) -> CellResults {
     let mut out = CellResults::default();
+    if crate::request::json_parse_bytes(bytes) > MAX_RESULTS_PARSE_BYTES {
+        out.warnings.push(
+            "The cell's displayed results were dropped: their report holds too many JSON \
+             values."
+                .into(),
+        );
+        return out;
+    }
     let raw: Raw = match serde_json::from_slice(bytes) {
         Ok(r) => r,
         Err(e) => {
@@ -208,6 +221,19 @@ mod tests {
 
     fn parse_json(v: Value) -> CellResults {
         parse(&serde_json::to_vec(&v).unwrap())
+    }
+
+    /// Regression (review): a forged report of 8 MiB of `[[],[],...]` was parsed whole into
+    /// a tree about 12 times its size, on the server, on every call.
+    #[test]
+    fn a_report_of_too_many_values_is_dropped_unparsed() {
+        let mut forged = b"{\"results\":[".to_vec();
+        forged.extend(b"[],".repeat(((8 << 20) - 32) / 3));
+        forged.extend(b"[]]}");
+        assert!(forged.len() as u64 <= MAX_RESULTS_BYTES + 16);
+        let r = parse(&forged);
+        assert!(r.results.is_empty());
+        assert!(r.warnings[0].contains("too many JSON values"), "{r:?}");
     }
 
     #[test]

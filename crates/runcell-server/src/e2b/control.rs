@@ -377,8 +377,10 @@ pub async fn connect(
 pub async fn kill(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Requester(caller): Requester,
+    Requester(mut caller): Requester,
 ) -> Result<StatusCode, E2bError> {
+    // Audited as this door's.
+    caller.interface = "e2b";
     let s = state
         .inner
         .e2b

@@ -146,6 +146,10 @@ def commands():
     after = execution(a.run_code("print(x)"))
     out["after_kill"] = after["stdout"]
     out["after_kill_error"] = after["error"]
+    # A command's script (with its own envs) is not left behind in the sandbox's /tmp.
+    out["left_in_tmp"] = execution(
+        a.run_code("import glob\nprint(glob.glob('/tmp/.runcell-cell-*.sh'))")
+    )["stdout"]
     return out
 
 
