@@ -359,6 +359,16 @@ fn check_sessions(r: &Value) {
     assert_ne!(other["structuredContent"]["session_id"], sid);
     assert_eq!(r["fresh"]["structuredContent"]["stdout"], "False\n");
     assert!(r["fresh"]["structuredContent"].get("session_id").is_none());
+    let shell = &r["shell_in_session"];
+    assert!(!is_error(shell), "{shell:#}");
+    assert_eq!(shell["structuredContent"]["session_id"], sid, "{shell:#}");
+    assert!(
+        shell["structuredContent"]["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("hi\n"),
+        "{shell:#}"
+    );
     for (name, want) in [
         ("wrong_language", "invalid_request"),
         ("unknown", "not_found"),

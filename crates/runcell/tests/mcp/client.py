@@ -223,7 +223,12 @@ async def scenario_sessions(c, report):
         await c.call_tool("code_exec_python", {"code": "print('x' in globals())"})
     )
     out["wrong_language"] = dump(
-        await c.call_tool("code_exec_bash", {"code": "echo hi", "session_id": sid})
+        await c.call_tool("code_exec_node", {"code": "console.log(1)", "session_id": sid})
+    )
+    # A shell command runs in any session's sandbox, beside its interpreter: it sees the
+    # session's files.
+    out["shell_in_session"] = dump(
+        await c.call_tool("code_exec_bash", {"code": "echo hi; ls", "session_id": sid})
     )
     out["unknown"] = dump(
         await c.call_tool("code_exec_python", {"code": "1", "session_id": "ses_unknown"})
