@@ -511,6 +511,32 @@ async fn wait_free(
     Ok(super::wait_until_free(state, caller, session).await?)
 }
 
+/// A shell program (`fields`: its code, and its timeout) as a call in the sandbox's session,
+/// through the one intake: the door names the language, as a tool that knows it does, and
+/// the shell runs as its own program beside the session's interpreter (see
+/// `runcell_core::intake::merge_call`).
+fn shell_call(
+    state: &AppState,
+    caller: &runcell_core::Caller,
+    session: &str,
+    fields: serde_json::Value,
+) -> Result<runcell_core::Call, ConnectError> {
+    let mut request = runcell_core::intake::parse_value(
+        fields,
+        runcell_core::Source::Api,
+        runcell_core::TargetKind::Session,
+        state.service().offers(),
+    )
+    .map_err(|e| ConnectError::from(E2bError::from(e)))?;
+    request.language = Some("bash".into());
+    Ok(runcell_core::Call::new(
+        caller.clone(),
+        runcell_core::Source::Api,
+        runcell_core::Target::Session(session.to_string()),
+        request,
+    ))
+}
+
 /// Run a short shell program of the door's own (a directory operation) in the sandbox's
 /// session, as a command is run (the one intake and run service, its place in line
 /// `ticket`): its exit status.
@@ -521,20 +547,7 @@ async fn shell(
     ticket: runcell_core::Ticket,
     script: String,
 ) -> Result<i32, ConnectError> {
-    let mut request = runcell_core::intake::parse_value(
-        json!({ "code": script }),
-        runcell_core::Source::Api,
-        runcell_core::TargetKind::Session,
-        state.service().offers(),
-    )
-    .map_err(|e| ConnectError::from(E2bError::from(e)))?;
-    request.language = Some("bash".into());
-    let call = runcell_core::Call::new(
-        caller.clone(),
-        runcell_core::Source::Api,
-        runcell_core::Target::Session(session.to_string()),
-        request,
-    );
+    let call = shell_call(state, caller, session, json!({ "code": script }))?;
     wait_free(state, caller, session).await?;
     let v = state
         .service()
@@ -722,22 +735,7 @@ async fn start(state: AppState, mut req: SandboxRequest) -> Response {
         if let Some(ms) = super::connect::timeout_ms(&req.headers).filter(|ms| *ms > 0) {
             fields["timeout"] = json!(ms.min(max_ms) as f64 / 1000.0);
         }
-        let mut request = runcell_core::intake::parse_value(
-            fields,
-            runcell_core::Source::Api,
-            runcell_core::TargetKind::Session,
-            state.service().offers(),
-        )
-        .map_err(|e| ConnectError::from(E2bError::from(e)))?;
-        // A shell command in the (Python) session's sandbox: the door names the language,
-        // as a tool that knows it does (see runcell_core::intake::merge_call).
-        request.language = Some("bash".into());
-        let call = runcell_core::Call::new(
-            req.caller.clone(),
-            runcell_core::Source::Api,
-            runcell_core::Target::Session(req.sandbox.session.clone()),
-            request,
-        );
+        let call = shell_call(&state, &req.caller, &req.sandbox.session, fields)?;
         super::wait_until_free(&state, &req.caller, &req.sandbox.session).await?;
         state
             .service()
