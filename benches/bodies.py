@@ -21,9 +21,12 @@ before or while reading):
   put_session     PUT /v1/sessions/<a session>/files/x   raw bytes
   session_execute POST /v1/sessions/<a session>/execute  {"code":"aaa..."}
   mcp             POST /mcp                              a 2026-07-28 (stateless) tools/call of code_exec_python
-A PUT's cap is the input-file cap (32 MiB by default), not the body cap: larger bodies get a
-413 from their Content-Length before any byte is read, so PUTs send --put-mib (default 32)
-instead, the most the route accepts.
+  e2b_create      POST /e2b/v2/sandboxes                 {"templateID":"base","envVars":{"BIG":"aaa..."}}
+  e2b_execute     POST /e2b/execute (a sandbox's token)  {"code":"aaa..."}
+  e2b_files       POST /e2b/files?path=x (its token)     multipart/form-data, one file part
+A PUT's cap (and an E2B upload's) is the input-file cap (32 MiB by default), not the body cap:
+larger bodies get a 413 from their Content-Length before any byte is read, so PUTs and
+e2b_files send --put-mib (default 32) instead, the most the route accepts.
 
 The server: the release build (built first, unless --runcell), an API key, `--max-concurrent
 2 --max-queue 8 --max-body 101M`, no warm pool, no audit log, and an agent upstream (openai)
@@ -60,7 +63,7 @@ CHUNK = 1 << 20
 MIB = 1 << 20
 FILL = b"a" * CHUNK  # the bulk of every body: one buffer, shared by every sender
 ROUTES = ["execute", "sessions", "agents", "agents_chat", "put_missing", "put_session",
-          "session_execute", "mcp"]
+          "session_execute", "mcp", "e2b_create", "e2b_execute", "e2b_files"]
 MISSING = "ses_" + "0" * 32  # an id no session has
 
 
@@ -208,6 +211,20 @@ def body_of(route, size):
         return "POST", "/mcp", js, pre, n, post, (
             "Accept: application/json, text/event-stream", f"MCP-Protocol-Version: {v}",
             "Mcp-Method: tools/call", "Mcp-Name: code_exec_python")
+    if route == "e2b_create":
+        pre, n, post = around({"templateID": "base", "envVars": {"BIG": "@BULK@"}})
+        return "POST", "/e2b/v2/sandboxes", js, pre, n, post, ()
+    sandbox = ("E2b-Sandbox-Id: {id}", "X-Access-Token: {token}")
+    if route == "e2b_execute":
+        pre, n, post = around({"code": "@BULK@"})
+        return "POST", "/e2b/execute", js, pre, n, post, sandbox
+    if route == "e2b_files":
+        b = "runcellbench"
+        pre = (f"--{b}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\n"
+               "Content-Type: application/octet-stream\r\n\r\n").encode()
+        post = f"\r\n--{b}--\r\n".encode()
+        return ("POST", "/e2b/files?path=x", f"multipart/form-data; boundary={b}", pre,
+                size - len(pre) - len(post), post, sandbox)
     raise ValueError(route)
 
 
@@ -264,6 +281,10 @@ def send_one(port, request, start, out, i, answer_within):
 
 def flood(server, route, size, requests, answer_within, session):
     method, path, ctype, pre, bulk, post, extra = body_of(route, size)
+    if isinstance(session, dict):  # an E2B sandbox: its id and token go in headers
+        extra = tuple(e.format(id=session["sandboxID"], token=session["envdAccessToken"])
+                      for e in extra)
+        session = None
     path = path.format(id=session or MISSING)
     total = len(pre) + bulk + len(post)
     h = head(method, path, server.key, total, ctype, extra)
@@ -327,12 +348,21 @@ def run_route(a, route, upstream):
             if st != 201:
                 die(f"{route}: creating the session answered {st}: {v}")
             session = v["id"]
-        size = (a.put_mib if route.startswith("put_") else a.mib) * MIB
+        if route in ("e2b_execute", "e2b_files"):
+            st, v = server.request("POST", "/e2b/v2/sandboxes", {"templateID": "base"})
+            if st != 201:
+                die(f"{route}: creating the sandbox answered {st}: {v}")
+            session = v
+        size = (a.put_mib if route.startswith("put_") or route == "e2b_files" else a.mib) * MIB
         r = flood(server, route, size, a.requests, a.answer_within, session)
         st, _ = server.request("GET", "/healthz")
         if st != 200:
             die(f"{route}: /healthz answered {st} after the flood")
-        if session:
+        if isinstance(session, dict):
+            st, v = server.request("DELETE", f"/e2b/sandboxes/{session['sandboxID']}")
+            if st != 204:
+                die(f"{route}: killing the sandbox answered {st}: {v}")
+        elif session:
             st, v = server.request("DELETE", f"/v1/sessions/{session}")
             if st != 204:
                 die(f"{route}: deleting the session answered {st}: {v}")
