@@ -472,7 +472,7 @@ fn an_undelivered_download_keeps_its_place_in_line() {
     // Once the clients are gone, the places come back.
     drop(held);
     let mut again = 0;
-    for _ in 0..100 {
+    for _ in 0..600 {
         let res = http
             .get(server.url("/e2b/files?path=none"))
             .header("E2b-Sandbox-Id", &id)
