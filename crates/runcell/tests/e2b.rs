@@ -162,7 +162,8 @@ fn check(r: &Value, server: &ServeProcess) {
     assert_eq!(c["run"]["exit_code"], 0);
     assert_eq!(c["exit"]["exit_code"], 3, "{c:#}");
     assert_eq!(c["exit"]["stdout"], "before\n");
-    assert_eq!(c["cwd"], "/workspace/d\n", "{c:#}");
+    assert_eq!(c["cwd"], "/home/user/d\n", "{c:#}");
+    assert_eq!(c["pwd"], "/home/user\n", "{c:#}");
     assert_eq!(c["code_sees"], "from-command 41\n", "{c:#}");
     assert_eq!(c["left_in_tmp"], "[]\n", "{c:#}");
     assert_ne!(c["timed_out"], "finished", "{c:#}");

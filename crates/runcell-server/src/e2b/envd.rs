@@ -626,10 +626,12 @@ pub fn command_script(
         Some(c) => workspace_path(c).map_err(|e| invalid(e.to_string()))?,
         None => String::new(),
     };
+    // Through E2B's home, /home/user (a name of /workspace): the shell's working directory
+    // is then /home/user as E2B's is (`pwd`, `$PWD`, and what the command's own shell says).
     let dir = if dir.is_empty() {
-        WORKSPACE.to_string()
+        super::HOME.to_string()
     } else {
-        format!("{}/{dir}", WORKSPACE)
+        format!("{}/{dir}", super::HOME)
     };
     script.push_str(&format!("cd -- {} || exit 1\n", shell_quote(&dir)));
     for (k, v) in envs {
@@ -980,7 +982,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             s,
-            "cd -- '/workspace/sub' || exit 1\nexport A_1='it'\\''s $HOME'\nexec '/bin/bash' '-l' '-c' 'echo '\\''hi'\\''; exit 3'\n"
+            "cd -- '/home/user/sub' || exit 1\nexport A_1='it'\\''s $HOME'\nexec '/bin/bash' '-l' '-c' 'echo '\\''hi'\\''; exit 3'\n"
         );
         let out = std::process::Command::new("bash")
             .args(["-c", &format!("echo {}", shell_quote("a'b \"$x\" `c`"))])

@@ -132,6 +132,7 @@ def commands():
     except CommandExitException as e:
         out["exit"] = {"exit_code": e.exit_code, "stdout": e.stdout}
     out["cwd"] = a.commands.run("pwd", cwd="/home/user/d").stdout
+    out["pwd"] = a.commands.run("pwd").stdout
     a.commands.run("echo from-command > made.txt")
     out["code_sees"] = execution(a.run_code("print(open('made.txt').read().strip(), x)"))["stdout"]
     try:
