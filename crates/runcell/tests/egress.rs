@@ -1451,13 +1451,49 @@ fn an_e2b_sandbox_reaches_what_its_allow_out_names_and_nothing_else() {
         run(&open, &py_fetch(&srv.url("/"))),
         "hello from the host\n"
     );
+    // A command in the same sandbox goes through its proxy too (`curl`, `pip install`).
+    let start = serde_json::json!({
+        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", format!("curl -s {}", srv.url("/"))]},
+        "stdin": false,
+    })
+    .to_string();
+    let mut frame = vec![0u8];
+    frame.extend((start.len() as u32).to_be_bytes());
+    frame.extend(start.as_bytes());
+    let answer = http
+        .post(s.url("/e2b/process.Process/Start"))
+        .header("E2b-Sandbox-Id", open["sandboxID"].as_str().unwrap())
+        .header("X-Access-Token", open["envdAccessToken"].as_str().unwrap())
+        .header("content-type", "application/connect+json")
+        .header("connect-protocol-version", "1")
+        .body(frame)
+        .send()
+        .unwrap()
+        .bytes()
+        .unwrap();
+    let (mut rest, mut stdout) = (&answer[..], Vec::new());
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+        let msg: serde_json::Value = serde_json::from_slice(&rest[5..5 + len]).unwrap();
+        if let Some(b) = msg["event"]["data"]["stdout"].as_str() {
+            use base64::Engine as _;
+            stdout.extend(base64::engine::general_purpose::STANDARD.decode(b).unwrap());
+        }
+        rest = &rest[5 + len..];
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&stdout).trim(),
+        "hello from the host",
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
     let (status, closed) = create(serde_json::json!({
         "templateID": "code-interpreter-v1",
         "allow_internet_access": true,
     }));
     assert_eq!(status, 201, "{closed}");
     assert!(run(&closed, &py_fetch(&srv.url("/"))).starts_with("ERR"));
-    assert_eq!(srv.accepted.load(Ordering::SeqCst), 1);
+    assert_eq!(srv.accepted.load(Ordering::SeqCst), 2);
     let (status, v) = create(serde_json::json!({
         "templateID": "code-interpreter-v1",
         "network": { "allowOut": ["example.com"] },

@@ -555,10 +555,18 @@ impl Session {
         cancel: Option<&KillSwitch>,
         lost: &mut Option<Lost>,
     ) -> Verdict {
-        let runtime = match engine.locate(v.language()) {
+        let mut runtime = match engine.locate(v.language()) {
             Ok(r) => r,
             Err(e) => return Verdict::failed(ErrorCategory::RuntimeUnavailable, e.to_string()),
         };
+        // What the session's interpreter has of its network and packages, a command has too:
+        // its proxy (`curl`, `pip install` go through it) and its package layer's path.
+        if let Some(l) = &self.layer {
+            runtime = runtime.with_python_path(l.site());
+        }
+        if !self.network.is_empty() {
+            runtime = runtime.with_proxy(runcell_proxy::SANDBOX_PROXY_PORT);
+        }
         // The session's environment, with the call's own over it.
         let mut env = self.env.clone();
         env.retain(|(k, _)| !v.env().iter().any(|(c, _)| c == k));
