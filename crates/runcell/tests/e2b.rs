@@ -40,13 +40,12 @@ fn serve(keys: &str) -> ServeProcess {
     ServeProcess::start(&["--pool", "python=0"], &[("RUNCELL_API_KEY", keys)])
 }
 
-/// Run the client with the SDKs of `venv` against a fresh server; its report, and the
-/// server (still running, for the checks after).
-fn drive(venv: &str) -> (Value, ServeProcess) {
+/// Run an SDK client (`client`, its program and arguments set) against a fresh server with
+/// both keys: its JSON report, and the server (still running, for the checks after).
+fn drive(mut client: Command) -> (Value, ServeProcess) {
     let server = serve(&format!("{KEY},{OTHER}"));
     let base = server.url("/e2b");
-    let out = Command::new(python(venv))
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/client.py"))
+    let out = client
         .env("E2B_API_URL", &base)
         .env("E2B_SANDBOX_URL", &base)
         .env("E2B_API_KEY", KEY)
@@ -66,6 +65,13 @@ fn drive(venv: &str) -> (Value, ServeProcess) {
     let report: Value =
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
     (report, server)
+}
+
+/// The Python client with the SDKs of `venv`.
+fn python_client(venv: &str) -> Command {
+    let mut c = Command::new(python(venv));
+    c.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/client.py"));
+    c
 }
 
 fn check(r: &Value, server: &ServeProcess) {
@@ -226,7 +232,7 @@ fn check(r: &Value, server: &ServeProcess) {
     ignore = "needs the E2B SDKs (scripts/test.sh installs them in target/e2b-venv) and the Python data stack"
 )]
 fn the_current_python_sdks_work_unchanged() {
-    let (r, server) = drive("e2b-venv");
+    let (r, server) = drive(python_client("e2b-venv"));
     assert_eq!(r["versions"]["e2b"], "2.63.0", "{r:#}");
     check(&r, &server);
 }
@@ -237,7 +243,7 @@ fn the_current_python_sdks_work_unchanged() {
     ignore = "needs the oldest E2B SDKs with sandbox URLs (scripts/test.sh installs them in target/e2b-old-venv) and the Python data stack"
 )]
 fn the_oldest_python_sdks_with_sandbox_urls_work_unchanged() {
-    let (r, server) = drive("e2b-old-venv");
+    let (r, server) = drive(python_client("e2b-old-venv"));
     assert_eq!(r["versions"]["e2b-code-interpreter"], "2.9.0", "{r:#}");
     check(&r, &server);
 }
@@ -250,30 +256,12 @@ fn the_oldest_python_sdks_with_sandbox_urls_work_unchanged() {
     ignore = "needs the E2B JS SDK (scripts/test.sh installs it in target/e2b-js), node and the Python data stack"
 )]
 fn the_current_js_sdk_works_unchanged() {
-    let server = serve(&format!("{KEY},{OTHER}"));
-    let base = server.url("/e2b");
     let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2b-js");
-    let out = Command::new("node")
+    let mut client = Command::new("node");
+    client
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/client.mjs"))
-        .arg(&modules)
-        .env("E2B_API_URL", &base)
-        .env("E2B_SANDBOX_URL", &base)
-        .env("E2B_API_KEY", KEY)
-        .env("OTHER_KEY", OTHER)
-        .env("WRONG_KEY", WRONG)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the JS client failed: {}\n{stdout}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
-    );
-    let r: Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+        .arg(&modules);
+    let (r, server) = drive(client);
     assert_eq!(r["last_value"]["text"], "42", "{r:#}");
     assert_eq!(r["last_value"]["stdout"], "", "{r:#}");
     assert_eq!(r["isolated"]["error"]["name"], "NameError", "{r:#}");

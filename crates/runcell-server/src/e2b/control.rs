@@ -355,6 +355,28 @@ fn owned(
     }
 }
 
+/// The caller's sandbox `id`, its TTL restarted at the body's `{"timeout": seconds}` when
+/// there is one (`required`: set_timeout's body must have it).
+async fn with_timeout(
+    state: &AppState,
+    req: &mut Reserved,
+    id: &str,
+    required: bool,
+) -> Result<(std::sync::Arc<Sandbox>, SessionInfo), E2bError> {
+    let bytes = req.read_json(Some(4096)).await?;
+    let body: TimeoutBody = parse(&bytes)?;
+    if required && body.timeout.is_none() {
+        return Err(E2bError::invalid("Send {\"timeout\": <seconds>}."));
+    }
+    let found = owned(state, &req.caller, id)?;
+    if let Some(t) = body.timeout {
+        state
+            .service()
+            .set_session_ttl(&req.caller, &found.0.session, Some(t as f64))?;
+    }
+    Ok(found)
+}
+
 /// `POST [/v2]/sandboxes/{id}/connect`: the sandbox's answer again (200: it is running).
 /// A `timeout`, when sent, restarts its TTL.
 pub async fn connect(
@@ -362,14 +384,7 @@ pub async fn connect(
     Path(id): Path<String>,
     mut req: Reserved,
 ) -> Result<Response, E2bError> {
-    let bytes = req.read_json(Some(4096)).await?;
-    let body: TimeoutBody = parse(&bytes)?;
-    let (s, _) = owned(&state, &req.caller, &id)?;
-    if let Some(t) = body.timeout {
-        state
-            .service()
-            .set_session_ttl(&req.caller, &s.session, Some(t as f64))?;
-    }
+    let (s, _) = with_timeout(&state, &mut req, &id, false).await?;
     Ok(Json(answer(&s)).into_response())
 }
 
@@ -401,15 +416,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     mut req: Reserved,
 ) -> Result<StatusCode, E2bError> {
-    let bytes = req.read_json(Some(4096)).await?;
-    let body: TimeoutBody = parse(&bytes)?;
-    let Some(t) = body.timeout else {
-        return Err(E2bError::invalid("Send {\"timeout\": <seconds>}."));
-    };
-    let (s, _) = owned(&state, &req.caller, &id)?;
-    state
-        .service()
-        .set_session_ttl(&req.caller, &s.session, Some(t as f64))?;
+    with_timeout(&state, &mut req, &id, true).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
