@@ -382,7 +382,11 @@ impl CgroupManager {
                 source,
             })?;
         let host = Host {
-            is_root: rustix::process::geteuid().is_root(),
+            // Root in a user namespace (a pod with `hostUsers: false`) owns nothing of the
+            // hierarchy but what the runtime delegated to it (crun chowns the container's
+            // group to the namespace's root): it takes the delegated-subtree path, as an
+            // unprivileged user does, and v1 (which cannot be delegated) not at all.
+            is_root: crate::identity::Identity::current() == crate::identity::Identity::HostRoot,
             pid: std::process::id(),
         };
         Self::discover_in(
