@@ -33,6 +33,19 @@ fn assert_core_layers(e: &serde_json::Value) {
 /// `nsenter` starts runcell in them as the namespace's root. (A process that entered the
 /// namespace before its maps existed would have lost its capabilities at its next exec.)
 fn as_namespaced_root(map: &str, own_mounts: bool, args: &[&str]) -> Run {
+    let mut argv = vec!["run".to_string(), "--json".to_string()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    in_namespace(map, own_mounts, &argv, |argv| run_argv(&argv, |_| {}))
+}
+
+/// Call `f` with a command line that runs `runcell ARGS` as root of a new user namespace
+/// mapped with `map` (see `as_namespaced_root`).
+fn in_namespace<T>(
+    map: &str,
+    own_mounts: bool,
+    args: &[String],
+    f: impl FnOnce(Vec<String>) -> T,
+) -> T {
     let mut holder = Command::new("unshare");
     holder.arg("--user");
     if own_mounts {
@@ -71,11 +84,9 @@ fn as_namespaced_root(map: &str, own_mounts: bool, args: &[&str]) -> Run {
         "--setgid".into(),
         "0".into(),
         runcell_bin().display().to_string(),
-        "run".into(),
-        "--json".into(),
     ]);
-    argv.extend(args.iter().map(|s| s.to_string()));
-    let r = run_argv(&argv, |_| {});
+    argv.extend(args.iter().cloned());
+    let r = f(argv);
     let _ = holder.0.kill();
     let _ = holder.0.wait();
     r
@@ -259,4 +270,46 @@ fn host_root_makes_its_own_device_nodes() {
     assert_eq!(e["identity"], "root", "{e:#}");
     assert_eq!(e["devices"], "private", "{e:#}");
     assert_eq!(e["own_uid"], true, "{e:#}");
+}
+
+#[test]
+#[cfg_attr(
+    not(all(host_root, host_unshare)),
+    ignore = "needs root and unshare (util-linux) to make a user namespace"
+)]
+fn doctor_as_root_in_a_user_namespace_says_what_is_enforced_and_gives_container_fixes() {
+    let out = in_namespace(
+        POD_MAP,
+        false,
+        &["doctor".into(), "--json".into()],
+        |argv| Command::new(&argv[0]).args(&argv[1..]).output().unwrap(),
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json: {e}; stderr {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    // A user namespace that is not the initial one: a container, whichever engine.
+    assert!(
+        report["place"].as_str().unwrap().starts_with("container"),
+        "{report:#}"
+    );
+    assert_eq!(report["identity"], "root_in_user_namespace", "{report:#}");
+    let test = &report["sandbox_test"];
+    assert_eq!(test["ok"], true, "{report:#}");
+    assert_eq!(test["enforcement"]["devices"], "host", "{report:#}");
+    assert_eq!(test["enforcement"]["cgroup"], "none", "{report:#}");
+    // Missing cgroups: the fix is a container's, not a host's, and the exit code says so.
+    let cgroups = report["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "cgroups")
+        .expect("a cgroups layer");
+    assert_eq!(cgroups["available"], false, "{report:#}");
+    let fix = cgroups["fix"].as_str().unwrap();
+    assert!(fix.contains("--privileged"), "{fix}");
+    assert!(!fix.contains("systemd-run"), "{fix}");
+    assert_eq!(out.status.code(), Some(1));
 }
