@@ -1214,7 +1214,7 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
             (false, true) => "\x1b[31mMISSING\x1b[0m",
             (false, false) => "MISSING",
         };
-        println!("Running as {identity} on a {place}");
+        println!("Running as {identity}; place: {place}");
         println!("Isolation layers");
         for l in &layers {
             println!("  {:<20} {}  {}", l.name, mark(l.available), l.detail);
