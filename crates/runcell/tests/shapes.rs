@@ -313,3 +313,46 @@ fn doctor_as_root_in_a_user_namespace_says_what_is_enforced_and_gives_container_
     assert!(!fix.contains("systemd-run"), "{fix}");
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+#[cfg_attr(
+    not(all(host_root, host_unshare, host_setpriv)),
+    ignore = "needs root, unshare and setpriv (util-linux) for a masked /proc"
+)]
+fn doctor_names_the_fix_for_a_masked_proc_where_runcell_runs() {
+    // Podman rows G/N: a container runtime masks parts of /proc (a tmpfs over /proc/scsi
+    // here), so the kernel refuses a fresh proc in a user namespace (mount_too_revealing).
+    let script = format!(
+        "mount -t tmpfs none /proc/scsi 2>/dev/null || mount -t tmpfs none /proc/driver || exit 90; \
+         exec setpriv --reuid=65534 --regid=65534 --clear-groups {} doctor --json",
+        runcell_bin().display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json: {e}; stderr {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let test = &report["sandbox_test"];
+    assert_eq!(test["ok"], false, "{report:#}");
+    assert!(
+        test["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("mount proc"),
+        "{report:#}"
+    );
+    // The fix for this place (a container on a host with /.dockerenv, the host elsewhere).
+    let place = runcell_jail::current_place();
+    assert_eq!(report["place"], place.to_string(), "{report:#}");
+    assert_eq!(
+        test["fix"],
+        runcell_jail::fix(&place, runcell_jail::Failure::ProcMasked, false),
+        "{report:#}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
