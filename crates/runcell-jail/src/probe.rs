@@ -32,7 +32,30 @@ pub fn layers() -> Vec<Layer> {
             root,
             &crate::advice::current_place(),
         ),
+        sandbox_uid(&crate::identity::Shape::current()),
     ]
+}
+
+/// Root gives each sandbox a uid of its own; root that cannot (its user namespace maps no id
+/// but 0, or it lacks CAP_SETUID/CAP_SETGID) would run every sandbox as its own uid 0.
+pub fn sandbox_uid(shape: &crate::identity::Shape) -> Layer {
+    use crate::identity::Identity;
+    let own = shape.powers.switch_ids && shape.pool.is_some();
+    let shared_root = shape.identity != Identity::Unprivileged && !own;
+    Layer {
+        name: "sandbox uid",
+        available: !shared_root,
+        detail: match (shape.identity, own) {
+            (_, true) => format!("one per sandbox ({})", shape.identity),
+            (Identity::Unprivileged, false) => "runcell's own (unprivileged)".into(),
+            (_, false) => format!("runcell's own uid 0 ({})", shape.identity),
+        },
+        fix: shared_root.then(|| {
+            "map more ids into runcell's user namespace (e.g. --uidmap 0:100000:65536; \
+             hostUsers: false maps 65536), or grant CAP_SETUID and CAP_SETGID"
+                .to_string()
+        }),
+    }
 }
 
 /// User namespaces: everything else hangs on them.
@@ -167,6 +190,28 @@ pub fn kernel_at_least(release: &str, major: u32, minor: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_without_ids_to_give_is_missing_a_sandbox_uid() {
+        use crate::identity::{HelperPowers, IdPool, Identity, Shape};
+        let shape = |identity, pool: Option<IdPool>, switch_ids| Shape {
+            identity,
+            pool,
+            powers: HelperPowers {
+                switch_ids,
+                ..HelperPowers::default()
+            },
+            kept_groups: false,
+        };
+        let pool = Some(crate::identity::HOST_ROOT_POOL);
+        assert!(sandbox_uid(&shape(Identity::HostRoot, pool, true)).available);
+        assert!(sandbox_uid(&shape(Identity::NamespacedRoot, pool, true)).available);
+        assert!(sandbox_uid(&shape(Identity::Unprivileged, None, false)).available);
+        let l = sandbox_uid(&shape(Identity::NamespacedRoot, None, false));
+        assert!(!l.available);
+        assert!(l.fix.unwrap().contains("map more ids"));
+        assert!(!sandbox_uid(&shape(Identity::HostRoot, pool, false)).available);
+    }
 
     #[test]
     fn kernel_versions_compare() {

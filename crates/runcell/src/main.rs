@@ -1159,10 +1159,22 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     // field, a container engine's flag, or a host setting.
     let place = runcell_jail::current_place();
     let identity = runcell_jail::Identity::current();
+    let userns_ok = layers
+        .iter()
+        .any(|l| l.name == "user namespaces" && l.available);
     let probe_fix = probe.error.as_ref().and_then(|e| {
         let errno = e.os_error.as_ref().and_then(|o| o.name.as_deref());
-        runcell_jail::classify(&e.message, errno)
-            .map(|f| runcell_jail::fix(&place, f, identity != runcell_jail::Identity::Unprivileged))
+        runcell_jail::classify(&e.message, errno).map(|f| {
+            // A refused clone where the kernel refuses user namespaces outright is that, not a
+            // seccomp profile.
+            let f = match f {
+                runcell_jail::Failure::SyscallFiltered if !userns_ok => {
+                    runcell_jail::Failure::UserNamespacesDenied
+                }
+                f => f,
+            };
+            runcell_jail::fix(&place, f, identity != runcell_jail::Identity::Unprivileged)
+        })
     });
     // Host settings that would make cold starts faster. Advice only: each is host-wide and
     // the operator's call; runcell never changes them, and they do not change the exit code.

@@ -356,3 +356,29 @@ fn doctor_names_the_fix_for_a_masked_proc_where_runcell_runs() {
     );
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+#[cfg_attr(
+    not(all(host_root, host_unshare)),
+    ignore = "needs root and unshare (util-linux) to make a user namespace"
+)]
+fn strict_refuses_root_mapped_onto_one_id_naming_the_uid() {
+    let argv: Vec<String> = [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        &runcell_bin().display().to_string(),
+        "run",
+        "--json",
+        "--strict",
+        "-c",
+        "print(1)",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let r = run_argv(&argv, |_| {});
+    r.assert_category("sandbox_failure");
+    assert_eq!(r.exit_code(), None, "nothing ran: {:#}", r.verdict);
+    assert!(r.message().contains("sandbox uid"), "{}", r.message());
+}
