@@ -16,6 +16,7 @@ fn main() {
         "host_setpriv",
         "host_prlimit",
         "host_unshare",
+        "host_nsenter",
         "host_ipcmk",
         "host_python_stack",
         "host_go_cache",

@@ -143,8 +143,8 @@ fn pod_shape_runs(own_mounts: bool) {
 
 #[test]
 #[cfg_attr(
-    not(all(host_root, host_unshare, host_setpriv)),
-    ignore = "needs root, unshare and setpriv (util-linux) to make a user namespace"
+    not(all(host_root, host_unshare, host_nsenter)),
+    ignore = "needs root, unshare and nsenter (util-linux) to make a user namespace"
 )]
 fn root_in_a_user_namespace_runs_with_every_layer_but_cgroups() {
     // Podman row K / a pod with hostUsers: false: no mount namespace of its own, so the
@@ -154,8 +154,8 @@ fn root_in_a_user_namespace_runs_with_every_layer_but_cgroups() {
 
 #[test]
 #[cfg_attr(
-    not(all(host_root, host_unshare, host_setpriv)),
-    ignore = "needs root, unshare and setpriv (util-linux) to make a user namespace"
+    not(all(host_root, host_unshare, host_nsenter)),
+    ignore = "needs root, unshare and nsenter (util-linux) to make a user namespace"
 )]
 fn root_in_a_user_namespace_that_may_mount_binds_devices_where_mknod_fails() {
     // Podman row L (root in a user namespace with CAP_SYS_ADMIN over its mounts): fsopen
@@ -165,8 +165,8 @@ fn root_in_a_user_namespace_that_may_mount_binds_devices_where_mknod_fails() {
 
 #[test]
 #[cfg_attr(
-    not(all(host_root, host_unshare, host_setpriv)),
-    ignore = "needs root, unshare and setpriv (util-linux) to make a user namespace"
+    not(all(host_root, host_unshare, host_nsenter)),
+    ignore = "needs root, unshare and nsenter (util-linux) to make a user namespace"
 )]
 fn strict_refuses_root_in_a_user_namespace_without_cgroups() {
     let r = as_namespaced_root(
@@ -274,8 +274,8 @@ fn host_root_makes_its_own_device_nodes() {
 
 #[test]
 #[cfg_attr(
-    not(all(host_root, host_unshare)),
-    ignore = "needs root and unshare (util-linux) to make a user namespace"
+    not(all(host_root, host_unshare, host_nsenter)),
+    ignore = "needs root, unshare and nsenter (util-linux) to make a user namespace"
 )]
 fn doctor_as_root_in_a_user_namespace_says_what_is_enforced_and_gives_container_fixes() {
     let out = in_namespace(
