@@ -80,6 +80,12 @@ use Shape::{Bool, List, One, Pairs, PairsWhole};
 /// `allow_net`, `admin`; from a flag or the environment they are a list of keys.)
 pub const SETTINGS: &[Setting] = &[
     s("listen", "listen", "RUNCELL_LISTEN", One),
+    s(
+        "agent_sandbox.listen",
+        "agent_sandbox_listen",
+        "RUNCELL_AGENT_SANDBOX_LISTEN",
+        One,
+    ),
     s("api_keys", "api_keys", "RUNCELL_API_KEY", List),
     s("admin_keys", "admin_keys", "RUNCELL_ADMIN_KEY", List),
     s(
@@ -806,6 +812,10 @@ impl Settings {
         let mut c = Policy::new(engine);
         if let Some((t, origin)) = self.text("listen")? {
             c.listen = parse_listen(&t).map_err(|e| err("listen", origin, e))?;
+        }
+        if let Some((t, origin)) = self.text("agent_sandbox.listen")? {
+            c.agent_sandbox_listen =
+                Some(parse_listen(&t).map_err(|e| err("agent_sandbox.listen", origin, e))?);
         }
         self.api_keys(&mut c)?;
         if let Some(n) = self.count("max_concurrent")? {
