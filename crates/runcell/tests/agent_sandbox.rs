@@ -10,7 +10,8 @@
 //!   target/agent-sandbox-venv) driving the listener through its direct connection
 //!   (`SandboxDirectConnectionConfig(api_url=...)`): tests/agent_sandbox/client.py builds the
 //!   SDK's `Sandbox` against the URL (no Kubernetes API: its lookups of the Sandbox object
-//!   answer "none") and reports what it saw as JSON; the assertions are here.
+//!   answer "none") and reports what it saw as JSON; the assertions are here. Without the SDK
+//!   (or without the data stack, for the check that needs it) the test is reported ignored.
 
 mod common;
 
@@ -135,6 +136,17 @@ fn the_reference_testers_checks_pass_against_runcell() {
     assert_eq!(r["stdout"], "hello world\n", "{r}");
     assert_eq!(r["exit_code"], 0);
     assert_eq!(r["timed_out"], false);
+    // Requests sent at once (an async client's `gather`) wait their turn: none is told the
+    // session is busy.
+    let at_once: Vec<_> = (0..4)
+        .map(|i| {
+            let (c, base) = (c.clone(), base.clone());
+            std::thread::spawn(move || execute(&c, &base, &format!("echo {i}")))
+        })
+        .collect();
+    for (i, h) in at_once.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap()["stdout"], format!("{i}\n"));
+    }
     let r = execute(&c, &base, "echo oops >&2; exit 3");
     assert_eq!(r["exit_code"], 3, "{r}");
     assert_eq!(r["stderr"], "oops\n");
@@ -157,25 +169,13 @@ fn the_reference_testers_checks_pass_against_runcell() {
         "pwd; echo \"[$GONE]\"; cat persisted.txt /app/persisted.txt",
     );
     assert_eq!(r["stdout"], "/workspace\n[]\nkept\nkept\n", "{r}");
-    // Python, as the reference image has it: `python` is the session's own interpreter, with
-    // runcell's data stack where `runcell setup` installed it (the tester's ML check, with the
-    // libraries of that stack).
+    // Python, as the reference image has it: `python` is the session's own interpreter.
     let r = execute(
         &c,
         &base,
         "python -c 'import sys; print(sys.version_info[0])'",
     );
     assert_eq!(r["stdout"], "3\n", "{r}");
-    if Path::new("/var/lib/runcell/python").is_dir() {
-        let r = execute(
-            &c,
-            &base,
-            "python -c 'import pandas as pd, numpy as np; print(\"ml-ok\", int(pd.Series(np.arange(3)).sum()))'",
-        );
-        assert_eq!(r["stdout"], "ml-ok 3\n", "{r}");
-    } else {
-        eprintln!("SKIPPED the data stack check: runcell's data stack is not set up on this host");
-    }
     // The command's timeout (the SDK's `command_timeout`): killed, 124, `timed_out`.
     let r = c
         .post(format!("{base}/execute"))
@@ -324,6 +324,29 @@ fn the_reference_testers_checks_pass_against_runcell() {
     );
 }
 
+/// The tester's ML check, with the libraries of runcell's data stack: `python` in a command
+/// is the session's interpreter, with the stack's packages.
+#[test]
+#[cfg_attr(
+    not(host_python_stack),
+    ignore = "needs the Python data stack (runcell setup; scripts/test.sh runs it)"
+)]
+fn commands_get_the_sessions_python_and_its_data_stack() {
+    let (mut server, base) = serve(&[]);
+    let c = client();
+    wait_ready(&c, &base, &server);
+    let r = execute(
+        &c,
+        &base,
+        "python -c 'import pandas as pd, numpy as np; print(\"ml-ok\", int(pd.Series(np.arange(3)).sum()))'",
+    );
+    assert_eq!(r["stdout"], "ml-ok 3\n", "{r}");
+    assert_eq!(r["exit_code"], 0);
+    let pid = server.pid();
+    assert!(server.terminate(Duration::from_secs(60)).success());
+    assert_host_clean(pid);
+}
+
 #[test]
 fn a_session_that_ended_is_made_again() {
     // A session TTL of 1 s: the pod's session expires while idle, and the next request gets a
@@ -350,22 +373,14 @@ fn a_session_that_ended_is_made_again() {
     assert_host_clean(pid);
 }
 
-/// The SDK's venv, or `None` (a visible skip) where scripts/test.sh has not installed it.
-fn sdk_python() -> Option<std::path::PathBuf> {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/agent-sandbox-venv/bin/python");
-    p.exists().then_some(p)
-}
-
 #[test]
+#[cfg_attr(
+    not(host_agent_sandbox_sdk),
+    ignore = "needs the k8s-agent-sandbox SDK (scripts/test.sh installs it in target/agent-sandbox-venv)"
+)]
 fn the_python_sdk_drives_the_contract() {
-    let Some(python) = sdk_python() else {
-        eprintln!(
-            "SKIPPED the_python_sdk_drives_the_contract: the k8s-agent-sandbox SDK is not \
-             installed in target/agent-sandbox-venv (scripts/test.sh installs it)"
-        );
-        return;
-    };
+    let python =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/agent-sandbox-venv/bin/python");
     let (mut server, base) = serve(&[]);
     let c = client();
     wait_ready(&c, &base, &server);
