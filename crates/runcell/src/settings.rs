@@ -1388,6 +1388,32 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_sandbox_listener_is_off_unless_an_address_is_named() {
+        assert_eq!(resolve(None, &[], &[]).unwrap().agent_sandbox_listen, None);
+        let file = "[agent_sandbox]\nlisten = \"0.0.0.0:8888\"\n";
+        let c = resolve(Some(file), &[], &[]).unwrap();
+        assert_eq!(
+            c.agent_sandbox_listen,
+            Some("0.0.0.0:8888".parse().unwrap())
+        );
+        let env = [("RUNCELL_AGENT_SANDBOX_LISTEN", ":9999")];
+        let c = resolve(Some(file), &env, &[]).unwrap();
+        assert_eq!(
+            c.agent_sandbox_listen,
+            Some("127.0.0.1:9999".parse().unwrap())
+        );
+        let c = resolve(Some(file), &env, &["--agent-sandbox-listen", "[::]:7777"]).unwrap();
+        assert_eq!(c.agent_sandbox_listen, Some("[::]:7777".parse().unwrap()));
+        let e = resolve(None, &[("RUNCELL_AGENT_SANDBOX_LISTEN", "nowhere")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("agent_sandbox.listen") && e.contains("RUNCELL_AGENT_SANDBOX_LISTEN"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn bad_settings_are_refused_naming_the_setting_and_its_source() {
         /// A file, variables, flags, and the words the error must contain.
         type Case<'a> = (
