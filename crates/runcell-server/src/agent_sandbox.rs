@@ -306,6 +306,10 @@ pub fn execution_result(v: &Verdict) -> Value {
     for w in &v.warnings {
         note(w);
     }
+    let timed_out = v
+        .error
+        .as_ref()
+        .is_some_and(|e| e.category == runcell_core::verdict::ErrorCategory::Timeout);
     json!({
         "stdout": v.stdout,
         "stderr": stderr,
@@ -313,7 +317,7 @@ pub fn execution_result(v: &Verdict) -> Value {
         // could not start.
         "exit_code": v.exit_code.unwrap_or(1),
         // The SDK's `ExecutionResult.timed_out` (exit code 124 then, as sandboxd's).
-        "timed_out": v.error.as_ref().is_some_and(|e| e.category == runcell_core::verdict::ErrorCategory::Timeout),
+        "timed_out": timed_out,
     })
 }
 
@@ -333,8 +337,11 @@ struct Current {
 }
 
 struct DoorInner {
-    /// The session, once made. Locked while one is being made.
+    /// The session, once made. Locked while one is being looked at or made.
     session: tokio::sync::Mutex<Option<Current>>,
+    /// The id of the session last made, for the health check (which must not wait, nor
+    /// mistake a request that holds `session` for a moment for a session being made).
+    made: std::sync::Mutex<Option<String>>,
     /// One operation on the session at a time (a session runs one call at a time; the SDK's
     /// callers are not told "busy", they wait their turn, holding their place in line).
     turn: tokio::sync::Mutex<()>,
@@ -346,6 +353,7 @@ impl Door {
             state,
             inner: Arc::new(DoorInner {
                 session: tokio::sync::Mutex::new(None),
+                made: std::sync::Mutex::new(None),
                 turn: tokio::sync::Mutex::new(()),
             }),
         }
@@ -359,6 +367,10 @@ impl Door {
                 tracing::warn!(error = %e.message, "the agent-sandbox session could not be made");
             }
         });
+    }
+
+    fn made(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.inner.made.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The caller of what the door does by itself (making the session at start).
@@ -389,11 +401,20 @@ impl Door {
             }
             *cur = None;
             let id = door.create(&caller).await?;
-            let ticket = door.state.service().reserve(&caller)?;
-            let found = door
-                .run(&caller, ticket, id.clone(), json!({ "code": PYTHON_BIN }), false)
-                .await
-                .map(|v| python_bin(&v));
+            // The session is the door's from here on, whatever the question below meets (a
+            // full line): it is never left behind unknown.
+            *cur = Some(Current {
+                id: id.clone(),
+                python_bin: None,
+            });
+            *door.made() = Some(id.clone());
+            let found = match door.state.service().reserve(&caller) {
+                Ok(ticket) => door
+                    .run(&caller, ticket, id.clone(), json!({ "code": PYTHON_BIN }), false)
+                    .await
+                    .map(|v| python_bin(&v)),
+                Err(e) => Err(e.into()),
+            };
             let python_bin = match found {
                 Ok(Some(b)) => Some(b),
                 Ok(None) | Err(_) => {
@@ -476,19 +497,16 @@ impl Door {
     }
 }
 
-/// `GET /`: the readiness (and liveness) check. `ok` once the session is live; while it is
-/// being made (at start, or again after it ended), 503 `starting`, and a session is made.
+/// `GET /`: the readiness check. `ok` once the session is live; while it is being made (at
+/// start, or again after it ended), 503 `starting`, and a session is made.
 async fn health(State(door): State<Door>) -> Response {
-    let live = match door.inner.session.try_lock() {
-        Ok(cur) => cur.as_ref().is_some_and(|c| {
-            door.state
-                .service()
-                .session(&door.system_caller(), &c.id)
-                .is_ok()
-        }),
-        // Being made.
-        Err(_) => false,
-    };
+    let made = door.made().clone();
+    let live = made.is_some_and(|id| {
+        door.state
+            .service()
+            .session(&door.system_caller(), &id)
+            .is_ok()
+    });
     if live {
         return Json(json!({
             "status": "ok",

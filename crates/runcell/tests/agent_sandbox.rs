@@ -136,6 +136,16 @@ fn the_reference_testers_checks_pass_against_runcell() {
     assert_eq!(r["stdout"], "hello world\n", "{r}");
     assert_eq!(r["exit_code"], 0);
     assert_eq!(r["timed_out"], false);
+    // The pod stays ready while commands run (the probe never waits for the session).
+    let long = {
+        let (c, base) = (c.clone(), base.clone());
+        std::thread::spawn(move || execute(&c, &base, "sleep 1; echo slept"))
+    };
+    for _ in 0..5 {
+        let r = c.get(format!("{base}/")).send().unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    assert_eq!(long.join().unwrap()["stdout"], "slept\n");
     // Requests sent at once (an async client's `gather`) wait their turn: none is told the
     // session is busy.
     let at_once: Vec<_> = (0..4)
