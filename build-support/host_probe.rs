@@ -48,6 +48,7 @@ pub const ALL: &[&str] = &[
     "host_e2b_sdk",
     "host_e2b_sdk_oldest",
     "host_e2b_js_sdk",
+    "host_agent_sandbox_sdk",
 ];
 
 /// The runtimes' executables where runcell looks for them (runcell-runtimes' candidates).
@@ -103,6 +104,7 @@ fn probe(name: &str) -> bool {
         "host_schemathesis" => venv_with("validators-venv", &["schemathesis"]),
         "host_e2b_sdk" => venv_with("e2b-venv", &["e2b", "e2b_code_interpreter"]),
         "host_e2b_sdk_oldest" => venv_with("e2b-old-venv", &["e2b", "e2b_code_interpreter"]),
+        "host_agent_sandbox_sdk" => venv_with("agent-sandbox-venv", &["k8s_agent_sandbox"]),
         "host_e2b_js_sdk" => {
             let manifest =
                 PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));

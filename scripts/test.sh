@@ -103,6 +103,14 @@ if ! target/e2b-old-venv/bin/python -c 'import importlib.metadata as m, sys; sys
   /usr/bin/python3 -m venv target/e2b-old-venv
   target/e2b-old-venv/bin/pip install -q --disable-pip-version-check e2b==2.26.0 e2b-code-interpreter==2.9.0
 fi
+# The agent-sandbox test drives runcell's agent-sandbox listener with the project's Python SDK,
+# pinned, in target/agent-sandbox-venv (crates/runcell/tests/agent_sandbox.rs looks for it).
+if ! target/agent-sandbox-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("k8s-agent-sandbox") != "1.0.8")' 2>/dev/null; then
+  echo "installing the agent-sandbox Python SDK (k8s-agent-sandbox 1.0.8) into target/agent-sandbox-venv"
+  rm -rf target/agent-sandbox-venv
+  /usr/bin/python3 -m venv target/agent-sandbox-venv
+  target/agent-sandbox-venv/bin/pip install -q --disable-pip-version-check k8s-agent-sandbox==1.0.8
+fi
 # ... and with the official JS SDK, pinned, in target/e2b-js (without npm its test is ignored).
 if [ ! -f target/e2b-js/node_modules/@e2b/code-interpreter/package.json ] \
   || ! grep -q '"version": "2.8.0"' target/e2b-js/node_modules/@e2b/code-interpreter/package.json; then

@@ -30,6 +30,7 @@ fn main() {
         "host_e2b_sdk",
         "host_e2b_sdk_oldest",
         "host_e2b_js_sdk",
+        "host_agent_sandbox_sdk",
     ]);
 }
 

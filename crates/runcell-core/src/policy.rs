@@ -103,6 +103,8 @@ pub struct Policy {
     pub engine: EngineConfig,
     /// Default 127.0.0.1:8080.
     pub listen: SocketAddr,
+    /// Where agent-sandbox's runtime contract is served (no authentication: opt-in).
+    pub agent_sandbox_listen: Option<SocketAddr>,
     /// Accepted API keys. Empty: no authentication, which is only allowed on loopback.
     pub api_keys: Vec<ApiKey>,
     /// Sandboxes running at once. Default: the number of cores.
@@ -150,6 +152,7 @@ impl Policy {
             .unwrap_or(1);
         Policy {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            agent_sandbox_listen: None,
             api_keys: Vec::new(),
             max_concurrent: cores,
             max_queue: 4 * cores,

@@ -225,6 +225,11 @@ pub const WORKSPACE: &str = "/workspace";
 /// /workspace's second name in every sandbox: E2B's home directory.
 pub const HOME_ALIAS: &str = "/home/user";
 
+/// /workspace's third name in every sandbox: the base directory of agent-sandbox's reference
+/// runtime (`SANDBOX_BASE_DIR`, `/app` by default), where its users' commands find the files
+/// they uploaded.
+pub const APP_ALIAS: &str = "/app";
+
 /// Where a run sees its package layer (the installed packages' `site`), whatever the host path
 /// of the data directory: first on `PYTHONPATH`, read-only.
 pub const PACKAGES_PATH: &str = "/opt/runcell/packages";
@@ -367,6 +372,11 @@ impl Runtime {
         // of the host).
         entries.push(RootEntry::Symlink {
             path: PathBuf::from(HOME_ALIAS),
+            target: PathBuf::from(WORKSPACE),
+        });
+        // The same for code written for agent-sandbox's python-runtime image.
+        entries.push(RootEntry::Symlink {
+            path: PathBuf::from(APP_ALIAS),
             target: PathBuf::from(WORKSPACE),
         });
         entries

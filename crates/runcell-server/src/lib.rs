@@ -5,6 +5,8 @@
 //! * `GET /v1/runtimes`: languages, versions, availability, default and maximum limits.
 //! * `GET /healthz`: liveness, without authentication.
 //! * `/mcp`: the MCP server (Streamable HTTP), behind the same keys and admission.
+//! * On a second address, when the operator names one: agent-sandbox's runtime contract
+//!   ([`agent_sandbox`]).
 //!
 //! Modules, in the order a request meets them: [`listener`] (accept loop, timeouts, graceful
 //! shutdown), [`middleware`] (request id, tracing span, delivery), [`auth`], [`extract`] (the
@@ -16,6 +18,7 @@
 //! switch.
 #![forbid(unsafe_code)]
 
+pub mod agent_sandbox;
 pub mod audit;
 pub mod auth;
 pub mod connections;

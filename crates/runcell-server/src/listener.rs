@@ -317,13 +317,54 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
             Refused::PerPeer => "too_many_connections_from_peer",
         });
     };
-    let server = serve_connections(
+    // agent-sandbox's runtime contract on an address of its own, when asked for: the same
+    // state (run service, admission, metrics, audit), its own connection caps.
+    let contract = match config.agent_sandbox_listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|source| ServerError::Bind { addr: at, source })?;
+            let bound = l
+                .local_addr()
+                .map_err(|source| ServerError::Bind { addr: at, source })?;
+            tracing::warn!(
+                "serving agent-sandbox's runtime contract on http://{bound} WITHOUT \
+                 authentication (the contract has none): only the sandbox router may reach it"
+            );
+            let door = crate::agent_sandbox::Door::new(state.clone());
+            door.start();
+            let contract_state = state.clone();
+            let refused = move |why: Refused| {
+                contract_state.metrics().rejected(match why {
+                    Refused::Total => "too_many_connections",
+                    Refused::PerPeer => "too_many_connections_from_peer",
+                });
+            };
+            Some(serve_connections(
+                l,
+                crate::agent_sandbox::router(door),
+                signalled(signals.clone(), 1),
+                ConnectionLimits::new(limits.max_total(), limits.max_per_peer()),
+                refused,
+            ))
+        }
+        None => None,
+    };
+    let main = serve_connections(
         listener,
         app(state),
         signalled(signals.clone(), 1),
         limits,
         refused,
     );
+    let server = async move {
+        match contract {
+            Some(c) => {
+                tokio::join!(main, c);
+            }
+            None => main.await,
+        }
+    };
     tokio::pin!(server);
     let grace = config.shutdown_grace;
     let grace_over = async {

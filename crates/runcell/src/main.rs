@@ -92,6 +92,12 @@ struct ServeArgs {
     /// [default: 127.0.0.1:8080]. Without an API key only a loopback address is allowed.
     #[arg(long, value_name = "ADDR", value_parser = settings::parse_listen)]
     listen: Option<std::net::SocketAddr>,
+    /// Also serve kubernetes-sigs/agent-sandbox's runtime contract (`GET /`, `POST /execute`,
+    /// `/upload`, `/download/`, `/list/`, `/exists/`) on this address, e.g. 0.0.0.0:8888:
+    /// one session for the whole pod, WITHOUT authentication (the contract has none; only the
+    /// sandbox router may reach it). Off by default. See docs/agent-sandbox.md.
+    #[arg(long, value_name = "ADDR", value_parser = settings::parse_listen)]
+    agent_sandbox_listen: Option<std::net::SocketAddr>,
     /// An API key clients must send (`Authorization: Bearer KEY` or `X-API-Key: KEY`), at
     /// least 16 characters. Repeatable; the environment variable takes a comma-separated list.
     /// These keys are named key-1, key-2, ... in the audit log; they replace the file's keys.

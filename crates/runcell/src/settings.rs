@@ -80,6 +80,12 @@ use Shape::{Bool, List, One, Pairs, PairsWhole};
 /// `allow_net`, `admin`; from a flag or the environment they are a list of keys.)
 pub const SETTINGS: &[Setting] = &[
     s("listen", "listen", "RUNCELL_LISTEN", One),
+    s(
+        "agent_sandbox.listen",
+        "agent_sandbox_listen",
+        "RUNCELL_AGENT_SANDBOX_LISTEN",
+        One,
+    ),
     s("api_keys", "api_keys", "RUNCELL_API_KEY", List),
     s("admin_keys", "admin_keys", "RUNCELL_ADMIN_KEY", List),
     s(
@@ -807,6 +813,10 @@ impl Settings {
         if let Some((t, origin)) = self.text("listen")? {
             c.listen = parse_listen(&t).map_err(|e| err("listen", origin, e))?;
         }
+        if let Some((t, origin)) = self.text("agent_sandbox.listen")? {
+            c.agent_sandbox_listen =
+                Some(parse_listen(&t).map_err(|e| err("agent_sandbox.listen", origin, e))?);
+        }
         self.api_keys(&mut c)?;
         if let Some(n) = self.count("max_concurrent")? {
             if n == 0 || n > runcell_server::MAX_SLOTS {
@@ -1375,6 +1385,32 @@ mod tests {
         assert_eq!(p.defaults.timeout.0, 10_000, "from the file");
         assert_eq!(p.max_code_bytes, 1024);
         assert_eq!(c.audit, AuditTarget::Off);
+    }
+
+    #[test]
+    fn the_agent_sandbox_listener_is_off_unless_an_address_is_named() {
+        assert_eq!(resolve(None, &[], &[]).unwrap().agent_sandbox_listen, None);
+        let file = "[agent_sandbox]\nlisten = \"0.0.0.0:8888\"\n";
+        let c = resolve(Some(file), &[], &[]).unwrap();
+        assert_eq!(
+            c.agent_sandbox_listen,
+            Some("0.0.0.0:8888".parse().unwrap())
+        );
+        let env = [("RUNCELL_AGENT_SANDBOX_LISTEN", ":9999")];
+        let c = resolve(Some(file), &env, &[]).unwrap();
+        assert_eq!(
+            c.agent_sandbox_listen,
+            Some("127.0.0.1:9999".parse().unwrap())
+        );
+        let c = resolve(Some(file), &env, &["--agent-sandbox-listen", "[::]:7777"]).unwrap();
+        assert_eq!(c.agent_sandbox_listen, Some("[::]:7777".parse().unwrap()));
+        let e = resolve(None, &[("RUNCELL_AGENT_SANDBOX_LISTEN", "nowhere")], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("agent_sandbox.listen") && e.contains("RUNCELL_AGENT_SANDBOX_LISTEN"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ read("ssh_host_key", "/etc/ssh/ssh_host_ed25519_key")
 for d in ["/root", "/run", "/sys", "/boot", "/work", "/mnt", "/opt", "/srv", "/media", "/old_root", "/lost+found"]:
     attempt("ls" + d, lambda: os.listdir(d))
 # /home is the sandbox's own: only E2B's home directory, another name for /workspace.
-print("home=" + json.dumps([os.listdir("/home"), os.readlink("/home/user")]))
+print("home=" + json.dumps([os.listdir("/home"), os.readlink("/home/user"), os.readlink("/app")]))
 # /var holds nothing of the host's: only the path down to the (read-only) Python data stack.
 print("var=" + json.dumps([sorted(os.listdir(p)) for p in ["/var", "/var/lib", "/var/lib/runcell"]]))
 print("stacks=" + json.dumps(sorted(os.listdir("/var/lib/runcell/python"))))
@@ -65,7 +65,7 @@ read("runcell_src", "/work/main/Cargo.toml")
     ]);
     r.expect(&want);
     assert_eq!(r.out("var"), r#"[["lib"], ["runcell"], ["python"]]"#);
-    assert_eq!(r.out("home"), r#"[["user"], "/workspace"]"#);
+    assert_eq!(r.out("home"), r#"[["user"], "/workspace", "/workspace"]"#);
     let stacks: Vec<String> = serde_json::from_str(&r.out("stacks")).unwrap();
     assert_eq!(stacks.len(), 1, "only the stack in use: {stacks:?}");
     assert!(stacks[0].starts_with("cp311-"), "{stacks:?}");
@@ -128,6 +128,8 @@ for l in ["/bin", "/lib", "/lib64", "/sbin"]:
     assert_eq!(
         root,
         [
+            // agent-sandbox's base directory: another name of /workspace (a symlink).
+            "app",
             "bin",
             "dev",
             "etc",
