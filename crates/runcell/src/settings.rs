@@ -65,6 +65,16 @@ const fn s(key: &'static str, arg: &'static str, env: &'static str, shape: Shape
     }
 }
 
+/// A setting without a flag: a secret (flags show in `ps`) or one an orchestrator sets.
+const fn no_flag(key: &'static str, env: &'static str, shape: Shape) -> Setting {
+    Setting {
+        key,
+        arg: None,
+        env: Some(env),
+        shape,
+    }
+}
+
 const fn file_only(key: &'static str, shape: Shape) -> Setting {
     Setting {
         key,
@@ -220,6 +230,10 @@ pub const SETTINGS: &[Setting] = &[
     ),
     file_only("packages.file_hosts", List),
     file_only("packages.install_timeout", One),
+    s("cluster.pod", "cluster_pod", "RUNCELL_POD_NAME", One),
+    no_flag("cluster.key", "RUNCELL_CLUSTER_KEY", One),
+    no_flag("cluster.peer_url", "RUNCELL_CLUSTER_PEER_URL", One),
+    no_flag("cluster.peers", "RUNCELL_CLUSTER_PEERS", Pairs),
 ];
 
 fn setting(key: &str) -> Option<&'static Setting> {
@@ -890,7 +904,75 @@ impl Settings {
         self.network(&mut c)?;
         self.packages(&mut c)?;
         self.agent(&mut c)?;
+        self.cluster(&mut c)?;
         Ok(c)
+    }
+
+    /// Several servers behind one address: all of `cluster.pod`, `cluster.key` and a way to
+    /// reach the peers (`cluster.peer_url`, `cluster.peers`), or none of them.
+    fn cluster(&self, c: &mut Policy) -> Result<(), SettingsError> {
+        use runcell_core::cluster::{ClusterError, ClusterSettings};
+        let pod = self.text("cluster.pod")?;
+        let key = self.text("cluster.key")?;
+        let peer_url = self.text("cluster.peer_url")?;
+        let mut peers = BTreeMap::new();
+        for (name, raw, origin) in self.pairs("cluster.peers") {
+            let url = raw
+                .text()
+                .ok_or_else(|| err("cluster.peers", origin, "expected POD=URL entries"))?;
+            peers.insert(name.clone(), url);
+        }
+        let origin_of = |key: &str| {
+            self.origin_of(key)
+                .map(ToString::to_string)
+                .unwrap_or_else(|| "the defaults".into())
+        };
+        let Some((pod, pod_origin)) = pod else {
+            let set = ["cluster.key", "cluster.peer_url", "cluster.peers"]
+                .into_iter()
+                .find(|&k| self.get(k).is_some() || !self.pairs(k).is_empty());
+            return match set {
+                None => Ok(()),
+                Some(other) => Err(SettingsError {
+                    key: other.into(),
+                    origin: origin_of(other),
+                    message: format!(
+                        "{other} is set but cluster.pod is not: a clustered server needs its \
+                         name (--cluster-pod, RUNCELL_POD_NAME)"
+                    ),
+                }),
+            };
+        };
+        let Some((key, _)) = key else {
+            return Err(err(
+                "cluster.key",
+                pod_origin,
+                "cluster.pod is set but cluster.key is not: the servers of a cluster share a \
+                 secret key (RUNCELL_CLUSTER_KEY, at least 32 bytes) that authenticates \
+                 session ids",
+            ));
+        };
+        let settings = ClusterSettings {
+            pod: pod.trim().to_string(),
+            key: key.into_bytes(),
+            peer_url: peer_url.map(|(u, _)| u.trim().to_string()),
+            peers,
+        };
+        settings.validate().map_err(|e| {
+            let key = match &e {
+                ClusterError::PodName(p) if *p == settings.pod => "cluster.pod",
+                ClusterError::PodName(_) | ClusterError::PeerUrl(_) => "cluster.peers",
+                ClusterError::KeyTooShort => "cluster.key",
+                ClusterError::Template(_) | ClusterError::NoPeers => "cluster.peer_url",
+            };
+            SettingsError {
+                key: key.into(),
+                origin: origin_of(key),
+                message: format!("{key}: {e}"),
+            }
+        })?;
+        c.cluster = Some(settings);
+        Ok(())
     }
 
     fn api_keys(&self, c: &mut Policy) -> Result<(), SettingsError> {

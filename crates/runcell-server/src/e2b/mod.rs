@@ -150,14 +150,24 @@ impl Sandbox {
     }
 }
 
-/// The sandbox id of a session: its id's random part (lowercase hex).
+/// The sandbox id of a session: the session id itself, which is lowercase letters, digits and
+/// `-`, at most 57 characters (runcell_core::cluster), so that `{port}-{sandboxID}` is one DNS
+/// label; and a request for a sandbox of another server is forwarded like one for its
+/// session. (Anything else is filtered to those characters.)
 pub fn sandbox_id(session: &str) -> String {
     session
-        .strip_prefix("ses_")
-        .unwrap_or(session)
         .chars()
-        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
         .collect()
+}
+
+/// What a sandbox that is not here answers: `session_lost` (410) when its id says it was
+/// created by this server before a restart, else `otherwise`.
+pub(crate) fn missing(state: &AppState, id: &str, otherwise: E2bError) -> E2bError {
+    match state.sessions().ids().owner(id) {
+        runcell_core::cluster::Owner::Restarted => runcell_core::RunError::session_lost(id).into(),
+        _ => otherwise,
+    }
 }
 
 /// The door's sandboxes. Each is its session: an entry whose session has ended (deleted,
@@ -420,11 +430,11 @@ mod tests {
     }
 
     #[test]
-    fn sandbox_ids_are_lowercase_alphanumerics() {
-        assert_eq!(sandbox_id("ses_0a1b"), "0a1b");
+    fn sandbox_ids_are_dns_label_characters() {
+        assert_eq!(sandbox_id("ses-0a1b"), "ses-0a1b");
         assert!(sandbox_id("ses_Ab-_.9")
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
     }
 
     #[test]
