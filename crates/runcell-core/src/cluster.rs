@@ -277,7 +277,10 @@ impl SessionIds {
     }
 
     fn tag(key: &[u8], unsigned: &str) -> String {
-        base32(&hmac_sha256(key, &[TAG_CONTEXT, unsigned.as_bytes()]), TAG_CHARS)
+        base32(
+            &hmac_sha256(key, &[TAG_CONTEXT, unsigned.as_bytes()]),
+            TAG_CHARS,
+        )
     }
 
     /// A new id for a session created here.
@@ -313,8 +316,7 @@ impl SessionIds {
                 }
             }
             Some(c) => {
-                if body.len() != EPOCH_CHARS + RANDOM_CHARS + TAG_CHARS || !valid_pod_name(prefix)
-                {
+                if body.len() != EPOCH_CHARS + RANDOM_CHARS + TAG_CHARS || !valid_pod_name(prefix) {
                     return Owner::Unknown;
                 }
                 let (unsigned, tag) = id.split_at(id.len() - TAG_CHARS);
@@ -356,7 +358,10 @@ mod tests {
     fn hmac_matches_rfc_4231() {
         // Test case 2.
         assert_eq!(
-            hex(&hmac_sha256(b"Jefe", &[b"what do ya want ", b"for nothing?"])),
+            hex(&hmac_sha256(
+                b"Jefe",
+                &[b"what do ya want ", b"for nothing?"]
+            )),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         // Test case 6: a key longer than the block.
@@ -452,7 +457,10 @@ mod tests {
             bad(&|c| c.pod = "a".repeat(MAX_POD_LEN + 1)),
             ClusterError::PodName(_)
         ));
-        assert_eq!(bad(&|c| c.key = b"short".to_vec()), ClusterError::KeyTooShort);
+        assert_eq!(
+            bad(&|c| c.key = b"short".to_vec()),
+            ClusterError::KeyTooShort
+        );
         assert!(matches!(
             bad(&|c| c.peer_url = Some("http://runcell:8080".into())),
             ClusterError::Template(_)
@@ -464,7 +472,8 @@ mod tests {
         assert_eq!(bad(&|c| c.peer_url = None), ClusterError::NoPeers);
         assert!(matches!(
             bad(&|c| {
-                c.peers.insert("runcell-1".into(), "http://u:p@evil/x".into());
+                c.peers
+                    .insert("runcell-1".into(), "http://u:p@evil/x".into());
             }),
             ClusterError::PeerUrl(_)
         ));

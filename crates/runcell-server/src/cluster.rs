@@ -227,13 +227,12 @@ async fn forward(
     } else {
         format!("{authority}:80")
     };
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&addr))
-        .await
-    {
-        Err(_) => return Err(ForwardError::ConnectTimeout { addr }),
-        Ok(Err(source)) => return Err(ForwardError::Connect { addr, source }),
-        Ok(Ok(s)) => s,
-    };
+    let stream =
+        match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
+            Err(_) => return Err(ForwardError::ConnectTimeout { addr }),
+            Ok(Err(source)) => return Err(ForwardError::Connect { addr, source }),
+            Ok(Ok(s)) => s,
+        };
     let _ = stream.set_nodelay(true);
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
@@ -419,7 +418,10 @@ mod tests {
         let r = Readiness::default();
         assert_eq!(r.state().1, "starting");
         r.probed(Err("mount proc: EPERM".into()));
-        assert_eq!(r.state(), (false, "sandbox_failure", "mount proc: EPERM".into()));
+        assert_eq!(
+            r.state(),
+            (false, "sandbox_failure", "mount proc: EPERM".into())
+        );
         r.probed(Ok(()));
         assert!(r.state().0);
         r.set_draining();

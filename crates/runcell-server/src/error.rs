@@ -124,7 +124,8 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// invalid_request, unauthorized, forbidden, not_found, method_not_allowed,
-    /// request_timeout, payload_too_large, rate_limited, unavailable or internal.
+    /// request_timeout, payload_too_large, rate_limited, unavailable, draining,
+    /// peer_unavailable, session_lost (410: the session's server restarted) or internal.
     pub category: String,
     /// What went wrong and what to do about it.
     pub message: String,

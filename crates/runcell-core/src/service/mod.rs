@@ -866,9 +866,7 @@ pub fn refusal_verdict(e: &RunError) -> Verdict {
         | ErrorKind::Internal
         | ErrorKind::Unavailable
         | ErrorKind::Draining
-        | ErrorKind::PeerUnavailable => {
-            ErrorCategory::SandboxFailure
-        }
+        | ErrorKind::PeerUnavailable => ErrorCategory::SandboxFailure,
         _ => ErrorCategory::InvalidRequest,
     };
     Verdict::failed(category, e.message.clone())

@@ -442,7 +442,7 @@ mod tests {
         let r = Registry::default();
         let a = r
             .insert(Sandbox::new(
-                "ses_aa".into(),
+                "ses-aa".into(),
                 Some("k1".into()),
                 "base".into(),
                 BTreeMap::new(),
@@ -451,7 +451,7 @@ mod tests {
             ))
             .unwrap();
         r.insert(Sandbox::new(
-            "ses_bb".into(),
+            "ses-bb".into(),
             Some("k2".into()),
             "base".into(),
             BTreeMap::new(),
@@ -466,16 +466,16 @@ mod tests {
             "the traffic token is not the envd token"
         );
         assert!(a.traffic_token_is(b"tta"));
-        assert_eq!(r.by_token(b"tb").unwrap().id, "bb");
-        assert_eq!(r.by_token(b"ttb").unwrap().id, "bb");
+        assert_eq!(r.by_token(b"tb").unwrap().id, "ses-bb");
+        assert_eq!(r.by_token(b"ttb").unwrap().id, "ses-bb");
         assert!(r.by_token(b"nope").is_none());
         assert!(
-            r.get(Some("k2"), "aa").is_none(),
+            r.get(Some("k2"), "ses-aa").is_none(),
             "another key's sandbox does not exist"
         );
-        assert!(r.get(Some("k1"), "aa").is_some());
-        r.prune(|s| s.id != "aa");
-        assert!(r.find("aa").is_none());
+        assert!(r.get(Some("k1"), "ses-aa").is_some());
+        r.prune(|s| s.id != "ses-aa");
+        assert!(r.find("ses-aa").is_none());
         assert!(new_token().unwrap().len() == 64);
     }
 }
