@@ -1532,6 +1532,73 @@ mod tests {
     }
 
     #[test]
+    fn cluster_settings_come_together_or_not_at_all() {
+        const KEY: &str = "cluster-secret-key-0123456789abcdef";
+        let env = [
+            ("RUNCELL_POD_NAME", "runcell-1"),
+            ("RUNCELL_CLUSTER_KEY", KEY),
+            (
+                "RUNCELL_CLUSTER_PEER_URL",
+                "http://{pod}.runcell-pods.default.svc.cluster.local:8080",
+            ),
+            ("RUNCELL_CLUSTER_PEERS", "runcell-0=http://127.0.0.1:9000"),
+        ];
+        let c = resolve(None, &env, &[]).unwrap().cluster.unwrap();
+        assert_eq!(c.pod, "runcell-1");
+        assert_eq!(c.key, KEY.as_bytes());
+        assert_eq!(c.peer_base("runcell-0").unwrap(), "http://127.0.0.1:9000");
+        assert_eq!(
+            c.peer_base("runcell-2").unwrap(),
+            "http://runcell-2.runcell-pods.default.svc.cluster.local:8080"
+        );
+        // The flag over the environment, the file's table for the peers.
+        let file = "[cluster]\npod = \"runcell-5\"\n[cluster.peers]\nruncell-0 = \"http://10.0.0.1:8080\"\n";
+        let c = resolve(Some(file), &env[1..2], &["--cluster-pod", "runcell-7"])
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.pod, "runcell-7");
+        assert_eq!(c.peer_base("runcell-0").unwrap(), "http://10.0.0.1:8080");
+        assert!(resolve(None, &[], &[]).unwrap().cluster.is_none());
+
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+        let cases: [Case; 6] = [
+            (&env[..1], &["cluster.key", "RUNCELL_POD_NAME", "is not"]),
+            (&env[1..], &["cluster.key is set but cluster.pod is not"]),
+            (
+                &env[2..3],
+                &["cluster.peer_url is set but cluster.pod is not"],
+            ),
+            (
+                &[
+                    ("RUNCELL_POD_NAME", "Runcell_1"),
+                    ("RUNCELL_CLUSTER_KEY", KEY),
+                    env[2],
+                ],
+                &["cluster.pod", "DNS-1123"],
+            ),
+            (
+                &[env[0], ("RUNCELL_CLUSTER_KEY", "short"), env[2]],
+                &["cluster.key", "RUNCELL_CLUSTER_KEY", "at least 32"],
+            ),
+            (
+                &[
+                    env[0],
+                    env[1],
+                    ("RUNCELL_CLUSTER_PEER_URL", "http://runcell:8080"),
+                ],
+                &["cluster.peer_url", "{pod}"],
+            ),
+        ];
+        for (env, needles) in cases {
+            let e = resolve(None, env, &[]).unwrap_err().to_string();
+            for needle in needles {
+                assert!(e.contains(needle), "expected '{needle}' in: {e}");
+            }
+        }
+    }
+
+    #[test]
     fn every_flag_of_serve_is_a_setting_and_every_setting_has_one_source_each() {
         use clap::CommandFactory;
         let cmd = crate::Cli::command();
