@@ -309,7 +309,7 @@ impl SessionIds {
                 if prefix != LOCAL_PREFIX || body.len() != EPOCH_CHARS + RANDOM_CHARS {
                     return Owner::Unknown;
                 }
-                if &body[..EPOCH_CHARS] == self.epoch {
+                if body[..EPOCH_CHARS] == self.epoch {
                     Owner::Here
                 } else {
                     Owner::Restarted
@@ -325,7 +325,7 @@ impl SessionIds {
                 }
                 if prefix != c.pod {
                     Owner::Peer(prefix.to_string())
-                } else if &body[..EPOCH_CHARS] == self.epoch {
+                } else if body[..EPOCH_CHARS] == self.epoch {
                     Owner::Here
                 } else {
                     Owner::Restarted
