@@ -509,7 +509,9 @@ fn file_layer(path: &Path) -> Result<Layer, SettingsError> {
     let table: toml::Table = toml::from_str(&text).map_err(|e| whole(e.to_string()))?;
     let mut layer = Layer::default();
     walk(&table, "", &origin, &mut layer)?;
-    let has_secrets = !layer.key_tables.is_empty() || layer.values.contains_key("agent.api_key");
+    let has_secrets = !layer.key_tables.is_empty()
+        || layer.values.contains_key("agent.api_key")
+        || layer.values.contains_key("cluster.key");
     if has_secrets {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(path)
