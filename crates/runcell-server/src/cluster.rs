@@ -2,8 +2,8 @@
 //! holds it, readiness, and draining.
 //!
 //! A session lives in one server process, named in its id ([`runcell_core::cluster`]). A
-//! request that names a session of another server (in its path, or in the E2B door's
-//! `E2b-Sandbox-Id` header) is forwarded there once, as it came: the same method, path,
+//! request that names a session of another server (in its path, in the E2B door's
+//! `E2b-Sandbox-Id` header, or in MCP's `Mcp-Session-Id` on `/mcp`) is forwarded there once, as it came: the same method, path,
 //! headers and a streamed body both ways (server-sent events included), with [`HOP_HEADER`]
 //! added so that the owner never forwards it again. The owner authenticates the caller as
 //! usual (the servers share their keys); this server only routes.
@@ -126,6 +126,13 @@ fn named_session(req: &Request) -> Option<String> {
         if let Some(rest) = path.strip_prefix(prefix) {
             return segment(rest);
         }
+    }
+    if path == "/mcp" {
+        return req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|s| s.trim().to_string());
     }
     if path.starts_with("/e2b/") {
         return req
@@ -404,6 +411,11 @@ mod tests {
             named_session(&req("/e2b/files?path=a", &[("e2b-sandbox-id", "y-3")])).as_deref(),
             Some("y-3")
         );
+        assert_eq!(
+            named_session(&req("/mcp", &[("mcp-session-id", "z-4")])).as_deref(),
+            Some("z-4")
+        );
+        assert_eq!(named_session(&req("/mcp", &[])), None);
         assert_eq!(named_session(&req("/v1/sessions", &[])), None);
         assert_eq!(named_session(&req("/v1/execute", &[])), None);
         // The E2B header means nothing outside the E2B door.

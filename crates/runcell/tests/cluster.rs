@@ -121,6 +121,28 @@ fn id_of(pod: &str, key: &[u8]) -> String {
     .mint()
 }
 
+/// A JSON-RPC message to `/mcp` (a handshake-era client when `session` is set), and the text
+/// of its answer (one JSON body or an event stream).
+fn mcp(base: &str, body: Value, session: Option<&str>) -> (u16, Option<String>, String) {
+    let mut req = client()
+        .post(format!("{base}/mcp"))
+        .header("authorization", format!("Bearer {API_KEY}"))
+        .header("accept", "application/json, text/event-stream")
+        .json(&body);
+    if let Some(id) = session {
+        req = req
+            .header("mcp-session-id", id)
+            .header("mcp-protocol-version", "2025-06-18");
+    }
+    let res = req.send().unwrap();
+    let status = res.status().as_u16();
+    let sid = res
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, sid, res.text().unwrap())
+}
+
 fn execute(base: &str, id: &str, code: &str) -> Value {
     let (st, v) = call(
         base,
@@ -263,6 +285,33 @@ fn sessions_follow_their_server_and_a_restart_loses_them() {
     let (st, v) = asked.join().unwrap();
     assert_eq!(st, 503, "{v}");
     assert_eq!(v["error"]["category"], "peer_unavailable", "{v}");
+
+    // An MCP session (older protocol versions) opened on runcell-0 is served through
+    // runcell-2: its id names runcell-0 too.
+    let (st, mcp_session, text) = mcp(
+        &zero.base,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "cluster-test", "version": "1.0"}}}),
+        None,
+    );
+    assert_eq!(st, 200, "{text}");
+    let mcp_session = mcp_session.expect("an Mcp-Session-Id");
+    assert!(mcp_session.starts_with("runcell-0-"), "{mcp_session}");
+    let (st, _, text) = mcp(
+        &two.base,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        Some(&mcp_session),
+    );
+    assert_eq!(st, 202, "{text}");
+    let (st, _, text) = mcp(
+        &two.base,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "code_exec_bash", "arguments": {"code": "echo through-a-peer"}}}),
+        Some(&mcp_session),
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("through-a-peer"), "{text}");
 
     // runcell-0 restarts under the same name (and address): its old ids are lost, whoever is
     // asked.
