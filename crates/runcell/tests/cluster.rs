@@ -430,3 +430,56 @@ fn a_draining_server_finishes_its_calls_and_takes_no_new_session() {
     };
     assert!(status.success(), "{}", two.log());
 }
+
+/// The E2B door's sandboxes are sessions: their ids name their server, the control plane's
+/// and the data plane's requests (`E2b-Sandbox-Id`) are forwarded, and a restarted server's
+/// sandboxes answer 410 `session_lost`.
+#[test]
+#[cfg_attr(not(host_python_stack), ignore = "needs the Python data stack")]
+fn e2b_sandboxes_follow_their_server() {
+    let c = Cluster::new();
+    let mut zero = c.start(0, &[]);
+    let one = c.start(1, &[]);
+    let res = client()
+        .post(zero.base.clone() + "/e2b/v2/sandboxes")
+        .header("X-API-Key", API_KEY)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    let created: Value = res.json().unwrap();
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    assert!(id.starts_with("runcell-0-"), "{id}");
+    // `{port}-{sandboxID}` is one DNS label.
+    assert!(format!("49999-{id}").len() <= 63, "{id}");
+    let health = |base: &str| {
+        client()
+            .get(format!("{base}/e2b/health"))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let info = |base: &str| {
+        client()
+            .get(format!("{base}/e2b/sandboxes/{id}"))
+            .header("X-API-Key", API_KEY)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(health(&one.base), 204);
+    assert_eq!(info(&one.base), 200);
+
+    assert!(zero.terminate(Duration::from_secs(120)).success());
+    drop(zero);
+    let zero = c.start(0, &[]);
+    for base in [&zero.base, &one.base] {
+        assert_eq!(health(base), 410, "{base}");
+        assert_eq!(info(base), 410, "{base}");
+    }
+}
