@@ -68,6 +68,13 @@ pub enum ErrorKind {
     RateLimited,
     /// The server is shutting down, or cannot start a run right now.
     Unavailable,
+    /// The server is draining (it is being removed): it takes no new session, while calls
+    /// into its existing sessions go on. Another server behind the same address takes it.
+    Draining,
+    /// The server holding the session (another server of the cluster) could not be reached.
+    PeerUnavailable,
+    /// The session's server restarted since the session was created: its state is gone.
+    SessionLost,
     /// The request body is larger than the server's cap.
     PayloadTooLarge,
     /// The request body did not arrive in time.
@@ -93,6 +100,9 @@ impl ErrorKind {
         ErrorKind::Conflict,
         ErrorKind::RateLimited,
         ErrorKind::Unavailable,
+        ErrorKind::Draining,
+        ErrorKind::PeerUnavailable,
+        ErrorKind::SessionLost,
         ErrorKind::PayloadTooLarge,
         ErrorKind::RequestTimeout,
         ErrorKind::ApprovalDenied,
@@ -126,6 +136,9 @@ impl ErrorKind {
             ErrorKind::Conflict => ("conflict", 409, None),
             ErrorKind::RateLimited => ("rate_limited", 429, Some(1)),
             ErrorKind::Unavailable => ("unavailable", 503, Some(1)),
+            ErrorKind::Draining => ("draining", 503, Some(1)),
+            ErrorKind::PeerUnavailable => ("peer_unavailable", 503, Some(1)),
+            ErrorKind::SessionLost => ("session_lost", 410, None),
             ErrorKind::PayloadTooLarge => ("payload_too_large", 413, None),
             ErrorKind::RequestTimeout => ("request_timeout", 408, None),
             ErrorKind::ApprovalDenied => ("approval_denied", 403, None),
@@ -167,6 +180,18 @@ impl RunError {
 
     pub fn unavailable(message: impl Into<String>) -> RunError {
         RunError::new(ErrorKind::Unavailable, message)
+    }
+
+    /// The session `id` was on a server that restarted since.
+    pub fn session_lost(id: &str) -> RunError {
+        RunError::new(
+            ErrorKind::SessionLost,
+            format!(
+                "Session {}: the session's server restarted; its state (variables, files) is \
+                 gone. Create a new session and run what is needed again.",
+                crate::request::prefix(id, 64)
+            ),
+        )
     }
 
     pub fn internal(message: impl Into<String>) -> RunError {

@@ -10,6 +10,7 @@
 //! crate reaches into the jail.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod files;

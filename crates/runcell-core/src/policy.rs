@@ -132,6 +132,8 @@ pub struct Policy {
     pub agent: Option<AgentSettings>,
     /// The commit this runcell was built from (`runcell_build_info`).
     pub commit: Option<String>,
+    /// Several servers behind one address (`cluster.*`); `None`: a single server.
+    pub cluster: Option<crate::cluster::ClusterSettings>,
 }
 
 /// The default body cap for a limits policy: room for the largest code, stdin and input files
@@ -166,6 +168,7 @@ impl Policy {
             sessions: SessionPolicy::default(),
             agent: None,
             commit: None,
+            cluster: None,
             engine,
         }
     }

@@ -64,6 +64,10 @@ pub struct HttpOptions {
     pub max_sessions: usize,
     /// A handshake-era session idle this long is closed (the client re-initializes).
     pub session_idle: Duration,
+    /// Mints the handshake-era sessions' ids (`Mcp-Session-Id`): the run service's, so that
+    /// in a cluster an id names its server and any server forwards the session's requests
+    /// there.
+    pub session_ids: runcell_core::cluster::SessionIds,
 }
 
 impl HttpOptions {
@@ -83,6 +87,7 @@ impl HttpOptions {
             max_body_bytes,
             max_sessions: 1024,
             session_idle: Duration::from_secs(10 * 60),
+            session_ids: runcell_core::cluster::SessionIds::local(),
         }
     }
 
@@ -105,6 +110,7 @@ impl HttpOptions {
 pub struct BoundedSessions {
     inner: LocalSessionManager,
     max: usize,
+    ids: runcell_core::cluster::SessionIds,
 }
 
 /// What the error of a refused `initialize` says when the session cap is reached (rmcp answers
@@ -126,6 +132,15 @@ pub const COMPLETED_RESULTS_KEPT: Duration = Duration::from_secs(10);
 
 impl BoundedSessions {
     pub fn new(max: usize, idle: Duration) -> BoundedSessions {
+        BoundedSessions::with_ids(max, idle, runcell_core::cluster::SessionIds::local())
+    }
+
+    /// As [`BoundedSessions::new`], minting session ids with `ids`.
+    pub fn with_ids(
+        max: usize,
+        idle: Duration,
+        ids: runcell_core::cluster::SessionIds,
+    ) -> BoundedSessions {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = Some(idle);
         // A finished call's result is kept for a client that lost its stream and resumes it;
@@ -134,6 +149,7 @@ impl BoundedSessions {
         BoundedSessions {
             inner,
             max: max.max(1),
+            ids,
         }
     }
 
@@ -154,7 +170,16 @@ impl SessionManager for BoundedSessions {
         if open >= self.max {
             return Err(SessionError::TooMany(open));
         }
-        Ok(self.inner.create_session().await?)
+        // rmcp's own manager would name it with a UUID; the id is ours (see `HttpOptions::
+        // session_ids`), the session rmcp's in-memory one.
+        let id: SessionId = self.ids.mint().into();
+        let (handle, worker) =
+            rmcp::transport::streamable_http_server::session::local::create_local_session(
+                id.clone(),
+                self.inner.session_config.clone(),
+            );
+        self.inner.sessions.write().await.insert(id.clone(), handle);
+        Ok((id, rmcp::transport::WorkerTransport::spawn(worker)))
     }
 
     async fn initialize_session(
@@ -233,9 +258,10 @@ pub fn http_service(
             .enforce_origin_validation(),
         None => config.disable_allowed_origins(),
     };
-    let sessions = Arc::new(BoundedSessions::new(
+    let sessions = Arc::new(BoundedSessions::with_ids(
         options.max_sessions,
         options.session_idle,
+        options.session_ids.clone(),
     ));
     StreamableHttpService::new(move || Ok(server.clone()), sessions, config)
 }

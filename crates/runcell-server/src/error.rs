@@ -124,7 +124,8 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// invalid_request, unauthorized, forbidden, not_found, method_not_allowed,
-    /// request_timeout, payload_too_large, rate_limited, unavailable or internal.
+    /// request_timeout, payload_too_large, rate_limited, unavailable, draining,
+    /// peer_unavailable, session_lost (410: the session's server restarted) or internal.
     pub category: String,
     /// What went wrong and what to do about it.
     pub message: String,
@@ -171,8 +172,8 @@ pub async fn json_errors(res: Response) -> Response {
             status,
             "not_found",
             "No such endpoint. The API has POST /v1/execute, GET /v1/runtimes, /v1/sessions, \
-             POST /v1/agents, /v1/approvals, GET /healthz, GET /metrics, GET /openapi.json and \
-             /mcp (see /openapi.json).",
+             POST /v1/agents, /v1/approvals, GET /healthz, GET /readyz, GET /metrics, \
+             GET /openapi.json and /mcp (see /openapi.json).",
         ),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
             status,

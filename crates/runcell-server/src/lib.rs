@@ -3,7 +3,7 @@
 //! * `POST /v1/execute`: run code, answer the verdict (JSON), or stream server-sent events
 //!   (`stdout`, `stderr`, then `result`) with `Accept: text/event-stream`.
 //! * `GET /v1/runtimes`: languages, versions, availability, default and maximum limits.
-//! * `GET /healthz`: liveness, without authentication.
+//! * `GET /healthz`: liveness, and `GET /readyz`: readiness, without authentication.
 //! * `/mcp`: the MCP server (Streamable HTTP), behind the same keys and admission.
 //! * On a second address, when the operator names one: agent-sandbox's runtime contract
 //!   ([`agent_sandbox`]).
@@ -21,6 +21,7 @@
 pub mod agent_sandbox;
 pub mod audit;
 pub mod auth;
+pub mod cluster;
 pub mod connections;
 pub mod deliver;
 pub mod e2b;
@@ -111,6 +112,10 @@ pub fn app(state: AppState) -> Router {
         .merge(open)
         .merge(keyed)
         .nest("/e2b", e2b::router(&state))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            cluster::route,
+        ))
         .with_state(state)
         .layer(axum::middleware::map_response(error::json_errors))
         .layer(axum::middleware::from_fn(middleware::request_meta))

@@ -350,13 +350,42 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
         }
         None => None,
     };
-    let main = serve_connections(
-        listener,
-        app(state),
-        signalled(signals.clone(), 1),
-        limits,
-        refused,
-    );
+    let grace = config.shutdown_grace;
+    let clustered = config.cluster.is_some();
+    if let Some(c) = &config.cluster {
+        tracing::info!(
+            "cluster: this server is {}; session ids name it, and requests for other \
+             servers' sessions are forwarded to them",
+            c.pod
+        );
+    }
+    // On the first signal the server drains: /readyz answers 503 and no new session is
+    // taken. A single server then stops accepting connections; one of a cluster goes on
+    // serving its live sessions (the load balancer stops sending new work once readiness
+    // fails) until none is left and nothing runs, or the grace period ends.
+    let drain_state = state.clone();
+    let stop = {
+        let signals = signals.clone();
+        async move {
+            signalled(signals.clone(), 1).await;
+            crate::cluster::drain(&drain_state);
+            if clustered {
+                tracing::info!(
+                    "draining: no new sessions; {} session(s) and {} running execution(s) get \
+                     {:?} to finish",
+                    drain_state.sessions().stats().live,
+                    drain_state.runs().active(),
+                    grace
+                );
+                tokio::select! {
+                    _ = crate::cluster::idle(&drain_state) => {}
+                    _ = tokio::time::sleep(grace) => {}
+                    _ = signalled(signals.clone(), 2) => {}
+                }
+            }
+        }
+    };
+    let main = serve_connections(listener, app(state), stop, limits, refused);
     let server = async move {
         match contract {
             Some(c) => {
@@ -366,11 +395,15 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
         }
     };
     tokio::pin!(server);
-    let grace = config.shutdown_grace;
     let grace_over = async {
         signalled(signals.clone(), 1).await;
         tracing::info!(
-            "shutting down: no new connections; {} running execution(s) get {:?} to finish",
+            "shutting down: {}; {} running execution(s) get {:?} to finish",
+            if clustered {
+                "draining"
+            } else {
+                "no new connections"
+            },
             runs.active(),
             grace
         );

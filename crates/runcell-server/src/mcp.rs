@@ -24,11 +24,12 @@ use crate::{ApiError, AppState};
 /// of this server's engine: its runtimes and its policy.
 pub fn endpoint(state: &AppState) -> MethodRouter<AppState> {
     let max_body = state.inner.max_body_bytes;
-    let options = if state.auth_enabled() {
+    let mut options = if state.auth_enabled() {
         HttpOptions::keyed(max_body)
     } else {
         HttpOptions::loopback(max_body)
     };
+    options.session_ids = state.sessions().ids().clone();
     let keys = state.inner.keys.len().max(1);
     let owners = SessionOwners::new(options.max_sessions, options.session_idle, keys);
     let mcp = HttpEndpoint::new(state.service().clone(), options, state.shutdown_token());

@@ -54,6 +54,12 @@ struct DirectionLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    /// `ok` (the owner answered, whatever it answered) or `peer_unavailable`.
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -78,6 +84,8 @@ pub struct Metrics {
     network_bytes: Family<DirectionLabel, Counter>,
     running: Gauge,
     queued: Gauge,
+    forwards: Family<ResultLabel, Counter>,
+    draining: Gauge,
     /// `runcell_build_info`'s version and commit.
     build: (String, String),
 }
@@ -188,8 +196,23 @@ impl Metrics {
             "Executions allowed to wait beyond those",
             queue_capacity,
         );
+        let forwards = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "forwards",
+            "Requests for another server's session forwarded to it, by result: ok (it \
+             answered), peer_unavailable (it could not be reached)",
+            forwards.clone(),
+        );
+        let draining = Gauge::default();
+        registry.register(
+            "draining",
+            "1 while the server drains (stopping: no new sessions, calls in flight go on)",
+            draining.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            forwards,
+            draining,
             executions,
             latency,
             rejections,
@@ -204,6 +227,15 @@ impl Metrics {
             queued,
             build: (env!("CARGO_PKG_VERSION").into(), "unknown".into()),
         }
+    }
+
+    /// One request forwarded to the server holding its session.
+    pub fn forwarded(&self, result: &'static str) {
+        self.forwards.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    pub fn set_draining(&self, on: bool) {
+        self.draining.set(i64::from(on));
     }
 
     /// The commit `runcell_build_info` names.

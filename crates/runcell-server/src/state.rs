@@ -38,6 +38,8 @@ pub(crate) struct Inner {
     pub(crate) admin_keys: std::collections::HashSet<String>,
     /// The E2B door's sandboxes (each a session of the run service).
     pub(crate) e2b: crate::e2b::Registry,
+    /// Whether the server takes traffic (`/readyz`).
+    pub(crate) readiness: crate::cluster::Readiness,
 }
 
 /// The run service's observer here: every refusal and every verdict is counted in the
@@ -101,6 +103,7 @@ impl AppState {
                     .iter()
                     .filter_map(|k| Some((k.id.clone(), k.allow_net.clone()?)))
                     .collect::<HashMap<_, _>>(),
+                ids: runcell_core::cluster::SessionIds::new(config.cluster.clone()),
             },
             Arc::new(Observe {
                 metrics: metrics.clone(),
@@ -128,6 +131,7 @@ impl AppState {
                     .as_ref()
                     .and_then(crate::AgentSettings::from_settings),
                 e2b: crate::e2b::Registry::default(),
+                readiness: crate::cluster::Readiness::default(),
             }),
         }
     }

@@ -417,6 +417,7 @@ async fn the_openapi_document_covers_every_route() {
         ("/v1/execute", "post"),
         ("/v1/runtimes", "get"),
         ("/healthz", "get"),
+        ("/readyz", "get"),
         ("/metrics", "get"),
         ("/openapi.json", "get"),
         ("/mcp", "post"),

@@ -172,6 +172,12 @@ struct ServeArgs {
     /// own `import pandas` then finds it loaded. Each warm sandbox holds their memory.
     #[arg(long = "preload", value_name = "LANG=MODULES")]
     preload: Vec<String>,
+    /// This server's name among several behind one address (Kubernetes: the pod's name, from
+    /// the downward API): session ids then name it, and any server forwards a session's
+    /// requests to the one holding it. Needs RUNCELL_CLUSTER_KEY and RUNCELL_CLUSTER_PEER_URL
+    /// or RUNCELL_CLUSTER_PEERS. See docs/serve.md, "Running several servers".
+    #[arg(long, value_name = "NAME")]
+    cluster_pod: Option<String>,
     /// Live sessions at most (POST /v1/sessions; 429 beyond) [default: 32].
     #[arg(long, value_name = "N")]
     max_sessions: Option<usize>,

@@ -65,6 +65,16 @@ const fn s(key: &'static str, arg: &'static str, env: &'static str, shape: Shape
     }
 }
 
+/// A setting without a flag: a secret (flags show in `ps`) or one an orchestrator sets.
+const fn no_flag(key: &'static str, env: &'static str, shape: Shape) -> Setting {
+    Setting {
+        key,
+        arg: None,
+        env: Some(env),
+        shape,
+    }
+}
+
 const fn file_only(key: &'static str, shape: Shape) -> Setting {
     Setting {
         key,
@@ -226,6 +236,10 @@ pub const SETTINGS: &[Setting] = &[
     ),
     file_only("packages.file_hosts", List),
     file_only("packages.install_timeout", One),
+    s("cluster.pod", "cluster_pod", "RUNCELL_POD_NAME", One),
+    no_flag("cluster.key", "RUNCELL_CLUSTER_KEY", One),
+    no_flag("cluster.peer_url", "RUNCELL_CLUSTER_PEER_URL", One),
+    no_flag("cluster.peers", "RUNCELL_CLUSTER_PEERS", Pairs),
 ];
 
 fn setting(key: &str) -> Option<&'static Setting> {
@@ -501,7 +515,9 @@ fn file_layer(path: &Path) -> Result<Layer, SettingsError> {
     let table: toml::Table = toml::from_str(&text).map_err(|e| whole(e.to_string()))?;
     let mut layer = Layer::default();
     walk(&table, "", &origin, &mut layer)?;
-    let has_secrets = !layer.key_tables.is_empty() || layer.values.contains_key("agent.api_key");
+    let has_secrets = !layer.key_tables.is_empty()
+        || layer.values.contains_key("agent.api_key")
+        || layer.values.contains_key("cluster.key");
     if has_secrets {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(path)
@@ -900,7 +916,75 @@ impl Settings {
         self.network(&mut c)?;
         self.packages(&mut c)?;
         self.agent(&mut c)?;
+        self.cluster(&mut c)?;
         Ok(c)
+    }
+
+    /// Several servers behind one address: all of `cluster.pod`, `cluster.key` and a way to
+    /// reach the peers (`cluster.peer_url`, `cluster.peers`), or none of them.
+    fn cluster(&self, c: &mut Policy) -> Result<(), SettingsError> {
+        use runcell_core::cluster::{ClusterError, ClusterSettings};
+        let pod = self.text("cluster.pod")?;
+        let key = self.text("cluster.key")?;
+        let peer_url = self.text("cluster.peer_url")?;
+        let mut peers = BTreeMap::new();
+        for (name, raw, origin) in self.pairs("cluster.peers") {
+            let url = raw
+                .text()
+                .ok_or_else(|| err("cluster.peers", origin, "expected POD=URL entries"))?;
+            peers.insert(name.clone(), url);
+        }
+        let origin_of = |key: &str| {
+            self.origin_of(key)
+                .map(ToString::to_string)
+                .unwrap_or_else(|| "the defaults".into())
+        };
+        let Some((pod, pod_origin)) = pod else {
+            let set = ["cluster.key", "cluster.peer_url", "cluster.peers"]
+                .into_iter()
+                .find(|&k| self.get(k).is_some() || !self.pairs(k).is_empty());
+            return match set {
+                None => Ok(()),
+                Some(other) => Err(SettingsError {
+                    key: other.into(),
+                    origin: origin_of(other),
+                    message: format!(
+                        "{other} is set but cluster.pod is not: a clustered server needs its \
+                         name (--cluster-pod, RUNCELL_POD_NAME)"
+                    ),
+                }),
+            };
+        };
+        let Some((key, _)) = key else {
+            return Err(err(
+                "cluster.key",
+                pod_origin,
+                "cluster.pod is set but cluster.key is not: the servers of a cluster share a \
+                 secret key (RUNCELL_CLUSTER_KEY, at least 32 bytes) that authenticates \
+                 session ids",
+            ));
+        };
+        let settings = ClusterSettings {
+            pod: pod.trim().to_string(),
+            key: key.into_bytes(),
+            peer_url: peer_url.map(|(u, _)| u.trim().to_string()),
+            peers,
+        };
+        settings.validate().map_err(|e| {
+            let key = match &e {
+                ClusterError::PodName(p) if *p == settings.pod => "cluster.pod",
+                ClusterError::PodName(_) | ClusterError::PeerUrl(_) => "cluster.peers",
+                ClusterError::KeyTooShort => "cluster.key",
+                ClusterError::Template(_) | ClusterError::NoPeers => "cluster.peer_url",
+            };
+            SettingsError {
+                key: key.into(),
+                origin: origin_of(key),
+                message: format!("{key}: {e}"),
+            }
+        })?;
+        c.cluster = Some(settings);
+        Ok(())
     }
 
     fn api_keys(&self, c: &mut Policy) -> Result<(), SettingsError> {
@@ -1483,6 +1567,73 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let s = Settings::gather(Some(&path), &|_| None, None).unwrap();
         assert_eq!(s.resolve_onto(engine()).unwrap().api_keys.len(), 1);
+    }
+
+    #[test]
+    fn cluster_settings_come_together_or_not_at_all() {
+        const KEY: &str = "cluster-secret-key-0123456789abcdef";
+        let env = [
+            ("RUNCELL_POD_NAME", "runcell-1"),
+            ("RUNCELL_CLUSTER_KEY", KEY),
+            (
+                "RUNCELL_CLUSTER_PEER_URL",
+                "http://{pod}.runcell-pods.default.svc.cluster.local:8080",
+            ),
+            ("RUNCELL_CLUSTER_PEERS", "runcell-0=http://127.0.0.1:9000"),
+        ];
+        let c = resolve(None, &env, &[]).unwrap().cluster.unwrap();
+        assert_eq!(c.pod, "runcell-1");
+        assert_eq!(c.key, KEY.as_bytes());
+        assert_eq!(c.peer_base("runcell-0").unwrap(), "http://127.0.0.1:9000");
+        assert_eq!(
+            c.peer_base("runcell-2").unwrap(),
+            "http://runcell-2.runcell-pods.default.svc.cluster.local:8080"
+        );
+        // The flag over the environment, the file's table for the peers.
+        let file = "[cluster]\npod = \"runcell-5\"\n[cluster.peers]\nruncell-0 = \"http://10.0.0.1:8080\"\n";
+        let c = resolve(Some(file), &env[1..2], &["--cluster-pod", "runcell-7"])
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.pod, "runcell-7");
+        assert_eq!(c.peer_base("runcell-0").unwrap(), "http://10.0.0.1:8080");
+        assert!(resolve(None, &[], &[]).unwrap().cluster.is_none());
+
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+        let cases: [Case; 6] = [
+            (&env[..1], &["cluster.key", "RUNCELL_POD_NAME", "is not"]),
+            (&env[1..], &["cluster.key is set but cluster.pod is not"]),
+            (
+                &env[2..3],
+                &["cluster.peer_url is set but cluster.pod is not"],
+            ),
+            (
+                &[
+                    ("RUNCELL_POD_NAME", "Runcell_1"),
+                    ("RUNCELL_CLUSTER_KEY", KEY),
+                    env[2],
+                ],
+                &["cluster.pod", "DNS-1123"],
+            ),
+            (
+                &[env[0], ("RUNCELL_CLUSTER_KEY", "short"), env[2]],
+                &["cluster.key", "RUNCELL_CLUSTER_KEY", "at least 32"],
+            ),
+            (
+                &[
+                    env[0],
+                    env[1],
+                    ("RUNCELL_CLUSTER_PEER_URL", "http://runcell:8080"),
+                ],
+                &["cluster.peer_url", "{pod}"],
+            ),
+        ];
+        for (env, needles) in cases {
+            let e = resolve(None, env, &[]).unwrap_err().to_string();
+            for needle in needles {
+                assert!(e.contains(needle), "expected '{needle}' in: {e}");
+            }
+        }
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub struct ServiceConfig {
     pub sessions: SessionPolicy,
     /// Keys whose runs may ask only for these destinations (within the server's policy).
     pub key_networks: HashMap<String, Vec<runcell_proxy::NetRule>>,
+    /// How session ids are minted and read (clustered or not).
+    pub ids: crate::cluster::SessionIds,
 }
 
 impl ServiceConfig {
@@ -130,6 +132,7 @@ impl ServiceConfig {
             admission: AdmissionPolicy::single(),
             sessions: SessionPolicy::default(),
             key_networks: HashMap::new(),
+            ids: crate::cluster::SessionIds::local(),
         }
     }
 }
@@ -181,7 +184,7 @@ impl Call {
 impl RunService {
     /// The service over `engine`, with its own session table.
     pub fn new(engine: Engine, config: ServiceConfig, observer: Arc<dyn Observer>) -> RunService {
-        let sessions = Sessions::new(engine.clone(), config.sessions);
+        let sessions = Sessions::with_ids(engine.clone(), config.sessions, config.ids);
         RunService {
             inner: Arc::new(Inner {
                 engine,
@@ -859,9 +862,11 @@ impl Drop for Waiting {
 pub fn refusal_verdict(e: &RunError) -> Verdict {
     let category = match e.kind {
         ErrorKind::RuntimeUnavailable => ErrorCategory::RuntimeUnavailable,
-        ErrorKind::SandboxFailure | ErrorKind::Internal | ErrorKind::Unavailable => {
-            ErrorCategory::SandboxFailure
-        }
+        ErrorKind::SandboxFailure
+        | ErrorKind::Internal
+        | ErrorKind::Unavailable
+        | ErrorKind::Draining
+        | ErrorKind::PeerUnavailable => ErrorCategory::SandboxFailure,
         _ => ErrorCategory::InvalidRequest,
     };
     Verdict::failed(category, e.message.clone())

@@ -31,6 +31,7 @@ pub use info::{rfc3339, SessionInfo, WorkspaceFile, WorkspaceListing};
 pub use policy::{owner_share, Holdings, SessionPolicy};
 pub use sandbox::Session;
 
+use crate::cluster::{Owner, SessionIds};
 use crate::engine::{Engine, ValidRequest};
 use crate::error::{ErrorKind, RunError};
 use crate::intake::SessionSettings;
@@ -68,6 +69,8 @@ struct SlotState {
 struct Table {
     slots: HashMap<String, Arc<Slot>>,
     shutting_down: bool,
+    /// Taking no new session (the server is being removed); the live ones go on.
+    draining: bool,
 }
 
 impl Table {
@@ -105,6 +108,8 @@ pub struct SessionStats {
 pub struct Sessions {
     engine: Engine,
     policy: SessionPolicy,
+    /// Mints this process's session ids and says where an id's session lives.
+    ids: SessionIds,
     table: Arc<Mutex<Table>>,
     stats: Arc<Mutex<SessionStats>>,
 }
@@ -133,6 +138,14 @@ fn busy() -> RunError {
     )
 }
 
+fn draining() -> RunError {
+    RunError::new(
+        ErrorKind::Draining,
+        "This server is draining (it is being stopped) and takes no new session; retry: \
+         another server will take it.",
+    )
+}
+
 fn shutting_down() -> RunError {
     RunError::unavailable("The server is shutting down.")
 }
@@ -140,9 +153,15 @@ fn shutting_down() -> RunError {
 impl Sessions {
     /// The session table, and its reaper thread (which ends with the table).
     pub fn new(engine: Engine, policy: SessionPolicy) -> Arc<Sessions> {
+        Sessions::with_ids(engine, policy, SessionIds::local())
+    }
+
+    /// As [`Sessions::new`], with ids from `ids` (a clustered server's).
+    pub fn with_ids(engine: Engine, policy: SessionPolicy, ids: SessionIds) -> Arc<Sessions> {
         let sessions = Arc::new(Sessions {
             engine,
             policy,
+            ids,
             table: Arc::new(Mutex::new(Table::default())),
             stats: Arc::new(Mutex::new(SessionStats::default())),
         });
@@ -155,6 +174,21 @@ impl Sessions {
 
     pub fn policy(&self) -> &SessionPolicy {
         &self.policy
+    }
+
+    /// This process's session ids.
+    pub fn ids(&self) -> &SessionIds {
+        &self.ids
+    }
+
+    /// Take no new session from now on (the server is draining); live sessions go on.
+    pub fn drain(&self) {
+        lock(&self.table).draining = true;
+    }
+
+    /// Whether [`Sessions::drain`] was called.
+    pub fn draining(&self) -> bool {
+        lock(&self.table).draining
     }
 
     pub fn engine(&self) -> &Engine {
@@ -187,6 +221,9 @@ impl Sessions {
             if t.shutting_down {
                 return Err(shutting_down());
             }
+            if t.draining {
+                return Err(draining());
+            }
             if t.slots.len() >= self.policy.max_total {
                 return Err(RunError::rate_limited(format!(
                     "The server has {} live sessions, its maximum. Delete a session or retry \
@@ -212,7 +249,7 @@ impl Sessions {
                 t.holdings(owner).admit(holds, budget, self.policy.keys)?;
             }
             let slot = Arc::new(Slot {
-                id: info::new_id(),
+                id: self.ids.mint(),
                 settings: SessionSettings {
                     language: v.language(),
                     overrides,
@@ -268,6 +305,20 @@ impl Sessions {
         let t = lock(&self.table);
         match t.slots.get(id) {
             Some(s) if s.owner.as_deref() == owner => Ok(s.clone()),
+            // Only an id whose tag is valid (clustered) can say its server restarted: a
+            // forged one is unknown.
+            None => match self.ids.owner(id) {
+                Owner::Restarted => Err(RunError::session_lost(id)),
+                Owner::Peer(pod) => Err(RunError::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "Session {id} lives on server {pod}, and this request reached another \
+                         server without being forwarded (only requests that name the session \
+                         in their URL or headers are): use /v1/sessions/{id}/execute."
+                    ),
+                )),
+                Owner::Here | Owner::Unknown => Err(not_found(id)),
+            },
             _ => Err(not_found(id)),
         }
     }
@@ -534,7 +585,7 @@ mod tests {
 
     fn slot(owner: Option<&str>, holds: u64) -> Arc<Slot> {
         Arc::new(Slot {
-            id: info::new_id(),
+            id: SessionIds::local().mint(),
             settings: SessionSettings {
                 language: Language::Python,
                 overrides: LimitOverrides::default(),

@@ -84,7 +84,9 @@ pub fn authenticate(
         .and_then(|v| v.to_str().ok())
         .map(str::trim);
     let sandbox = match named {
-        Some(id) => registry.find(id).ok_or_else(gone)?,
+        Some(id) => registry
+            .find(id)
+            .ok_or_else(|| super::missing(state, id, gone()))?,
         None => access
             .or(traffic)
             .and_then(|t| registry.by_token(t))

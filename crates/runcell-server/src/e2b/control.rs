@@ -345,7 +345,7 @@ fn owned(
         .inner
         .e2b
         .get(caller.key_id.as_deref(), id)
-        .ok_or_else(|| E2bError::not_found(id))?;
+        .ok_or_else(|| super::missing(state, id, E2bError::not_found(id)))?;
     match state.service().session(caller, &s.session) {
         Ok(info) => Ok((s, info)),
         Err(_) => {

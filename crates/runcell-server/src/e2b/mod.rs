@@ -150,14 +150,24 @@ impl Sandbox {
     }
 }
 
-/// The sandbox id of a session: its id's random part (lowercase hex).
+/// The sandbox id of a session: the session id itself, which is lowercase letters, digits and
+/// `-`, at most 57 characters (runcell_core::cluster), so that `{port}-{sandboxID}` is one DNS
+/// label; and a request for a sandbox of another server is forwarded like one for its
+/// session. (Anything else is filtered to those characters.)
 pub fn sandbox_id(session: &str) -> String {
     session
-        .strip_prefix("ses_")
-        .unwrap_or(session)
         .chars()
-        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
         .collect()
+}
+
+/// What a sandbox that is not here answers: `session_lost` (410) when its id says it was
+/// created by this server before a restart, else `otherwise`.
+pub(crate) fn missing(state: &AppState, id: &str, otherwise: E2bError) -> E2bError {
+    match state.sessions().ids().owner(id) {
+        runcell_core::cluster::Owner::Restarted => runcell_core::RunError::session_lost(id).into(),
+        _ => otherwise,
+    }
 }
 
 /// The door's sandboxes. Each is its session: an entry whose session has ended (deleted,
@@ -420,11 +430,11 @@ mod tests {
     }
 
     #[test]
-    fn sandbox_ids_are_lowercase_alphanumerics() {
-        assert_eq!(sandbox_id("ses_0a1b"), "0a1b");
+    fn sandbox_ids_are_dns_label_characters() {
+        assert_eq!(sandbox_id("ses-0a1b"), "ses-0a1b");
         assert!(sandbox_id("ses_Ab-_.9")
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
     }
 
     #[test]
@@ -432,7 +442,7 @@ mod tests {
         let r = Registry::default();
         let a = r
             .insert(Sandbox::new(
-                "ses_aa".into(),
+                "ses-aa".into(),
                 Some("k1".into()),
                 "base".into(),
                 BTreeMap::new(),
@@ -441,7 +451,7 @@ mod tests {
             ))
             .unwrap();
         r.insert(Sandbox::new(
-            "ses_bb".into(),
+            "ses-bb".into(),
             Some("k2".into()),
             "base".into(),
             BTreeMap::new(),
@@ -456,16 +466,16 @@ mod tests {
             "the traffic token is not the envd token"
         );
         assert!(a.traffic_token_is(b"tta"));
-        assert_eq!(r.by_token(b"tb").unwrap().id, "bb");
-        assert_eq!(r.by_token(b"ttb").unwrap().id, "bb");
+        assert_eq!(r.by_token(b"tb").unwrap().id, "ses-bb");
+        assert_eq!(r.by_token(b"ttb").unwrap().id, "ses-bb");
         assert!(r.by_token(b"nope").is_none());
         assert!(
-            r.get(Some("k2"), "aa").is_none(),
+            r.get(Some("k2"), "ses-aa").is_none(),
             "another key's sandbox does not exist"
         );
-        assert!(r.get(Some("k1"), "aa").is_some());
-        r.prune(|s| s.id != "aa");
-        assert!(r.find("aa").is_none());
+        assert!(r.get(Some("k1"), "ses-aa").is_some());
+        r.prune(|s| s.id != "ses-aa");
+        assert!(r.find("ses-aa").is_none());
         assert!(new_token().unwrap().len() == 64);
     }
 }

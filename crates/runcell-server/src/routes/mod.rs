@@ -36,5 +36,6 @@ pub(crate) fn authenticated() -> OpenApiRouter<AppState> {
 pub(crate) fn public() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(ops::healthz))
+        .routes(routes!(crate::cluster::readyz))
         .routes(routes!(ops::openapi_json))
 }

@@ -610,9 +610,14 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// Start it with `args`, in an environment without runcell's server variables plus `env`.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        ServeProcess::start_on("127.0.0.1:0", args, env)
+    }
+
+    /// As [`ServeProcess::start`], listening on `listen`.
+    pub fn start_on(listen: &str, args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
         use std::io::{BufRead, BufReader};
         let mut cmd = Command::new(runcell_bin());
-        cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(args);
+        cmd.args(["serve", "--listen", listen]).args(args);
         for var in [
             "RUNCELL_API_KEY",
             "RUNCELL_LISTEN",
@@ -621,6 +626,10 @@ impl ServeProcess {
             "RUNCELL_DEFAULT_LIMITS",
             "RUNCELL_CAPS",
             "RUNCELL_AUDIT_LOG",
+            "RUNCELL_POD_NAME",
+            "RUNCELL_CLUSTER_KEY",
+            "RUNCELL_CLUSTER_PEER_URL",
+            "RUNCELL_CLUSTER_PEERS",
         ] {
             cmd.env_remove(var);
         }

@@ -1,0 +1,443 @@
+//! Several servers behind one address: forwarding a session's requests to the server that
+//! holds it, readiness, and draining.
+//!
+//! A session lives in one server process, named in its id ([`runcell_core::cluster`]). A
+//! request that names a session of another server (in its path, in the E2B door's
+//! `E2b-Sandbox-Id` header, or in MCP's `Mcp-Session-Id` on `/mcp`) is forwarded there once, as it came: the same method, path,
+//! headers and a streamed body both ways (server-sent events included), with [`HOP_HEADER`]
+//! added so that the owner never forwards it again. The owner authenticates the caller as
+//! usual (the servers share their keys); this server only routes.
+//!
+//! The peer's address comes from the peer's name in an id whose HMAC tag is valid, through
+//! the operator's settings (`cluster.peers`, else `cluster.peer_url`), never from the request
+//! itself: a forged or tampered id is answered here as unknown, without contacting anyone.
+//!
+//! What a forward holds is bounded by the connection limits: HTTP/1 carries one request at a
+//! time, so each forward in flight is one client connection (counted against
+//! `max_connections` and `max_connections_per_peer`) and one connection to the owner, which
+//! lives as long as the request. The owner's own admission then applies to what is run.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use runcell_core::cluster::{ClusterSettings, Owner};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Marks a forwarded request (its value: the forwarding server's name). A request that
+/// carries it is served where it arrives, never forwarded again.
+pub const HOP_HEADER: &str = "runcell-forwarded-by";
+
+/// How long connecting to a peer may take before the request is answered
+/// `peer_unavailable`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Headers that belong to one connection (RFC 9110, 7.6.1), not to the request.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Whether the server takes traffic: it has built a sandbox, and it is not draining.
+#[derive(Default)]
+pub struct Readiness {
+    /// The probe was started (by the first `/readyz`).
+    started: AtomicBool,
+    /// 0: the probe sandbox is not built yet; 1: built; 2: it failed (see `reason`).
+    probe: AtomicU8,
+    draining: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Readiness {
+    /// Whether this call is the first (which starts the probe).
+    fn start(&self) -> bool {
+        !self.started.swap(true, Ordering::SeqCst)
+    }
+
+    pub fn probed(&self, result: Result<(), String>) {
+        let ok = result.is_ok();
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = result.err();
+        self.probe.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
+    }
+
+    pub fn is_probed(&self) -> bool {
+        self.probe.load(Ordering::SeqCst) == 1
+    }
+
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// `(ready, status, why)` for `/readyz`.
+    pub fn state(&self) -> (bool, &'static str, String) {
+        if self.draining() {
+            return (
+                false,
+                "draining",
+                "the server is stopping: it takes no new sessions".into(),
+            );
+        }
+        match self.probe.load(Ordering::SeqCst) {
+            1 => (true, "ready", "a sandbox was built and ran".into()),
+            2 => (
+                false,
+                "sandbox_failure",
+                self.reason
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_default(),
+            ),
+            _ => (
+                false,
+                "starting",
+                "building the first sandbox (the probe)".into(),
+            ),
+        }
+    }
+}
+
+/// The session a request names in its path or headers, if it names one.
+fn named_session(req: &Request) -> Option<String> {
+    let path = req.uri().path();
+    let segment = |rest: &str| rest.split('/').next().map(str::to_string);
+    if let Some(rest) = path.strip_prefix("/v1/sessions/") {
+        return segment(rest);
+    }
+    for prefix in ["/e2b/sandboxes/", "/e2b/v2/sandboxes/"] {
+        if let Some(rest) = path.strip_prefix(prefix) {
+            return segment(rest);
+        }
+    }
+    if path == "/mcp" {
+        return req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|s| s.trim().to_string());
+    }
+    if path.starts_with("/e2b/") {
+        return req
+            .headers()
+            .get(crate::e2b::access::SANDBOX_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(|s| s.trim().to_string());
+    }
+    None
+}
+
+/// The middleware in front of every route: a request for another server's session is
+/// forwarded there; every other request goes on here.
+pub async fn route(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(cluster) = state.sessions().ids().cluster() else {
+        return next.run(req).await;
+    };
+    if req.headers().contains_key(HOP_HEADER) {
+        return next.run(req).await;
+    }
+    let Some(id) = named_session(&req) else {
+        return next.run(req).await;
+    };
+    let Owner::Peer(pod) = state.sessions().ids().owner(&id) else {
+        return next.run(req).await;
+    };
+    let e2b = req.uri().path().starts_with("/e2b/");
+    let marker = req
+        .extensions()
+        .get::<crate::connections::Authenticated>()
+        .cloned();
+    match forward(cluster, &pod, req).await {
+        Ok(resp) => {
+            state.metrics().forwarded("ok");
+            // The owner authenticated the caller: the connection may stay open like a keyed
+            // one (a long call or a stream is not cut at the unauthenticated grace).
+            if resp.status() != StatusCode::UNAUTHORIZED {
+                if let Some(a) = marker {
+                    a.mark();
+                }
+            }
+            resp
+        }
+        Err(e) => {
+            state.metrics().forwarded("peer_unavailable");
+            tracing::warn!(peer = %pod, error = %e, "forwarding to the session's server failed");
+            let err = runcell_core::RunError::new(
+                runcell_core::ErrorKind::PeerUnavailable,
+                format!(
+                    "The server holding session {id} ({pod}) cannot be reached; retry shortly. \
+                     If it stays unreachable, its sessions are lost: create a new session."
+                ),
+            );
+            if e2b {
+                crate::e2b::E2bError::from(err).into_response()
+            } else {
+                ApiError::from(err).into_response()
+            }
+        }
+    }
+}
+
+/// Why a forward failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("no address for peer {0}")]
+    NoAddress(String),
+    #[error("connecting to {addr} timed out")]
+    ConnectTimeout { addr: String },
+    #[error("connecting to {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("talking to {addr}")]
+    Http {
+        addr: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("building the forwarded request")]
+    Request(#[source] axum::http::Error),
+}
+
+/// Send `req` to `pod` and stream its answer back.
+async fn forward(
+    cluster: &ClusterSettings,
+    pod: &str,
+    req: Request,
+) -> Result<Response, ForwardError> {
+    let base = cluster
+        .peer_base(pod)
+        .ok_or_else(|| ForwardError::NoAddress(pod.to_string()))?;
+    // `peer_base` gives `http://authority` (validated with the settings).
+    let authority = base.trim_start_matches("http://").to_string();
+    let addr = if authority.contains(':') && !authority.ends_with(']') {
+        authority.clone()
+    } else {
+        format!("{authority}:80")
+    };
+    let stream =
+        match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
+            Err(_) => return Err(ForwardError::ConnectTimeout { addr }),
+            Ok(Err(source)) => return Err(ForwardError::Connect { addr, source }),
+            Ok(Ok(s)) => s,
+        };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|source| ForwardError::Http {
+                addr: addr.clone(),
+                source,
+            })?;
+    // The connection lives as long as the exchange: it ends when the answer's body has been
+    // read to its end or dropped (the client went away).
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    parts.uri = Uri::try_from(path).map_err(|e| ForwardError::Request(e.into()))?;
+    for h in HOP_BY_HOP {
+        parts.headers.remove(*h);
+    }
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&authority).map_err(|e| ForwardError::Request(e.into()))?,
+    );
+    let me = cluster.pod.clone();
+    parts.headers.insert(
+        HOP_HEADER,
+        HeaderValue::from_str(&me).map_err(|e| ForwardError::Request(e.into()))?,
+    );
+    parts.extensions = Default::default();
+    let out = hyper::Request::from_parts(parts, body);
+    let resp = sender
+        .send_request(out)
+        .await
+        .map_err(|source| ForwardError::Http { addr, source })?;
+    let (mut parts, body) = resp.into_parts();
+    for h in HOP_BY_HOP {
+        parts.headers.remove(*h);
+    }
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// `GET /readyz`'s answer.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Ready {
+    /// `ready`, `starting` (the probe sandbox is not built yet), `sandbox_failure` (it could
+    /// not be built: see `reason`), or `draining` (stopping).
+    pub status: String,
+    pub reason: String,
+    /// This server's name when it is one of several (`cluster.pod`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+}
+
+/// Readiness: 200 once a sandbox has been built and ran in this process, 503 before that and
+/// while draining. Needs no key.
+#[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
+    responses(
+        (status = 200, description = "Ready for traffic", body = Ready),
+        (status = 503, description = "Not ready: starting, the probe sandbox failed, or draining", body = Ready)))]
+pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
+    // The probe starts with the first question: an orchestrator asks from the start, and a
+    // server nobody asks builds no extra sandbox.
+    if state.inner.readiness.start() {
+        spawn_probe(state.clone());
+    }
+    let (ready, status, reason) = state.inner.readiness.state();
+    let body = Ready {
+        status: status.into(),
+        reason,
+        pod: state.sessions().ids().pod().map(str::to_string),
+    };
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(body)).into_response()
+}
+
+/// Build and run one sandbox (bash `true`) until it works, then mark the server ready: a
+/// pod whose security context does not allow sandboxes never receives traffic. It retries
+/// (1 s, doubling to 30 s) while it fails, and ends once it has worked; it holds no slot.
+fn spawn_probe(state: AppState) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut wait = Duration::from_secs(1);
+        loop {
+            let engine = state.engine().clone();
+            let verdict = tokio::task::spawn_blocking(move || {
+                engine.execute(
+                    &runcell_core::ExecRequest::new("bash", "true"),
+                    &mut runcell_core::NoSink,
+                    None,
+                )
+            })
+            .await;
+            let result = match verdict {
+                Ok(v) if v.exit_code == Some(0) => Ok(()),
+                Ok(v) => Err(v
+                    .error
+                    .map(|e| e.message)
+                    .unwrap_or_else(|| format!("the probe exited with {:?}", v.exit_code))),
+                Err(_) => Err("the probe's thread failed".to_string()),
+            };
+            let ok = result.is_ok();
+            if let Err(why) = &result {
+                tracing::warn!("readiness probe: cannot build a sandbox: {why}");
+            }
+            state.inner.readiness.probed(result);
+            if ok {
+                return;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(30));
+        }
+    })
+}
+
+/// Start draining: `/readyz` answers 503, and no new session is taken (`draining`), while
+/// calls in flight and calls into the live sessions go on.
+pub fn drain(state: &AppState) {
+    state.inner.readiness.set_draining();
+    state.sessions().drain();
+    state.metrics().set_draining(true);
+}
+
+/// Wait until the server holds no session and runs nothing (a draining server may then
+/// stop).
+pub async fn idle(state: &AppState) {
+    while state.sessions().stats().live > 0 || state.runs().active() > 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(path: &str, headers: &[(&str, &str)]) -> Request {
+        let mut b = axum::http::Request::builder().uri(path);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn sessions_are_found_in_paths_and_the_e2b_header() {
+        assert_eq!(
+            named_session(&req("/v1/sessions/abc/execute", &[])).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            named_session(&req("/v1/sessions/abc", &[])).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            named_session(&req("/e2b/sandboxes/x-1/timeout", &[])).as_deref(),
+            Some("x-1")
+        );
+        assert_eq!(
+            named_session(&req("/e2b/v2/sandboxes/x-2/connect", &[])).as_deref(),
+            Some("x-2")
+        );
+        assert_eq!(
+            named_session(&req("/e2b/files?path=a", &[("e2b-sandbox-id", "y-3")])).as_deref(),
+            Some("y-3")
+        );
+        assert_eq!(
+            named_session(&req("/mcp", &[("mcp-session-id", "z-4")])).as_deref(),
+            Some("z-4")
+        );
+        assert_eq!(named_session(&req("/mcp", &[])), None);
+        assert_eq!(named_session(&req("/v1/sessions", &[])), None);
+        assert_eq!(named_session(&req("/v1/execute", &[])), None);
+        // The E2B header means nothing outside the E2B door.
+        assert_eq!(
+            named_session(&req("/v1/execute", &[("e2b-sandbox-id", "y-3")])),
+            None
+        );
+    }
+
+    #[test]
+    fn readiness_needs_a_sandbox_and_ends_with_draining() {
+        let r = Readiness::default();
+        assert_eq!(r.state().1, "starting");
+        r.probed(Err("mount proc: EPERM".into()));
+        assert_eq!(
+            r.state(),
+            (false, "sandbox_failure", "mount proc: EPERM".into())
+        );
+        r.probed(Ok(()));
+        assert!(r.state().0);
+        r.set_draining();
+        assert_eq!(r.state().1, "draining");
+        assert!(!r.state().0);
+    }
+}
