@@ -541,9 +541,43 @@ def session_ttl_seconds(docs):
     return 600
 
 
+def config_accepted_errors(runcell, toml_text):
+    """runcell itself starts with the ConfigMap's runcell.toml (unknown keys are errors there).
+
+    The listen address is moved to loopback and the pool emptied so nothing is built; the
+    key stands in for the Secret's.
+    """
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "runcell.toml")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(toml_text)
+        env = {"PATH": "/usr/bin:/bin", "HOME": d, "LANG": "C.UTF-8",
+               "RUNCELL_API_KEY": "k8s-validate-0123456789abcdef", "RUNCELL_POOL": "python=0"}
+        proc = subprocess.Popen([runcell, "serve", "--config", path, "--listen", "127.0.0.1:0",
+                                 "--audit-log", "off"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        lines = []
+        try:
+            for line in proc.stderr:
+                lines.append(line.rstrip())
+                if "listening on" in line:
+                    return []
+            proc.wait()
+            return [f"runcell serve refused it (exit {proc.returncode}):"] + lines[-5:]
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kubectl", default="kubectl")
+    ap.add_argument("--runcell", help="a runcell binary: check that it accepts the ConfigMap's runcell.toml")
     a = ap.parse_args()
     report = Report()
     version = kubernetes_validate.utils.latest_version()
@@ -576,6 +610,12 @@ def main():
         report.check(f"policy {label} ({shape})", policy_errors(docs, shape))
         if label == "base":
             report.check("shape base", shape_errors(docs))
+            toml_text = by_kind(docs, "ConfigMap")[0]["data"]["runcell.toml"]
+            if a.runcell:
+                report.check(f"config base: {os.path.relpath(a.runcell, ROOT)} accepts runcell.toml",
+                             config_accepted_errors(a.runcell, toml_text))
+            else:
+                report.skip("config base", "no runcell binary given (--runcell)")
         if label.startswith("overlays/autoscaling"):
             report.check(f"autoscaling {label}", autoscaling_errors(docs, session_ttl_seconds(docs)))
 
@@ -651,6 +691,10 @@ def main():
     report.check("negative seccomp-runtime-style: a profile that gates clone and unshare on CAP_SYS_ADMIN is refused",
                  [] if any("clone" in e for e in found) else [f"expected missing syscalls, got {found}"])
 
+    if a.runcell:
+        found = config_accepted_errors(a.runcell, "max_concurent = 4\n")
+        report.check("negative config typo: runcell refuses a misspelt setting",
+                     [] if found and "unknown setting" in " ".join(found) else [f"expected a refusal, got {found}"])
     print(f"k8s: {report.passed} passed, {report.failed} failed, {report.skipped} skipped")
     return 1 if report.failed else 0
 

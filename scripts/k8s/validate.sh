@@ -22,4 +22,8 @@ if ! target/k8s-venv/bin/python -c 'import importlib.metadata as m, sys; sys.exi
   /usr/bin/python3 -m venv target/k8s-venv
   target/k8s-venv/bin/pip install -q --disable-pip-version-check kubernetes-validate==1.37.0 jsonschema==4.26.0 PyYAML==6.0.4
 fi
-exec target/k8s-venv/bin/python scripts/k8s/validate.py --kubectl "$(command -v kubectl)"
+# The ConfigMap's runcell.toml is also started with runcell itself, when a build is there
+# (scripts/test.sh builds target/debug/runcell first).
+runcell=()
+[ -x target/debug/runcell ] && runcell=(--runcell target/debug/runcell)
+exec target/k8s-venv/bin/python scripts/k8s/validate.py --kubectl "$(command -v kubectl)" "${runcell[@]}"
