@@ -17,7 +17,7 @@
   negative  fixtures (scripts/k8s/fixtures) that break one rule each must fail, each for its
             own reason, so that none of the checks above can pass vacuously.
 
-Usage: validate.py --venv-python PATH [--kubectl PATH]
+Usage: validate.py [--kubectl PATH] [--runcell BINARY]   (scripts/k8s/validate.sh installs what it needs)
 Prints one line per check and a closing "N passed, N failed" line; exits 1 on any failure.
 """
 
