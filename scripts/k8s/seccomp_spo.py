@@ -71,9 +71,6 @@ def rule(r):
 
 def convert(profile, name="runcell"):
     """The SeccompProfile resource for a runtime-format profile (a dict)."""
-    if profile.get("defaultErrnoRet", 1) != 1:
-        # The operator's resource has no default errno: EPERM (1) is what runtimes use then.
-        raise ProfileError("defaultErrnoRet other than 1 (EPERM) cannot be expressed")
     rules = []
     for r in profile.get("syscalls", []):
         if "names" not in r and "name" in r:
@@ -97,7 +94,14 @@ def convert(profile, name="runcell"):
 
 
 def render(profile):
-    return HEADER + yaml.safe_dump(convert(profile), sort_keys=False, width=100)
+    header = HEADER
+    errno = profile.get("defaultErrnoRet")
+    if profile.get("defaultAction") == "SCMP_ACT_ERRNO" and errno not in (None, 1):
+        # The operator's resource has no default errno, so a syscall no rule names fails with
+        # EPERM (the runtimes' default) instead: say so where the difference is.
+        header += (f"# The JSON's default errno is {errno}; a SeccompProfile cannot set one, so a syscall no\n"
+                   "# rule names fails here with EPERM (1) instead.\n")
+    return header + yaml.safe_dump(convert(profile), sort_keys=False, width=100)
 
 
 def main():
