@@ -533,6 +533,27 @@ def seccomp_generator_errors():
 # ---------------------------------------------------------------------------------------------
 
 
+def docs_sizing_errors(rendered):
+    """The base's and the worked example's memory in docs/kubernetes.md, recomputed."""
+    with open(os.path.join(ROOT, "docs", "kubernetes.md")) as f:
+        text = f.read()
+    errors = []
+    example = {"max_concurrent": 8, "max_queue": 16, "max_body": "16M", "pool": {"python": 8},
+               "preload": {"python": ["numpy", "pandas", "matplotlib.pyplot"]},
+               "limits": {"max": {"memory": "512M", "disk": "64M"}}, "sessions": {"max": 32}}
+    cases = [("the worked example", example, 8)]
+    base = rendered.get("base")
+    if base:
+        toml_text = by_kind(base, "ConfigMap")[0]["data"]["runcell.toml"]
+        cases.append(("the base", tomllib.loads(toml_text), 2))
+    for name, settings, cores in cases:
+        need, _ = sizing.required_memory(settings, cores)
+        figure = f"{math.ceil(need / sizing.MIB):,} MiB"
+        if figure not in text:
+            errors.append(f"{name}: sizing.py gives {figure}, which docs/kubernetes.md does not say")
+    return errors
+
+
 def session_ttl_seconds(docs):
     for cm in by_kind(docs, "ConfigMap"):
         if "runcell.toml" in cm.get("data", {}):
@@ -655,6 +676,9 @@ def main():
         report.check("seccomp: the SeccompProfile against its vendored CRD", errs or [])
     else:
         report.skip("seccomp: runcell.json", "deploy/k8s/seccomp/runcell.json is not in this tree yet")
+
+    # The figures docs/kubernetes.md works out by hand are the formula's.
+    report.check("docs: the sizing figures of docs/kubernetes.md are sizing.py's", docs_sizing_errors(rendered))
 
     # Negative fixtures: each must fail, for its own reason.
     negatives = [
