@@ -351,10 +351,14 @@ def main():
         print("paced latency of print(1), warm and cold:", flush=True)
         warm, cpu_print = paced_runs(runcell, group, ["--pool", "python=2", "--max-concurrent", "2"], 2,
                                      PRINT, n_lat, 0.05)
-        cold, _ = paced_runs(runcell, group, ["--pool", "python=0", "--max-concurrent", "2"], 0, PRINT, n_lat, 0.25)
+        cold, cold_cpu_print = paced_runs(runcell, group, ["--pool", "python=0", "--max-concurrent", "2"], 0,
+                                          PRINT, n_lat, 0.25)
         print("paced pandas one-shots, warm preloaded:", flush=True)
         warm_pandas, cpu_pandas = paced_runs(runcell, group, ["--pool", "python=1", "--max-concurrent", "1",
                                                               "--preload", PRELOAD], 1, PANDAS, 5 if a.quick else 10, 0.05)
+        print("paced pandas one-shots, cold:", flush=True)
+        _, cold_cpu_pandas = paced_runs(runcell, group, ["--pool", "python=0", "--max-concurrent", "1"], 0, PANDAS,
+                                        5 if a.quick else 10, 0.25)
         print(f"closed loop, print(1), {2 * cores} clients:", flush=True)
         loop_print = closed_loop(runcell, group, PRINT, False, 2 * cores, load_s, cores)
         print(f"closed loop, pandas (preloaded pool), {2 * cores} clients:", flush=True)
@@ -366,7 +370,8 @@ def main():
         "paced_warm_ms": {"p50": pct(warm, 50) * 1e3, "p90": pct(warm, 90) * 1e3, "n": len(warm)},
         "paced_cold_ms": {"p50": pct(cold, 50) * 1e3, "p90": pct(cold, 90) * 1e3, "n": len(cold)},
         "paced_warm_pandas_ms": {"p50": pct(warm_pandas, 50) * 1e3, "n": len(warm_pandas)},
-        "cpu_seconds_per_request_paced": {"print": cpu_print, "pandas": cpu_pandas},
+        "cpu_seconds_per_request_paced": {"print": cpu_print, "pandas": cpu_pandas, "print_cold": cold_cpu_print,
+                                          "pandas_cold": cold_cpu_pandas},
         "closed_loop_print": loop_print, "closed_loop_pandas": loop_pandas,
         "loadavg_end": os.getloadavg()[0],
     })
@@ -378,8 +383,9 @@ def main():
     for name, r in (("bare", bare["refill"]), ("preloaded", pre["refill"])):
         print(f"refill, {name:9}: {r['wall_seconds'] * 1e3:7.0f} ms wall (/metrics), "
               f"{r['cpu_seconds'] * 1e3:7.0f} ms CPU each (slope over the pool sizes)")
-    print(f"CPU per one-shot request, paced (refill included): print(1) {cpu_print * 1e3:.0f} ms, "
-          f"pandas {cpu_pandas * 1e3:.0f} ms")
+    print(f"CPU per one-shot request, paced: warm (its refill included) print(1) {cpu_print * 1e3:.0f} ms, "
+          f"pandas {cpu_pandas * 1e3:.0f} ms; cold print(1) {cold_cpu_print * 1e3:.0f} ms, "
+          f"pandas {cold_cpu_pandas * 1e3:.0f} ms")
     print(f"paced print(1): warm p50 {result['paced_warm_ms']['p50']:.1f} ms p90 {result['paced_warm_ms']['p90']:.1f} ms; "
           f"cold p50 {result['paced_cold_ms']['p50']:.1f} ms p90 {result['paced_cold_ms']['p90']:.1f} ms; "
           f"warm pandas p50 {result['paced_warm_pandas_ms']['p50']:.0f} ms")
@@ -398,15 +404,23 @@ def main():
                "measured at most w")
     checks.add("base (MiB: the server with no pool)", sizing.BASE_MIB, bare["points_mib"][0][1], 0.0, 1.0,
                "measured at most base")
-    # Throughput: lambda = cores / (t_refill + t_exec). The cost of one request, t_refill +
-    # t_exec, is measured paced (one at a time: the CPU of the run and of the refill it
-    # triggers); the model predicts the saturated closed loop's rate from it and the cores the
-    # server had (on a dedicated pod, its CPU limit; here what the loaded host gave it).
-    for name, r, cost in (("print(1)", loop_print, cpu_print), ("pandas", loop_pandas, cpu_pandas)):
-        # The requests the CPU the loop used pays for at the paced cost, per second of the loop.
+    # Throughput. The sizing formula, lambda = cores / (t_refill + t_exec), prices every request
+    # as a pool hit plus the refill it triggers (t_refill + t_exec: measured paced, one at a
+    # time, as CPU). Under saturation the pool runs dry and most requests are built cold, which
+    # costs less than a preloaded refill (a cold run imports only what its code needs): so the
+    # formula is a lower bound, checked as one (measured 0.9-2x of it). The hit/miss mix the
+    # loop saw, priced with the paced hit and cold costs, must then predict it within 30 %.
+    # Both are at the CPU the server had (on a dedicated pod its CPU limit; here what the
+    # loaded host gave it).
+    for name, r, cost, cold_cost in (("print(1)", loop_print, cpu_print, cold_cpu_print),
+                                     ("pandas", loop_pandas, cpu_pandas, cold_cpu_pandas)):
         predicted = r["cpu_seconds"] / cost / r["elapsed_s"]
-        checks.add(f"throughput {name} (ok/s at {r['cores_used']:.2f} cores)", predicted, r["ok_per_s"], 0.7, 1.3,
-                   "within 30 %")
+        checks.add(f"throughput {name}, formula (ok/s at {r['cores_used']:.2f} cores)", predicted, r["ok_per_s"],
+                   0.9, 2.0, "a lower bound: measured 0.9-2x")
+        n = r["pool_hits"] + r["pool_misses"]
+        mix = (r["pool_hits"] * cost + r["pool_misses"] * cold_cost) / n if n else cost
+        checks.add(f"throughput {name}, hit/miss mix (ok/s)", r["cpu_seconds"] / mix / r["elapsed_s"],
+                   r["ok_per_s"], 0.7, 1.3, "within 30 %")
         result[f"lambda_per_core_{'print' if name == 'print(1)' else 'pandas'}"] = 1 / cost
     # The pod limit the formula gives for the closed-loop server's settings must hold its peak.
     settings = {"max_concurrent": cores, "max_queue": 8 * cores, "pool": {"python": cores},
