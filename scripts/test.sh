@@ -129,6 +129,10 @@ if [ ! -f target/test-wheels/tabulate-0.9.0-py3-none-any.whl ]; then
     -d target/test-wheels tabulate==0.9.0
 fi
 phase_done setup
+# The Kubernetes manifests and agent-sandbox resources (docs/kubernetes.md): rendered,
+# schema-checked and policy-checked offline, with negative fixtures.
+./scripts/k8s/validate.sh
+phase_done k8s
 # The tests' build scripts probe this host (build-support/host_probe.rs): with everything above
 # installed, no test is ignored for a missing prerequisite, except those of the cgroup version
 # the host does not have (on a v1 host, the v2 ones: the cgroup-v2-guest phase runs them).
