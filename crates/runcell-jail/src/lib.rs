@@ -34,7 +34,10 @@ mod supervisor;
 mod sys;
 
 pub use blockdev::{block_device_of, BlockDevice};
-pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced, IoLimits};
+pub use cgroup::{
+    memory_ceiling, CgroupError, CgroupLimits, CgroupVersion, Enforced, IoLimits, MemoryCeiling,
+    MemorySource,
+};
 pub use collect::MAX_PATH_BYTES;
 pub use config::{Overlay, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 pub use errno::{error_chain, OsError};

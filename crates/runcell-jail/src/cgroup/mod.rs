@@ -63,11 +63,13 @@
 //! to see the underlying OS error.
 
 mod fs;
+mod memory;
 pub(crate) mod mountinfo;
 mod v1;
 mod v2;
 mod warm;
 
+pub use memory::{memory_ceiling, MemoryCeiling, MemorySource};
 pub use warm::warm_migrations;
 
 #[cfg(test)]
