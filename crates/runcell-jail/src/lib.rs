@@ -26,6 +26,7 @@ mod init;
 mod landlock;
 mod malloc;
 mod meminfo;
+mod oom;
 mod probe;
 mod protocol;
 mod rootfs;
@@ -47,6 +48,9 @@ pub use hostspeed::{startup_hints, StartupHint, RCU_EXPEDITED};
 pub use init::{helper_main, HELPER_ARG};
 pub use malloc::pin_mmap_threshold;
 pub use meminfo::MemInfo;
+pub use oom::{
+    lower_oom_score_adj, read_oom_score_adj, OomAdjust, SANDBOX_OOM_SCORE_ADJ, SERVER_OOM_SCORE_ADJ,
+};
 pub use probe::{layers, Layer};
 pub use protocol::{ChildError, CollectLimits, CollectedFile, ExitStatus, LandlockStatus};
 pub use rootfs::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READONLY_DIRS};

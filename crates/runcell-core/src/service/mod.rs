@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use runcell_jail::{KillSwitch, OutputSink};
 
-pub use admission::{Admission, AdmissionPolicy, AdmissionStats, Slot, Ticket};
+pub use admission::{Admission, AdmissionPolicy, AdmissionStats, MemoryHold, Slot, Ticket};
 pub use approvals::{Approvals, Decision, PendingRun};
 pub use observe::{language_label, Caller, Observer, Quiet, RunSummary};
 
@@ -181,12 +181,15 @@ impl Call {
 impl RunService {
     /// The service over `engine`, with its own session table.
     pub fn new(engine: Engine, config: ServiceConfig, observer: Arc<dyn Observer>) -> RunService {
-        let sessions = Sessions::new(engine.clone(), config.sessions);
+        // One memory ledger for one-shot runs and live sessions: what all runs may use, less
+        // what the warm pool's sandboxes hold.
+        let admission = Admission::with_memory(config.admission, engine.memory_budget());
+        let sessions = Sessions::with_ledger(engine.clone(), config.sessions, admission.clone());
         RunService {
             inner: Arc::new(Inner {
                 engine,
                 sessions,
-                admission: Admission::new(config.admission),
+                admission,
                 approvals: Arc::default(),
                 observer,
                 runs: RunRegistry::default(),
@@ -665,8 +668,14 @@ impl Admitted {
             admitted,
         } = self;
         let s = service.inner.clone();
+        // A one-shot run holds its memory and its (in-memory) disk in the ledger while it runs;
+        // a session's call runs within what the session holds.
+        let memory = match target {
+            Target::OneShot => valid.limits().memory.0.saturating_add(valid.limits().disk.0),
+            _ => 0,
+        };
         let slot = ticket
-            .slot()
+            .slot_with_memory(memory)
             .await
             .inspect_err(|e| s.observer.refused(&caller, &summary, e))?;
         let entry = s.runs.register(ks.clone());
