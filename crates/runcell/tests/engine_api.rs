@@ -32,7 +32,6 @@ fn spec() -> SandboxSpec {
         helper_exe: common::runcell_bin(),
         overlays: Vec::new(),
         all_runs_memory_bytes: None,
-        memory: None,
         proxy_port: None,
     }
 }

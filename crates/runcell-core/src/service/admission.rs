@@ -715,6 +715,87 @@ mod tests {
         assert!(t4.slot().await.is_err(), "no slot after close");
     }
 
+    /// Regression (issue 23): runs sized at `usable / max_concurrent` each and sessions
+    /// admitted against all of `usable` could together hold twice the memory. One ledger: a
+    /// session's hold and the runs' holds share the budget, a run that does not fit waits for
+    /// memory as for a slot, and one that could never fit is refused at once.
+    #[tokio::test]
+    async fn runs_and_sessions_share_one_memory_ledger() {
+        let a = Admission::with_memory(
+            AdmissionPolicy {
+                max_concurrent: 4,
+                max_queue: 8,
+                max_body_bytes: 100,
+                keys: 1,
+            },
+            Some(1000),
+        );
+        assert_eq!(a.memory_budget(), Some(1000));
+        // A session holds 600 of it.
+        let session = a.hold_memory(600).unwrap();
+        assert_eq!(a.stats().memory, 600);
+        // A run of 300 fits beside it; a second one does not, though slots are free: it waits.
+        let t1 = a.reserve(None).unwrap();
+        let run1 = t1.slot_with_memory(300).await.unwrap();
+        let t2 = a.reserve(None).unwrap();
+        let mut w2 = Box::pin(t2.slot_with_memory(300));
+        assert!(futures_poll(&mut w2).is_none(), "no memory: it waits");
+        assert_eq!(a.stats().waiting, 1);
+        // A second session that does not fit is refused, naming memory.
+        let e = a.hold_memory(200).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::RateLimited);
+        assert!(e.message.contains("Not enough memory"), "{}", e.message);
+        // A run that could never fit is refused at once.
+        let t3 = a.reserve(None).unwrap();
+        let e = t3.slot_with_memory(1001).await.unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Unavailable);
+        assert!(e.message.contains("memory"), "{}", e.message);
+        // A session's call holds nothing more: it runs within the session's hold.
+        let t4 = a.reserve(None).unwrap();
+        let call = t4.slot().await.unwrap();
+        assert_eq!(a.stats().memory, 900);
+        drop(call);
+        // The session ends: the waiting run gets its slot and its memory.
+        drop(session);
+        let run2 = futures_poll(&mut w2).expect("granted").unwrap();
+        assert_eq!(a.stats().memory, 600);
+        assert_eq!(a.stats().running, 2);
+        drop((run1, run2));
+        assert_eq!(a.stats().memory, 0);
+        assert_eq!(a.stats().running, 0);
+    }
+
+    /// A waiter whose memory does not fit is not overtaken by smaller ones behind it (it would
+    /// starve behind a stream of them).
+    #[tokio::test]
+    async fn a_large_run_is_not_overtaken_while_it_waits_for_memory() {
+        let a = Admission::with_memory(
+            AdmissionPolicy {
+                max_concurrent: 4,
+                max_queue: 8,
+                max_body_bytes: 100,
+                keys: 1,
+            },
+            Some(1000),
+        );
+        let t1 = a.reserve(None).unwrap();
+        let small = t1.slot_with_memory(400).await.unwrap();
+        let (t2, t3) = (a.reserve(None).unwrap(), a.reserve(None).unwrap());
+        let mut big = Box::pin(t2.slot_with_memory(900));
+        // 200 would fit beside the small run now, but it is behind the large one.
+        let mut after = Box::pin(t3.slot_with_memory(200));
+        assert!(futures_poll(&mut big).is_none());
+        assert!(futures_poll(&mut after).is_none(), "behind the large one");
+        drop(small);
+        let got = futures_poll(&mut big).expect("granted").unwrap();
+        assert!(
+            futures_poll(&mut after).is_none(),
+            "900 + 200 is over the budget"
+        );
+        drop(got);
+        assert!(futures_poll(&mut after).expect("granted").is_ok());
+    }
+
     /// Poll a future once.
     fn futures_poll<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
         let waker = std::task::Waker::noop();

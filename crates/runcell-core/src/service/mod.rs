@@ -671,7 +671,11 @@ impl Admitted {
         // A one-shot run holds its memory and its (in-memory) disk in the ledger while it runs;
         // a session's call runs within what the session holds.
         let memory = match target {
-            Target::OneShot => valid.limits().memory.0.saturating_add(valid.limits().disk.0),
+            Target::OneShot => valid
+                .limits()
+                .memory
+                .0
+                .saturating_add(valid.limits().disk.0),
             _ => 0,
         };
         let slot = ticket

@@ -112,7 +112,9 @@ fn keyed(path: &Path, key: &str) -> Option<u64> {
 
 /// The group path (as `/proc/self/cgroup` names it) of `dir`, a directory under `mount`.
 fn group_of(mount: &MountEntry, dir: &Path) -> PathBuf {
-    let rel = dir.strip_prefix(&mount.mount_point).unwrap_or(Path::new(""));
+    let rel = dir
+        .strip_prefix(&mount.mount_point)
+        .unwrap_or(Path::new(""));
     mount.root.join(rel)
 }
 
@@ -137,7 +139,12 @@ fn v1_limit(mount: &MountEntry, own: &Path) -> Option<MemoryCeiling> {
     // The visible groups first, so that the figure names the group that sets it.
     for d in up_to_mount(mount, &dir) {
         if let Some(bytes) = read_u64(&d.join("memory.limit_in_bytes")) {
-            lower(&mut best, bytes, group_of(mount, d), "memory.limit_in_bytes");
+            lower(
+                &mut best,
+                bytes,
+                group_of(mount, d),
+                "memory.limit_in_bytes",
+            );
         }
     }
     // Then ancestors the mount hides (a container's bind mount of its own group).
@@ -267,7 +274,10 @@ mod tests {
         let t = tree(V1_MOUNTS, "4:memory:/process_api/x\n");
         let mem = t.root.join("memory");
         write(&mem.join("memory.limit_in_bytes"), V1_UNLIMITED);
-        write(&mem.join("process_api/x/memory.limit_in_bytes"), V1_UNLIMITED);
+        write(
+            &mem.join("process_api/x/memory.limit_in_bytes"),
+            V1_UNLIMITED,
+        );
         let c = t.ceiling().unwrap();
         assert_eq!(c.bytes, 24 * GIB);
         assert_eq!(c.source, MemorySource::Host);

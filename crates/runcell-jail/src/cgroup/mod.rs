@@ -421,8 +421,7 @@ impl CgroupManager {
             // v1 has no safe delegation model.
             return Ok(None);
         }
-        if let Some(hierarchies) = v1::discover_hierarchies(mounts, base, confined.then_some(own))
-        {
+        if let Some(hierarchies) = v1::discover_hierarchies(mounts, base, confined.then_some(own)) {
             let layout = Layout::V1 { hierarchies };
             return Ok(Some(CgroupManager { fs, layout }));
         }
@@ -1408,8 +1407,8 @@ mod tests {
         let root = tmp.path();
         let fake = hybrid_fake(root);
         fake.mkdir(&root.join("memory/ct")).expect("mkdir");
-        let manager = discover_with(&fake, &mounts_for(HYBRID, root), "4:memory:/ct\n")
-            .expect("usable");
+        let manager =
+            discover_with(&fake, &mounts_for(HYBRID, root), "4:memory:/ct\n").expect("usable");
         assert!(v1_hierarchies(&manager)
             .iter()
             .any(|(_, b)| *b == root.join("memory/runcell")));
@@ -1419,8 +1418,8 @@ mod tests {
             "cache 0\nhierarchical_memory_limit 1073741824\n",
         )
         .expect("write");
-        let manager = discover_with(&fake, &mounts_for(HYBRID, root), "4:memory:/ct\n")
-            .expect("usable");
+        let manager =
+            discover_with(&fake, &mounts_for(HYBRID, root), "4:memory:/ct\n").expect("usable");
         assert!(v1_hierarchies(&manager)
             .iter()
             .any(|(_, b)| *b == root.join("memory/ct/runcell")));
