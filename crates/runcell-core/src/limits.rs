@@ -1359,7 +1359,7 @@ mod tests {
         assert_eq!(usable_memory_of(1 << 30, true), 896 << 20);
         assert_eq!(usable_memory_of(512 << 20, true), 384 << 20);
         assert_eq!(usable_memory_of(200 << 20, true), 100 << 20);
-        assert_eq!(usable_memory_of(16 << 30, true), 14 << 30);
+        assert_eq!(usable_memory_of(16 << 30, true), 15 << 30);
         assert_eq!(usable_memory_of(64 << 30, true), 63 << 30);
         assert_eq!(usable_memory_of(24 << 30, false), usable_memory(24 << 30));
         let mut p = LimitPolicy::for_host(21 << 30, 2);

@@ -1413,6 +1413,7 @@ fn mcp(ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     ..policy.admission()
                 },
                 sessions: policy.sessions,
+                memory_ledger: true,
                 ..runcell_core::ServiceConfig::local()
             },
             std::sync::Arc::new(runcell_core::service::Quiet),

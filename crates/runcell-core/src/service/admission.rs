@@ -441,8 +441,10 @@ impl Ticket {
             if s.closed {
                 return Err(RunError::unavailable("The server is shutting down."));
             }
+            // A free slot beside waiters means they wait for memory (hand_on serves them
+            // otherwise): a request that needs none (a session's call) may take it.
             if s.running < shared.policy.max_concurrent
-                && s.waiting.is_empty()
+                && (s.waiting.is_empty() || memory == 0)
                 && shared.fits(&s, memory)
             {
                 s.grant(&owner, memory);
@@ -581,23 +583,32 @@ impl State {
 
 /// Give free slots to waiters: each to the oldest request of the key that runs the fewest
 /// sandboxes now, and among those the key served longest ago. A waiter whose memory does not
-/// fit yet stops the hand-on: those behind it do not overtake it (a large run would starve
-/// behind a stream of small ones otherwise).
+/// fit yet is not overtaken by other runs that need memory (a large run would starve behind a
+/// stream of small ones otherwise); only requests that need none (a session's call) pass it.
 fn hand_on(shared: &Shared, s: &mut State) {
     while s.running < shared.policy.max_concurrent && !s.waiting.is_empty() && !s.closed {
-        let pick = (0..s.waiting.len())
-            .min_by_key(|&i| {
-                let w = &s.waiting[i];
-                (
-                    s.running_by.get(&w.owner).copied().unwrap_or(0),
-                    s.last_grant.get(&w.owner).copied().unwrap_or(0),
-                    w.id,
-                )
-            })
+        let order = |s: &State, i: usize| {
+            let w = &s.waiting[i];
+            (
+                s.running_by.get(&w.owner).copied().unwrap_or(0),
+                s.last_grant.get(&w.owner).copied().unwrap_or(0),
+                w.id,
+            )
+        };
+        let first = (0..s.waiting.len())
+            .min_by_key(|&i| order(s, i))
             .unwrap_or(0);
-        if !shared.fits(s, s.waiting[pick].need) {
-            break;
-        }
+        let pick = if shared.fits(s, s.waiting[first].need) {
+            first
+        } else {
+            match (0..s.waiting.len())
+                .filter(|&i| s.waiting[i].need == 0)
+                .min_by_key(|&i| order(s, i))
+            {
+                Some(i) => i,
+                None => break,
+            }
+        };
         let w = s.waiting.remove(pick);
         if w.grant.send(()).is_ok() {
             s.grant(&w.owner, w.need);
@@ -750,7 +761,8 @@ mod tests {
         let e = t3.slot_with_memory(1001).await.unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::Unavailable);
         assert!(e.message.contains("memory"), "{}", e.message);
-        // A session's call holds nothing more: it runs within the session's hold.
+        // A session's call holds nothing more: it runs within the session's hold, and passes
+        // the run that waits for memory (it would wait for the session to end otherwise).
         let t4 = a.reserve(None).unwrap();
         let call = t4.slot().await.unwrap();
         assert_eq!(a.stats().memory, 900);

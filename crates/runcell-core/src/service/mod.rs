@@ -121,6 +121,9 @@ pub struct ServiceConfig {
     pub sessions: SessionPolicy,
     /// Keys whose runs may ask only for these destinations (within the server's policy).
     pub key_networks: HashMap<String, Vec<runcell_proxy::NetRule>>,
+    /// Keep one memory ledger for one-shot runs and sessions (see [`admission`]): a server's
+    /// door. Off for one run at a time at the command line, whose run is within the maxima.
+    pub memory_ledger: bool,
 }
 
 impl ServiceConfig {
@@ -130,6 +133,7 @@ impl ServiceConfig {
             admission: AdmissionPolicy::single(),
             sessions: SessionPolicy::default(),
             key_networks: HashMap::new(),
+            memory_ledger: false,
         }
     }
 }
@@ -183,7 +187,8 @@ impl RunService {
     pub fn new(engine: Engine, config: ServiceConfig, observer: Arc<dyn Observer>) -> RunService {
         // One memory ledger for one-shot runs and live sessions: what all runs may use, less
         // what the warm pool's sandboxes hold.
-        let admission = Admission::with_memory(config.admission, engine.memory_budget());
+        let budget = engine.memory_budget().filter(|_| config.memory_ledger);
+        let admission = Admission::with_memory(config.admission, budget);
         let sessions = Sessions::with_ledger(engine.clone(), config.sessions, admission.clone());
         RunService {
             inner: Arc::new(Inner {
