@@ -261,6 +261,14 @@ fn at_the_limit(group: &ContainerGroup, wrapper: &[&str], expect_cgroup: bool) {
         "a run at both maxima fits in the ledger: {rt}"
     );
 
+    // Sandbox processes are the OOM killer's first choice.
+    let (st, v) = post(
+        &s,
+        "/v1/execute",
+        json!({"language": "bash", "code": "cat /proc/self/oom_score_adj"}),
+    );
+    assert_eq!((st, &v["stdout"]), (200, &json!("1000\n")), "{v}");
+
     let outcomes = hostile_load(&s, max_memory, max_disk);
     eprintln!("OUTCOMES {outcomes:?}");
     eprintln!(
