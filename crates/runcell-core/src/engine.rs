@@ -31,9 +31,14 @@ pub struct EngineConfig {
     pub setup_timeout: Duration,
     /// Where `runcell setup` put prepared runtimes (Python stack, Go cache).
     pub host: Host,
-    /// The memory all runs may use together (the host's less a reserve): the limit of the
-    /// cgroup every run's group is made in. `None`: no such limit.
+    /// The memory all runs may use together (the memory runcell may use, less a reserve for
+    /// the server and, on a bare host, for the host): the limit of the cgroup every run's
+    /// group is made in, and the budget of the memory ledger (runs, sessions, warm sandboxes).
+    /// `None`: no such limit.
     pub all_runs_memory_bytes: Option<u64>,
+    /// The memory runcell may use and where the figure came from (the machine's, or the limit
+    /// of the cgroup it runs in): what `all_runs_memory_bytes` was derived from.
+    pub memory: Option<runcell_jail::MemoryCeiling>,
     /// The disk the host's files a run sees are on (`major:minor`), whose reads and writes
     /// the `io_read` and `io_write` limits throttle. `None`: not on a block device.
     pub io_device: Option<(u32, u32)>,
@@ -46,12 +51,21 @@ pub struct EngineConfig {
 impl EngineConfig {
     /// Defaults for this host.
     pub fn for_host() -> EngineConfig {
-        let memory = crate::limits::host_memory_bytes("/proc/meminfo".as_ref());
+        // The machine's memory, or less: the limit of the cgroup runcell runs in (a container,
+        // a pod, a unit with MemoryMax=), which is what the kernel enforces.
+        let memory = runcell_jail::memory_ceiling(
+            "/proc/meminfo".as_ref(),
+            "/proc/self/mountinfo".as_ref(),
+            "/proc/self/cgroup".as_ref(),
+        );
+        // Cores are already the container's: available_parallelism honours cgroup CPU quotas.
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get() as u64)
             .unwrap_or(1);
-        // What runs may use of the host's memory: all of it but a reserve for the host.
-        let usable = memory.map(crate::limits::usable_memory);
+        // What runs may use of it: all but a reserve for the server (and the host).
+        let usable = memory
+            .as_ref()
+            .map(|m| crate::limits::usable_memory_of(m.bytes, m.source.is_cgroup()));
         let mut policy = LimitPolicy::for_host(usable.unwrap_or(1 << 30), cpus);
         // A sandbox inherits this process's hard limit of open files: more cannot be granted,
         // so it cannot be offered either.
@@ -77,6 +91,7 @@ impl EngineConfig {
             setup_timeout: Duration::from_secs(20),
             host: Host::default(),
             all_runs_memory_bytes: usable,
+            memory,
             io_device: disk.map(|d| (d.major, d.minor)),
             network: Default::default(),
             packages: Default::default(),
@@ -91,6 +106,8 @@ pub struct Engine {
     /// Warm sandboxes, when a pool was started ([`Engine::start_pool`]). Shared by the
     /// engine's clones; the last one dropped destroys the warm sandboxes.
     pool: Option<Arc<Pool>>,
+    /// What the warm pool holds while idle (see [`crate::pool::warm_reserve_bytes`]).
+    warm_reserve: u64,
     /// Runtimes located in the last [`RUNTIME_TTL`], shared by the engine's clones.
     runtimes: Arc<Mutex<HashMap<Language, (Instant, Runtime)>>>,
     /// Package installs in flight, shared by the engine's clones (see [`crate::packages`]).
@@ -317,6 +334,7 @@ impl Engine {
         Engine {
             config,
             pool: None,
+            warm_reserve: 0,
             runtimes: Arc::default(),
             packages: Default::default(),
         }
@@ -358,9 +376,12 @@ impl Engine {
             .map(|(&language, &n)| (SandboxKey::new(language, &defaults), n))
             .collect();
         self.pool = None;
+        self.warm_reserve = 0;
         if slots.is_empty() {
             return;
         }
+        let started = PoolSizes(slots.iter().map(|(k, n)| (k.language, *n)).collect());
+        self.warm_reserve = crate::pool::warm_reserve_bytes(&started, preload);
         let config = self.config.clone();
         let preload = preload.clone();
         // A warm interpreter keeps its CPU rlimit for whatever timeout its request will ask:
@@ -399,6 +420,14 @@ impl Engine {
             }
         };
         self.pool = Some(Arc::new(Pool::start(slots, Box::new(build))));
+    }
+
+    /// The memory ledger's budget: what all runs may use together, less what the warm pool
+    /// holds. `None`: the memory is unknown.
+    pub fn memory_budget(&self) -> Option<u64> {
+        self.config
+            .all_runs_memory_bytes
+            .map(|all| all.saturating_sub(self.warm_reserve))
     }
 
     /// The warm pool's figures per language (empty without a pool).

@@ -872,9 +872,10 @@ impl From<LimitPolicy> for PolicyWire {
 impl LimitPolicy {
     /// Share the memory runs may use (`usable_bytes`, see [`usable_memory`]) between `runs`
     /// at once: each run's maximum memory, and its maximum disk (its tmpfs pages are memory
-    /// too), is at most its share, never below the defaults.
+    /// too), is at most its share and at most half, so that a run at both maxima fits in the
+    /// memory ledger by itself; never below the defaults.
     pub fn share_memory(&mut self, usable_bytes: u64, runs: u64) {
-        let share = usable_bytes / runs.max(1);
+        let share = (usable_bytes / runs.max(1)).min(usable_bytes / 2);
         self.max.memory = Bytes(self.max.memory.0.min(share.max(self.defaults.memory.0)));
         self.max.disk = Bytes(self.max.disk.0.min(share.max(self.defaults.disk.0)));
     }
@@ -1036,10 +1037,24 @@ pub fn io_defaults(rotational: bool) -> (u64, u64) {
 /// What runs may use of a host's memory: all of it but a reserve for the host itself, an
 /// eighth and at least 1 GiB (never more than half).
 pub fn usable_memory(host_memory_bytes: u64) -> u64 {
-    let reserve = (host_memory_bytes / 8)
-        .max(1 << 30)
-        .min(host_memory_bytes / 2);
-    host_memory_bytes - reserve
+    usable_memory_of(host_memory_bytes, false)
+}
+
+/// The least the server itself is given of a cgroup's limit: its own heap, the request
+/// bodies in flight, the page cache of the runtimes it reads.
+pub const SERVER_RESERVE_MIN: u64 = 128 << 20;
+
+/// What runs may use of `bytes` of memory. On a bare host (`confined` false) the host keeps
+/// an eighth and at least 1 GiB. In a cgroup (`confined`: a container, a pod, a unit with a
+/// memory limit) only the server needs its share, since nothing else lives under that limit:
+/// an eighth, at least [`SERVER_RESERVE_MIN`], at most 1 GiB. Never more than half either way.
+pub fn usable_memory_of(bytes: u64, confined: bool) -> u64 {
+    let reserve = if confined {
+        (bytes / 8).clamp(SERVER_RESERVE_MIN, 1 << 30)
+    } else {
+        (bytes / 8).max(1 << 30)
+    };
+    bytes - reserve.min(bytes / 2)
 }
 
 /// The size of the host's file table from `fs.file-max` (normally /proc/sys/fs/file-max).
@@ -1340,10 +1355,21 @@ mod tests {
         assert_eq!(usable_memory(24 << 30), 21 << 30);
         assert_eq!(usable_memory(4 << 30), 3 << 30);
         assert_eq!(usable_memory(1 << 30), 512 << 20);
+        // In a 1 GiB container the server keeps 128 MiB, not half.
+        assert_eq!(usable_memory_of(1 << 30, true), 896 << 20);
+        assert_eq!(usable_memory_of(512 << 20, true), 384 << 20);
+        assert_eq!(usable_memory_of(200 << 20, true), 100 << 20);
+        assert_eq!(usable_memory_of(16 << 30, true), 15 << 30);
+        assert_eq!(usable_memory_of(64 << 30, true), 63 << 30);
+        assert_eq!(usable_memory_of(24 << 30, false), usable_memory(24 << 30));
         let mut p = LimitPolicy::for_host(21 << 30, 2);
         p.share_memory(21 << 30, 4);
         assert_eq!(p.max.memory, Bytes((21 << 30) / 4));
         assert_eq!(p.max.disk, Bytes((21 << 30) / 4));
+        // One run at a time: memory and disk at their maxima still fit together.
+        let mut one = LimitPolicy::for_host(896 << 20, 2);
+        one.share_memory(896 << 20, 1);
+        assert_eq!(one.max.memory.0 + one.max.disk.0, 896 << 20);
         // Never below the defaults.
         p.share_memory(1 << 30, 64);
         assert_eq!(p.max.memory, p.defaults.memory);

@@ -28,6 +28,7 @@ mod init;
 mod landlock;
 mod malloc;
 mod meminfo;
+mod oom;
 mod probe;
 mod protocol;
 mod rootfs;
@@ -37,7 +38,10 @@ mod sys;
 
 pub use advice::{classify, current_place, fix, Failure, Place, PlaceFacts};
 pub use blockdev::{block_device_of, BlockDevice};
-pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced, IoLimits};
+pub use cgroup::{
+    memory_ceiling, CgroupError, CgroupLimits, CgroupVersion, Enforced, IoLimits, MemoryCeiling,
+    MemorySource,
+};
 pub use collect::MAX_PATH_BYTES;
 pub use config::{Overlay, Rlimits, RootEntry, SANDBOX_GID, SANDBOX_UID};
 pub use errno::{error_chain, OsError};
@@ -48,6 +52,9 @@ pub use identity::{Identity, Shape};
 pub use init::{helper_main, HELPER_ARG};
 pub use malloc::pin_mmap_threshold;
 pub use meminfo::MemInfo;
+pub use oom::{
+    lower_oom_score_adj, read_oom_score_adj, OomAdjust, SANDBOX_OOM_SCORE_ADJ, SERVER_OOM_SCORE_ADJ,
+};
 pub use probe::{layers, Layer};
 pub use protocol::{ChildError, CollectLimits, CollectedFile, ExitStatus, LandlockStatus};
 pub use rootfs::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READONLY_DIRS};

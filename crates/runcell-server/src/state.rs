@@ -98,6 +98,7 @@ impl AppState {
                     keys,
                 },
                 sessions,
+                memory_ledger: true,
                 key_networks: config
                     .api_keys
                     .iter()

@@ -1052,6 +1052,27 @@ fn summary(v: &Verdict) -> String {
 fn serve(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let mut policy = ctx.policy()?;
     policy.commit = Some(env!("RUNCELL_COMMIT").to_string());
+    // The server out of the OOM killer's way: sandbox processes (1000) go first.
+    match runcell_jail::lower_oom_score_adj(
+        OOM_SCORE_ADJ.as_ref(),
+        runcell_jail::SERVER_OOM_SCORE_ADJ,
+    ) {
+        Ok(a @ runcell_jail::OomAdjust::Lowered(_)) => tracing::info!("{a}"),
+        Ok(a) => tracing::warn!("{a}"),
+        Err(e) => tracing::warn!(error = %e, "could not read or set the server's oom_score_adj"),
+    }
+    if let Some(m) = &policy.engine.memory {
+        tracing::info!(
+            "memory: {} ({}); runs, sessions and warm sandboxes together: {}",
+            format_size(m.bytes),
+            m.source,
+            policy
+                .engine
+                .all_runs_memory_bytes
+                .map(format_size)
+                .unwrap_or_else(|| "unbounded".into())
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1131,6 +1152,27 @@ fn setup(host: &runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// This process's OOM-killer adjustment.
+const OOM_SCORE_ADJ: &str = "/proc/self/oom_score_adj";
+
+/// `doctor`'s memory line: the figure runcell sizes from, where it came from, and what runs
+/// may use of it.
+fn memory_report(config: &EngineConfig) -> (Option<String>, String) {
+    let all_runs = config.all_runs_memory_bytes.map(format_size);
+    match &config.memory {
+        Some(m) => (
+            Some(m.source.to_string()),
+            format!(
+                "{} ({}); runs, sessions and warm sandboxes together at most {}",
+                format_size(m.bytes),
+                m.source,
+                all_runs.unwrap_or_else(|| "?".into())
+            ),
+        ),
+        None => (None, "unknown (no /proc/meminfo, no cgroup limit)".into()),
+    }
+}
+
 fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
     let layers = runcell_core::isolation_layers();
     let prepared = |rt: &runcell_runtimes::Runtime| -> Option<String> {
@@ -1161,6 +1203,18 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     // An end-to-end check: build a real sandbox and run bash's `true` in it.
     let mut config = EngineConfig::for_host();
     config.host = host.clone();
+    let (memory_source, memory_line) = memory_report(&config);
+    let memory_bytes = config.memory.as_ref().map(|m| m.bytes);
+    let all_runs_memory = config.all_runs_memory_bytes;
+    // Whether a server started like this one may lower its OOM score (doctor's own process
+    // tries: it ends in a moment).
+    let oom = match runcell_jail::lower_oom_score_adj(
+        OOM_SCORE_ADJ.as_ref(),
+        runcell_jail::SERVER_OOM_SCORE_ADJ,
+    ) {
+        Ok(a) => a.to_string(),
+        Err(e) => format!("oom_score_adj unreadable: {e}"),
+    };
     let engine = Engine::new(config);
     let started = Instant::now();
     let probe = engine.execute(&ExecRequest::new("bash", "true"), &mut NoSink, None);
@@ -1220,6 +1274,10 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
             "host_limits": {
                 "open_files_hard_limit": runcell_core::open_files_hard_limit(),
                 "open_files_maximum": engine.policy().max.open_files.0,
+                "memory_bytes": memory_bytes,
+                "memory_source": memory_source,
+                "all_runs_memory_bytes": all_runs_memory,
+                "oom": oom,
             },
             "startup_hints": speed.iter().map(|h| serde_json::json!({
                 "setting": h.setting, "state": h.state, "recommended": h.recommended,
@@ -1279,6 +1337,8 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                 engine.policy().max.open_files.0
             ),
         }
+        println!("  {:<20} {memory_line}", "memory");
+        println!("  {:<20} {oom}", "oom order");
         println!("Sandbox test");
         if sandbox_ok {
             let e = &probe.enforcement;
@@ -1403,6 +1463,7 @@ fn mcp(ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     ..policy.admission()
                 },
                 sessions: policy.sessions,
+                memory_ledger: true,
                 ..runcell_core::ServiceConfig::local()
             },
             std::sync::Arc::new(runcell_core::service::Quiet),

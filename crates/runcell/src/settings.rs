@@ -868,21 +868,6 @@ impl Settings {
                 }
             }
         }
-        // The memory runs may use is shared by the runs at once, unless the operator set the
-        // maxima of memory and disk.
-        if let Some(usable) = c.engine.all_runs_memory_bytes {
-            let explicit = |name: &str| self.pairs("limits.max").iter().any(|(n, _, _)| n == name);
-            let before = c.engine.policy.max;
-            c.engine
-                .policy
-                .share_memory(usable, c.max_concurrent as u64);
-            if explicit("memory") {
-                c.engine.policy.max.memory = before.memory;
-            }
-            if explicit("disk") {
-                c.engine.policy.max.disk = before.disk;
-            }
-        }
         // The host's file table is shared by the runs at once (unless the operator set the cap).
         if !self
             .pairs("caps")
@@ -912,6 +897,24 @@ impl Settings {
             c.audit = AuditTarget::parse(&t);
         }
         self.pool(&mut c)?;
+        // The memory runs may use is shared by the runs at once, unless the operator set the
+        // maxima of memory and disk.
+        // What the warm pool holds while idle is not theirs (the memory ledger's budget).
+        if let Some(all) = c.engine.all_runs_memory_bytes {
+            let usable =
+                all.saturating_sub(runcell_core::pool::warm_reserve_bytes(&c.pool, &c.preload));
+            let explicit = |name: &str| self.pairs("limits.max").iter().any(|(n, _, _)| n == name);
+            let before = c.engine.policy.max;
+            c.engine
+                .policy
+                .share_memory(usable, c.max_concurrent as u64);
+            if explicit("memory") {
+                c.engine.policy.max.memory = before.memory;
+            }
+            if explicit("disk") {
+                c.engine.policy.max.disk = before.disk;
+            }
+        }
         self.sessions(&mut c)?;
         self.network(&mut c)?;
         self.packages(&mut c)?;

@@ -1350,14 +1350,19 @@ fn a_node_session_with_too_few_open_files_is_refused_naming_the_limit() {
 /// each may hold half; the other key still finds room.
 #[test]
 fn idle_sessions_of_one_key_leave_room_for_another() {
-    // One sandbox at a time: the sessions' budget is then the whole of what runs may use,
-    // which is also the maximum of one run's memory.
+    // One sandbox at a time: a run's maximum memory is then half of the memory ledger, which
+    // one-shot runs and sessions share (no warm pool: the ledger is all that runs may use).
     let s = server(&["--max-concurrent", "1"]);
     let (st, rt) = call(&s, KEY_A, reqwest::Method::GET, "/v1/runtimes", None);
     assert_eq!(st, 200);
-    let budget = rt["limits"]["maximum"]["memory"].as_u64().unwrap();
+    let budget = rt["memory"]["ledger_bytes"].as_u64().unwrap();
+    assert_eq!(
+        rt["limits"]["maximum"]["memory"].as_u64().unwrap(),
+        budget / 2,
+        "{rt}"
+    );
     let mib = 1u64 << 20;
-    assert!(budget > 1024 * mib, "a host this small cannot show it");
+    assert!(budget > 2048 * mib, "a host this small cannot show it");
     // Memory limits are limits, not allocations: a session holds what it may use.
     let half = budget / 2 - 64 * mib;
     let first = json!({"language": "bash", "memory": half, "disk": 4 * mib});

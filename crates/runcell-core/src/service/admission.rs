@@ -13,6 +13,14 @@
 //! * A **slot** is a sandbox running: `max_concurrent` at most. When one frees, it goes to the
 //!   waiting request of the key that runs the fewest sandboxes now (the oldest of its
 //!   requests), so that no key's runs wait behind another key's queue.
+//! * The **memory ledger**: what runcell admits must fit in what its container (or host) may
+//!   hold. A one-shot run holds its memory and its disk limits (tmpfs pages are memory) while
+//!   it has its slot; a live session holds its own from creation to end ([`MemoryHold`]); the
+//!   warm pool's sandboxes were taken off the budget when it was made. A run that does not fit
+//!   waits in line for one to end, as for a slot; one that could never fit is refused (503,
+//!   naming memory). Without it, runs sized at `usable / max_concurrent` each and sessions
+//!   admitted against all of `usable` could together reach twice the memory, and the
+//!   container's OOM killer would have to find the rest.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,6 +81,8 @@ struct State {
     waiting: Vec<Waiter>,
     next_waiter: u64,
     closed: bool,
+    /// Bytes of the memory ledger held: granted slots' runs plus live sessions.
+    memory: u64,
 }
 
 /// A request waiting for a slot. A grant is counted as running when it is sent; the waiter
@@ -80,6 +90,8 @@ struct State {
 struct Waiter {
     id: u64,
     owner: Owner,
+    /// Bytes of the memory ledger its run holds once granted.
+    need: u64,
     grant: oneshot::Sender<()>,
 }
 
@@ -110,7 +122,17 @@ fn others<V>(m: &HashMap<Owner, V>, owner: &Owner) -> usize {
 
 struct Shared {
     policy: AdmissionPolicy,
+    /// The memory ledger's budget; `None`: no ledger (memory unknown).
+    memory_budget: Option<u64>,
     state: Mutex<State>,
+}
+
+impl Shared {
+    /// Whether `need` more bytes fit in the ledger now.
+    fn fits(&self, s: &State, need: u64) -> bool {
+        self.memory_budget
+            .is_none_or(|budget| s.memory.saturating_add(need) <= budget)
+    }
 }
 
 impl Shared {
@@ -134,14 +156,52 @@ pub struct AdmissionStats {
     pub waiting: usize,
     /// Bytes of the body budget held.
     pub bytes: u64,
+    /// Bytes of the memory ledger held (runs with a slot, live sessions).
+    pub memory: u64,
 }
 
 impl Admission {
     pub fn new(policy: AdmissionPolicy) -> Admission {
+        Admission::with_memory(policy, None)
+    }
+
+    /// Admission with a memory ledger of `memory_budget` bytes (see the module): what runs and
+    /// sessions hold together never exceeds it.
+    pub fn with_memory(policy: AdmissionPolicy, memory_budget: Option<u64>) -> Admission {
         Admission(Arc::new(Shared {
             policy,
+            memory_budget,
             state: Mutex::default(),
         }))
+    }
+
+    /// The memory ledger's budget.
+    pub fn memory_budget(&self) -> Option<u64> {
+        self.0.memory_budget
+    }
+
+    /// Hold `bytes` of the memory ledger until the hold is dropped (a live session's memory
+    /// and disk), or refuse now: 429 when the runs and sessions of the moment leave too little,
+    /// naming memory.
+    pub fn hold_memory(&self, bytes: u64) -> Result<MemoryHold, RunError> {
+        let shared = &self.0;
+        let mut s = shared.lock();
+        if !shared.fits(&s, bytes) {
+            let budget = shared.memory_budget.unwrap_or(0);
+            return Err(RunError::rate_limited(format!(
+                "Not enough memory: the runs and sessions of the moment hold {} of the {} \
+                 the server may give them, and this needs {} more (memory and disk). Retry \
+                 once a run or a session has ended, or ask for less memory or disk.",
+                crate::units::format_size(s.memory),
+                crate::units::format_size(budget),
+                crate::units::format_size(bytes)
+            )));
+        }
+        s.memory += bytes;
+        Ok(MemoryHold {
+            shared: shared.clone(),
+            bytes,
+        })
     }
 
     pub fn policy(&self) -> &AdmissionPolicy {
@@ -155,6 +215,7 @@ impl Admission {
             running: s.running,
             waiting: s.waiting.len(),
             bytes: s.bytes,
+            memory: s.memory,
         }
     }
 
@@ -355,22 +416,42 @@ impl Ticket {
     }
 
     /// A sandbox slot, waited for: granted fairly between keys (see the module). Dropping the
-    /// future gives up the wait (or the slot, if it was just granted).
+    /// future gives up the wait (or the slot, if it was just granted). The slot holds nothing
+    /// of the memory ledger: a session's call runs within what the session holds.
     pub async fn slot(&self) -> Result<Slot, RunError> {
+        self.slot_with_memory(0).await
+    }
+
+    /// A sandbox slot that also holds `memory` bytes of the memory ledger (a one-shot run's
+    /// memory and disk limits) while it is held: granted when both a slot and the memory are
+    /// free, in the same fair order. 503 at once for a run that could never fit.
+    pub async fn slot_with_memory(&self, memory: u64) -> Result<Slot, RunError> {
         let shared = &self.0.shared;
         let owner = self.0.owner.clone();
+        if let Some(budget) = shared.memory_budget.filter(|&b| memory > b) {
+            return Err(RunError::unavailable(format!(
+                "Not enough memory: the run's memory and disk limits ({}) are more than the \
+                 server may give all runs together ({}). Ask for less memory or disk.",
+                crate::units::format_size(memory),
+                crate::units::format_size(budget)
+            )));
+        }
         let rx = {
             let mut s = shared.lock();
             if s.closed {
                 return Err(RunError::unavailable("The server is shutting down."));
             }
-            if s.running < shared.policy.max_concurrent && s.waiting.is_empty() {
-                s.running += 1;
-                add(&mut s.running_by, &owner, 1);
-                s.note_grant(&owner);
+            // A free slot beside waiters means they wait for memory (hand_on serves them
+            // otherwise): a request that needs none (a session's call) may take it.
+            if s.running < shared.policy.max_concurrent
+                && (s.waiting.is_empty() || memory == 0)
+                && shared.fits(&s, memory)
+            {
+                s.grant(&owner, memory);
                 return Ok(Slot {
                     shared: shared.clone(),
                     owner,
+                    memory,
                 });
             }
             let (tx, rx) = oneshot::channel();
@@ -379,12 +460,14 @@ impl Ticket {
             s.waiting.push(Waiter {
                 id,
                 owner: owner.clone(),
+                need: memory,
                 grant: tx,
             });
             WaitGuard {
                 shared: shared.clone(),
                 id,
                 owner,
+                memory,
                 rx: Some(rx),
             }
         };
@@ -397,6 +480,7 @@ struct WaitGuard {
     shared: Arc<Shared>,
     id: u64,
     owner: Owner,
+    memory: u64,
     rx: Option<oneshot::Receiver<()>>,
 }
 
@@ -411,6 +495,7 @@ impl WaitGuard {
                 Ok(Slot {
                     shared: self.shared.clone(),
                     owner: self.owner.clone(),
+                    memory: self.memory,
                 })
             }
             Err(_) => {
@@ -431,6 +516,7 @@ impl Drop for WaitGuard {
             drop(Slot {
                 shared: self.shared.clone(),
                 owner: self.owner.clone(),
+                memory: self.memory,
             });
         }
     }
@@ -440,6 +526,8 @@ impl Drop for WaitGuard {
 pub struct Slot {
     shared: Arc<Shared>,
     owner: Owner,
+    /// Bytes of the memory ledger it holds.
+    memory: u64,
 }
 
 impl std::fmt::Debug for Slot {
@@ -452,13 +540,41 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut s = self.shared.lock();
         s.running -= 1;
+        s.memory = s.memory.saturating_sub(self.memory);
         add(&mut s.running_by, &self.owner, -1);
-        hand_on(&self.shared.policy, &mut s);
+        hand_on(&self.shared, &mut s);
+    }
+}
+
+/// Bytes of the memory ledger held outside a slot (a live session's memory and disk); given
+/// back, and waiting runs served, when dropped.
+pub struct MemoryHold {
+    shared: Arc<Shared>,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for MemoryHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryHold")
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl Drop for MemoryHold {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        s.memory = s.memory.saturating_sub(self.bytes);
+        hand_on(&self.shared, &mut s);
     }
 }
 
 impl State {
-    fn note_grant(&mut self, owner: &Owner) {
+    /// A slot (and `memory` bytes of the ledger) counted for `owner`.
+    fn grant(&mut self, owner: &Owner, memory: u64) {
+        self.running += 1;
+        self.memory += memory;
+        add(&mut self.running_by, owner, 1);
         self.grants += 1;
         let n = self.grants;
         self.last_grant.insert(owner.clone(), n);
@@ -466,24 +582,36 @@ impl State {
 }
 
 /// Give free slots to waiters: each to the oldest request of the key that runs the fewest
-/// sandboxes now, and among those the key served longest ago.
-fn hand_on(policy: &AdmissionPolicy, s: &mut State) {
-    while s.running < policy.max_concurrent && !s.waiting.is_empty() && !s.closed {
-        let pick = (0..s.waiting.len())
-            .min_by_key(|&i| {
-                let w = &s.waiting[i];
-                (
-                    s.running_by.get(&w.owner).copied().unwrap_or(0),
-                    s.last_grant.get(&w.owner).copied().unwrap_or(0),
-                    w.id,
-                )
-            })
+/// sandboxes now, and among those the key served longest ago. A waiter whose memory does not
+/// fit yet is not overtaken by other runs that need memory (a large run would starve behind a
+/// stream of small ones otherwise); only requests that need none (a session's call) pass it.
+fn hand_on(shared: &Shared, s: &mut State) {
+    while s.running < shared.policy.max_concurrent && !s.waiting.is_empty() && !s.closed {
+        let order = |s: &State, i: usize| {
+            let w = &s.waiting[i];
+            (
+                s.running_by.get(&w.owner).copied().unwrap_or(0),
+                s.last_grant.get(&w.owner).copied().unwrap_or(0),
+                w.id,
+            )
+        };
+        let first = (0..s.waiting.len())
+            .min_by_key(|&i| order(s, i))
             .unwrap_or(0);
+        let pick = if shared.fits(s, s.waiting[first].need) {
+            first
+        } else {
+            match (0..s.waiting.len())
+                .filter(|&i| s.waiting[i].need == 0)
+                .min_by_key(|&i| order(s, i))
+            {
+                Some(i) => i,
+                None => break,
+            }
+        };
         let w = s.waiting.remove(pick);
         if w.grant.send(()).is_ok() {
-            s.running += 1;
-            add(&mut s.running_by, &w.owner, 1);
-            s.note_grant(&w.owner);
+            s.grant(&w.owner, w.need);
         }
     }
 }
@@ -596,6 +724,88 @@ mod tests {
         a.close();
         let t4 = a.reserve(None).unwrap();
         assert!(t4.slot().await.is_err(), "no slot after close");
+    }
+
+    /// Regression (issue 23): runs sized at `usable / max_concurrent` each and sessions
+    /// admitted against all of `usable` could together hold twice the memory. One ledger: a
+    /// session's hold and the runs' holds share the budget, a run that does not fit waits for
+    /// memory as for a slot, and one that could never fit is refused at once.
+    #[tokio::test]
+    async fn runs_and_sessions_share_one_memory_ledger() {
+        let a = Admission::with_memory(
+            AdmissionPolicy {
+                max_concurrent: 4,
+                max_queue: 8,
+                max_body_bytes: 100,
+                keys: 1,
+            },
+            Some(1000),
+        );
+        assert_eq!(a.memory_budget(), Some(1000));
+        // A session holds 600 of it.
+        let session = a.hold_memory(600).unwrap();
+        assert_eq!(a.stats().memory, 600);
+        // A run of 300 fits beside it; a second one does not, though slots are free: it waits.
+        let t1 = a.reserve(None).unwrap();
+        let run1 = t1.slot_with_memory(300).await.unwrap();
+        let t2 = a.reserve(None).unwrap();
+        let mut w2 = Box::pin(t2.slot_with_memory(300));
+        assert!(futures_poll(&mut w2).is_none(), "no memory: it waits");
+        assert_eq!(a.stats().waiting, 1);
+        // A second session that does not fit is refused, naming memory.
+        let e = a.hold_memory(200).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::RateLimited);
+        assert!(e.message.contains("Not enough memory"), "{}", e.message);
+        // A run that could never fit is refused at once.
+        let t3 = a.reserve(None).unwrap();
+        let e = t3.slot_with_memory(1001).await.unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Unavailable);
+        assert!(e.message.contains("memory"), "{}", e.message);
+        // A session's call holds nothing more: it runs within the session's hold, and passes
+        // the run that waits for memory (it would wait for the session to end otherwise).
+        let t4 = a.reserve(None).unwrap();
+        let call = t4.slot().await.unwrap();
+        assert_eq!(a.stats().memory, 900);
+        drop(call);
+        // The session ends: the waiting run gets its slot and its memory.
+        drop(session);
+        let run2 = futures_poll(&mut w2).expect("granted").unwrap();
+        assert_eq!(a.stats().memory, 600);
+        assert_eq!(a.stats().running, 2);
+        drop((run1, run2));
+        assert_eq!(a.stats().memory, 0);
+        assert_eq!(a.stats().running, 0);
+    }
+
+    /// A waiter whose memory does not fit is not overtaken by smaller ones behind it (it would
+    /// starve behind a stream of them).
+    #[tokio::test]
+    async fn a_large_run_is_not_overtaken_while_it_waits_for_memory() {
+        let a = Admission::with_memory(
+            AdmissionPolicy {
+                max_concurrent: 4,
+                max_queue: 8,
+                max_body_bytes: 100,
+                keys: 1,
+            },
+            Some(1000),
+        );
+        let t1 = a.reserve(None).unwrap();
+        let small = t1.slot_with_memory(400).await.unwrap();
+        let (t2, t3) = (a.reserve(None).unwrap(), a.reserve(None).unwrap());
+        let mut big = Box::pin(t2.slot_with_memory(900));
+        // 200 would fit beside the small run now, but it is behind the large one.
+        let mut after = Box::pin(t3.slot_with_memory(200));
+        assert!(futures_poll(&mut big).is_none());
+        assert!(futures_poll(&mut after).is_none(), "behind the large one");
+        drop(small);
+        let got = futures_poll(&mut big).expect("granted").unwrap();
+        assert!(
+            futures_poll(&mut after).is_none(),
+            "900 + 200 is over the budget"
+        );
+        drop(got);
+        assert!(futures_poll(&mut after).expect("granted").is_ok());
     }
 
     /// Poll a future once.

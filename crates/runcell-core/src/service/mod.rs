@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use runcell_jail::{KillSwitch, OutputSink};
 
-pub use admission::{Admission, AdmissionPolicy, AdmissionStats, Slot, Ticket};
+pub use admission::{Admission, AdmissionPolicy, AdmissionStats, MemoryHold, Slot, Ticket};
 pub use approvals::{Approvals, Decision, PendingRun};
 pub use observe::{language_label, Caller, Observer, Quiet, RunSummary};
 
@@ -123,6 +123,9 @@ pub struct ServiceConfig {
     pub key_networks: HashMap<String, Vec<runcell_proxy::NetRule>>,
     /// How session ids are minted and read (clustered or not).
     pub ids: crate::cluster::SessionIds,
+    /// Keep one memory ledger for one-shot runs and sessions (see [`admission`]): a server's
+    /// door. Off for one run at a time at the command line, whose run is within the maxima.
+    pub memory_ledger: bool,
 }
 
 impl ServiceConfig {
@@ -133,6 +136,7 @@ impl ServiceConfig {
             sessions: SessionPolicy::default(),
             key_networks: HashMap::new(),
             ids: crate::cluster::SessionIds::local(),
+            memory_ledger: false,
         }
     }
 }
@@ -184,12 +188,21 @@ impl Call {
 impl RunService {
     /// The service over `engine`, with its own session table.
     pub fn new(engine: Engine, config: ServiceConfig, observer: Arc<dyn Observer>) -> RunService {
-        let sessions = Sessions::with_ids(engine.clone(), config.sessions, config.ids);
+        // One memory ledger for one-shot runs and live sessions: what all runs may use, less
+        // what the warm pool's sandboxes hold.
+        let budget = engine.memory_budget().filter(|_| config.memory_ledger);
+        let admission = Admission::with_memory(config.admission, budget);
+        let sessions = Sessions::build(
+            engine.clone(),
+            config.sessions,
+            Some(admission.clone()),
+            config.ids,
+        );
         RunService {
             inner: Arc::new(Inner {
                 engine,
                 sessions,
-                admission: Admission::new(config.admission),
+                admission,
                 approvals: Arc::default(),
                 observer,
                 runs: RunRegistry::default(),
@@ -668,8 +681,18 @@ impl Admitted {
             admitted,
         } = self;
         let s = service.inner.clone();
+        // A one-shot run holds its memory and its (in-memory) disk in the ledger while it runs;
+        // a session's call runs within what the session holds.
+        let memory = match target {
+            Target::OneShot => valid
+                .limits()
+                .memory
+                .0
+                .saturating_add(valid.limits().disk.0),
+            _ => 0,
+        };
         let slot = ticket
-            .slot()
+            .slot_with_memory(memory)
             .await
             .inspect_err(|e| s.observer.refused(&caller, &summary, e))?;
         let entry = s.runs.register(ks.clone());

@@ -48,6 +48,8 @@ struct Slot {
     created_at: SystemTime,
     /// Memory and disk it holds while idle (its limits).
     holds: u64,
+    /// The same bytes in the server's memory ledger, given back when the session ends.
+    _memory: Option<crate::service::MemoryHold>,
     state: Mutex<SlotState>,
 }
 
@@ -107,6 +109,9 @@ pub struct SessionStats {
 /// The live sessions of a server.
 pub struct Sessions {
     engine: Engine,
+    /// The server's memory ledger, shared with one-shot runs (`None`: sessions are checked
+    /// against the engine's budget alone).
+    ledger: Option<crate::service::Admission>,
     policy: SessionPolicy,
     /// Mints this process's session ids and says where an id's session lives.
     ids: SessionIds,
@@ -153,13 +158,25 @@ fn shutting_down() -> RunError {
 impl Sessions {
     /// The session table, and its reaper thread (which ends with the table).
     pub fn new(engine: Engine, policy: SessionPolicy) -> Arc<Sessions> {
-        Sessions::with_ids(engine, policy, SessionIds::local())
+        Sessions::build(engine, policy, None, SessionIds::local())
     }
 
     /// As [`Sessions::new`], with ids from `ids` (a clustered server's).
     pub fn with_ids(engine: Engine, policy: SessionPolicy, ids: SessionIds) -> Arc<Sessions> {
+        Sessions::build(engine, policy, None, ids)
+    }
+
+    /// The session table, whose sessions hold their memory and disk in `ledger`'s memory
+    /// ledger, beside the one-shot runs it admits (when there is one), with ids from `ids`.
+    pub(crate) fn build(
+        engine: Engine,
+        policy: SessionPolicy,
+        ledger: Option<crate::service::Admission>,
+        ids: SessionIds,
+    ) -> Arc<Sessions> {
         let sessions = Arc::new(Sessions {
             engine,
+            ledger,
             policy,
             ids,
             table: Arc::new(Mutex::new(Table::default())),
@@ -245,9 +262,18 @@ impl Sessions {
             // Sessions hold their memory and their (in-memory) disk while idle: together they
             // stay within what all runs may use, or the kernel would have to find the room by
             // killing runs of other keys; and one key holds at most its share of that.
-            if let Some(budget) = self.engine.config().all_runs_memory_bytes {
+            let budget = match &self.ledger {
+                Some(l) => l.memory_budget(),
+                None => self.engine.config().all_runs_memory_bytes,
+            };
+            if let Some(budget) = budget {
                 t.holdings(owner).admit(holds, budget, self.policy.keys)?;
             }
+            // And with the one-shot runs of the moment: one ledger for both.
+            let memory = match &self.ledger {
+                Some(l) => Some(l.hold_memory(holds)?),
+                None => None,
+            };
             let slot = Arc::new(Slot {
                 id: self.ids.mint(),
                 settings: SessionSettings {
@@ -260,6 +286,7 @@ impl Sessions {
                 created: Instant::now(),
                 created_at: SystemTime::now(),
                 holds,
+                _memory: memory,
                 state: Mutex::new(SlotState {
                     session: None,
                     last_used: Instant::now(),
@@ -596,6 +623,7 @@ mod tests {
             created: Instant::now(),
             created_at: SystemTime::now(),
             holds,
+            _memory: None,
             state: Mutex::new(SlotState {
                 session: None,
                 last_used: Instant::now(),

@@ -63,11 +63,13 @@
 //! to see the underlying OS error.
 
 mod fs;
+mod memory;
 pub(crate) mod mountinfo;
 mod v1;
 mod v2;
 mod warm;
 
+pub use memory::{memory_ceiling, MemoryCeiling, MemorySource};
 pub use warm::warm_migrations;
 
 #[cfg(test)]
@@ -389,29 +391,33 @@ impl CgroupManager {
             is_root: crate::identity::Identity::current() == crate::identity::Identity::HostRoot,
             pid: std::process::id(),
         };
-        Self::discover_in(
-            Arc::new(RealFs),
-            &mounts,
-            mountinfo::own_v2_path(&own).as_deref(),
-            base,
-            host,
-        )
+        Self::discover_in(Arc::new(RealFs), &mounts, &own, base, host)
     }
 
+    /// `own` is the content of `/proc/self/cgroup`.
     fn discover_in(
         fs: Arc<dyn CgroupFs>,
         mounts: &[MountEntry],
-        own_v2: Option<&Path>,
+        own: &[u8],
         base: &str,
         host: Host,
     ) -> Result<Option<CgroupManager>, CgroupError> {
         validate_base(base)?;
+        let own_v2 = mountinfo::own_v2_path(own);
+        // Confined (a container without a cgroup namespace, a pod whose cgroup2 mount shows the
+        // node's root, a unit with a memory limit, a test's limited group): runs' groups go
+        // under the own group, inside the limits the operator put on runcell.
+        let confined = own_group_is_limited(fs.as_ref(), mounts, own);
         let v2_mounts: Vec<&MountEntry> = mounts
             .iter()
             .filter(|m| m.fstype == "cgroup2" && !m.read_only())
             .collect();
         for mount in &v2_mounts {
-            if let Some(layout) = v2::discover_layout(fs.as_ref(), mount, own_v2, base, host)? {
+            let placement = v2::Placement {
+                own: own_v2.as_deref(),
+                confined,
+            };
+            if let Some(layout) = v2::discover_layout(fs.as_ref(), mount, placement, base, host)? {
                 return Ok(Some(CgroupManager { fs, layout }));
             }
         }
@@ -419,7 +425,7 @@ impl CgroupManager {
             // v1 has no safe delegation model.
             return Ok(None);
         }
-        if let Some(hierarchies) = v1::discover_hierarchies(mounts, base) {
+        if let Some(hierarchies) = v1::discover_hierarchies(mounts, base, confined.then_some(own)) {
             let layout = Layout::V1 { hierarchies };
             return Ok(Some(CgroupManager { fs, layout }));
         }
@@ -605,6 +611,51 @@ impl CgroupManager {
         }
         removed
     }
+}
+
+/// A limit at or above this is no limit: v1 shows "unlimited" as `PAGE_COUNTER_MAX` pages
+/// (9223372036854771712 with 4 KiB pages).
+const UNLIMITED_FLOOR: u64 = 1 << 60;
+
+/// Whether the memory limit of the own group or of an ancestor below the hierarchy's root is
+/// set: runcell runs confined, and its runs must be charged inside that limit (see
+/// [`CgroupManager::discover`]). Read through `fs`, with `own` the content of
+/// `/proc/self/cgroup`.
+fn own_group_is_limited(fs: &dyn CgroupFs, mounts: &[MountEntry], own: &[u8]) -> bool {
+    let limited = |path: PathBuf, key: Option<&str>| {
+        let Ok(text) = fs.read(&path) else {
+            return false;
+        };
+        let value = match key {
+            Some(key) => keyed_value(&text, key),
+            None => text.trim().parse().ok(),
+        };
+        value.is_some_and(|v| v < UNLIMITED_FLOOR)
+    };
+    // v1: the memory hierarchy; hierarchical_memory_limit covers the ancestors.
+    let v1 = mounts
+        .iter()
+        .filter(|m| m.fstype == "cgroup" && m.v1_controllers().iter().any(|c| c == "memory"))
+        .find_map(|m| mountinfo::dir_in_mount(m, &mountinfo::own_v1_path(own, "memory")?));
+    if let Some(dir) = v1 {
+        return limited(dir.join("memory.limit_in_bytes"), None)
+            || limited(dir.join("memory.stat"), Some("hierarchical_memory_limit"));
+    }
+    // v2: memory.max or memory.high of the own group and its visible ancestors.
+    let Some(own_v2) = mountinfo::own_v2_path(own) else {
+        return false;
+    };
+    mounts
+        .iter()
+        .filter(|m| m.fstype == "cgroup2")
+        .filter_map(|m| Some((m, mountinfo::dir_in_mount(m, &own_v2)?)))
+        .any(|(m, dir)| {
+            dir.ancestors()
+                .take_while(|d| d.starts_with(&m.mount_point))
+                .any(|d| {
+                    limited(d.join("memory.max"), None) || limited(d.join("memory.high"), None)
+                })
+        })
 }
 
 /// Group names become a single directory component.
@@ -1016,8 +1067,25 @@ mod tests {
         own: &str,
         host: Host,
     ) -> Option<CgroupManager> {
-        CgroupManager::discover_in(fake.clone(), mounts, Some(Path::new(own)), "runcell", host)
+        let own = format!("0::{own}\n");
+        CgroupManager::discover_in(fake.clone(), mounts, own.as_bytes(), "runcell", host)
             .expect("discover")
+    }
+
+    /// Discovery from a whole `/proc/self/cgroup` text (v1 lines).
+    fn discover_with(
+        fake: &Arc<FakeFs>,
+        mounts: &[MountEntry],
+        proc_cgroup: &str,
+    ) -> Option<CgroupManager> {
+        CgroupManager::discover_in(
+            fake.clone(),
+            mounts,
+            proc_cgroup.as_bytes(),
+            "runcell",
+            ROOT,
+        )
+        .expect("discover")
     }
 
     fn v2_layout(manager: &CgroupManager) -> (PathBuf, PathBuf) {
@@ -1231,6 +1299,134 @@ mod tests {
             std::fs::read_to_string(&memsw).unwrap(),
             (2u64 << 30).to_string()
         );
+    }
+
+    /// A privileged pod whose cgroup2 mount shows the node's root (no cgroup namespace): the
+    /// container's group has a memory limit, so runs' groups go under it, never at the node's
+    /// root, and the all-runs limit and the sweep work there.
+    #[test]
+    fn v2_root_confined_below_the_mount_root_uses_its_own_group() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let own = "kubepods.slice/pod1.slice/cri-ctr.scope";
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, ALL, V2Features::MODERN);
+        fake.add_v2_root(&mp.join(own), "memory pids cpu", V2Features::MODERN);
+        let dir = mp.join(own);
+        stdfs::write(dir.join("cgroup.type"), "domain\n").expect("write");
+        stdfs::write(dir.join("memory.max"), "max\n").expect("write");
+        stdfs::write(mp.join("kubepods.slice/memory.max"), "1073741824\n").expect("write");
+        // The container's shell and runcell share the group.
+        stdfs::write(dir.join("cgroup.procs"), "17\n4321\n").expect("write");
+        let fake = Arc::new(fake);
+        let mounts = mounts_for(PURE_V2, &mp);
+        let manager = discover(&fake, &mounts, &format!("/{own}"), ROOT).expect("usable");
+        assert_eq!(v2_layout(&manager), (dir.clone(), dir.join("runcell")));
+        assert_eq!(
+            stdfs::read_to_string(dir.join("supervisor/cgroup.procs"))
+                .expect("read")
+                .lines()
+                .collect::<Vec<_>>(),
+            ["4321", "17"]
+        );
+        let group = manager
+            .create(
+                "4321-ab",
+                &CgroupLimits {
+                    memory_bytes: Some(1 << 28),
+                    ..CgroupLimits::default()
+                },
+            )
+            .expect("create");
+        assert_eq!(group.path(), dir.join("runcell/4321-ab"));
+        assert!(group.enforced().memory);
+        assert!(manager.limit_all_groups(896 << 20).unwrap());
+        assert_eq!(
+            stdfs::read_to_string(dir.join("runcell/memory.max")).unwrap(),
+            (896u64 << 20).to_string()
+        );
+        assert!(!mp.join("runcell").exists(), "nothing at the node's root");
+        assert!(
+            fake.writes_to("cgroup.subtree_control")
+                .iter()
+                .all(|(p, _)| p.starts_with(&dir)),
+            "nothing above the own group is changed"
+        );
+        drop(group);
+        // A leftover of a dead supervisor in the new place is swept.
+        fake.mkdir(&dir.join("runcell/99-dead")).expect("mkdir");
+        assert_eq!(manager.sweep_stale(&|n: &str| n.starts_with("99-")), 1);
+        assert!(!dir.join("runcell/99-dead").exists());
+        // Discovering again from the supervisor leaf gives the same answer.
+        let again = discover(&fake, &mounts, &format!("/{own}/supervisor"), ROOT).expect("usable");
+        assert_eq!(v2_layout(&again), (dir.clone(), dir.join("runcell")));
+    }
+
+    /// A test (or an operator) put runcell in a limited v1 memory group: per hierarchy the
+    /// groups go under runcell's own group there, the hierarchy's root where it is the root.
+    #[test]
+    fn v1_confined_uses_the_own_group_of_each_hierarchy() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        let fake = hybrid_fake(root);
+        for c in ["memory", "pids"] {
+            fake.mkdir(&root.join(c).join("ct")).expect("mkdir");
+        }
+        stdfs::write(root.join("memory/ct/memory.limit_in_bytes"), "1073741824\n").expect("write");
+        let mounts = mounts_for(HYBRID, root);
+        let own = "8:pids:/ct\n4:memory:/ct\n1:cpu:/\n0::/\n";
+        let manager = discover_with(&fake, &mounts, own).expect("usable");
+        let bases: Vec<PathBuf> = v1_hierarchies(&manager)
+            .into_iter()
+            .map(|(_, b)| b)
+            .collect();
+        assert!(bases.contains(&root.join("memory/ct/runcell")), "{bases:?}");
+        assert!(bases.contains(&root.join("pids/ct/runcell")), "{bases:?}");
+        assert!(bases.contains(&root.join("cpu/runcell")), "{bases:?}");
+        let group = manager
+            .create(
+                "4321-cd",
+                &CgroupLimits {
+                    memory_bytes: Some(1 << 28),
+                    pids_max: Some(16),
+                    ..CgroupLimits::default()
+                },
+            )
+            .expect("create");
+        assert!(root.join("memory/ct/runcell/4321-cd").is_dir());
+        assert!(manager.limit_all_groups(896 << 20).unwrap());
+        assert_eq!(
+            stdfs::read_to_string(root.join("memory/ct/runcell/memory.limit_in_bytes")).unwrap(),
+            (896u64 << 20).to_string()
+        );
+        drop(group);
+        for base in &bases {
+            fake.mkdir(&base.join("99-dead")).expect("mkdir");
+        }
+        assert_eq!(manager.sweep_stale(&|n: &str| n.starts_with("99-")), 1);
+        assert!(bases.iter().all(|b| !b.join("99-dead").exists()));
+
+        // Not limited (an accounting group such as a login session's): today's layout.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        let fake = hybrid_fake(root);
+        fake.mkdir(&root.join("memory/ct")).expect("mkdir");
+        let manager =
+            discover_with(&fake, &mounts_for(HYBRID, root), "4:memory:/ct\n").expect("usable");
+        assert!(v1_hierarchies(&manager)
+            .iter()
+            .any(|(_, b)| *b == root.join("memory/runcell")));
+        // A limit inherited from a hidden ancestor counts too.
+        stdfs::write(
+            root.join("memory/ct/memory.stat"),
+            "cache 0\nhierarchical_memory_limit 1073741824\n",
+        )
+        .expect("write");
+        let manager =
+            discover_with(&fake, &mounts_for(HYBRID, root), "4:memory:/ct\n").expect("usable");
+        assert!(v1_hierarchies(&manager)
+            .iter()
+            .any(|(_, b)| *b == root.join("memory/ct/runcell")));
     }
 
     #[test]

@@ -133,6 +133,18 @@ pub(crate) fn own_v2_path(content: &[u8]) -> Option<PathBuf> {
     })
 }
 
+/// The v1 path of the process in the hierarchy that carries `controller`, from a
+/// `/proc/<pid>/cgroup` file: the `N:ctrl,ctrl:/path` line that names it.
+pub(crate) fn own_v1_path(content: &[u8], controller: &str) -> Option<PathBuf> {
+    let text = std::str::from_utf8(content).ok()?;
+    text.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        (controllers.split(',').any(|c| c == controller) && path.starts_with('/'))
+            .then(|| PathBuf::from(path))
+    })
+}
+
 /// Where the cgroup `own` (a path from `/proc/self/cgroup`) appears under `mount`, if the
 /// mount exposes it at all.
 pub(crate) fn dir_in_mount(mount: &MountEntry, own: &Path) -> Option<PathBuf> {
@@ -281,6 +293,18 @@ pub(crate) mod tests {
         assert!(parse_mountinfo(ro).expect("valid")[0].read_only());
         let rw = b"26 25 0:23 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
         assert!(!parse_mountinfo(rw).expect("valid")[0].read_only());
+    }
+
+    #[test]
+    fn own_v1_path_from_proc_cgroup() {
+        let content = b"9:name=systemd:/\n4:memory:/process_api/95\n2:cpu,cpuacct:/a\n0::/\n";
+        assert_eq!(
+            own_v1_path(content, "memory"),
+            Some(PathBuf::from("/process_api/95"))
+        );
+        assert_eq!(own_v1_path(content, "cpuacct"), Some(PathBuf::from("/a")));
+        assert_eq!(own_v1_path(content, "pids"), None);
+        assert_eq!(own_v1_path(b"0::/x\n", "memory"), None);
     }
 
     #[test]

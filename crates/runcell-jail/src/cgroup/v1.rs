@@ -18,7 +18,16 @@ const LIMITING: [&str; 3] = ["memory", "pids", "cpu"];
 
 /// Picks one writable mount per wanted controller (the first; later ones are usually
 /// bind mounts of the same hierarchy). Co-mounted controllers share one entry.
-pub(super) fn discover_hierarchies(mounts: &[MountEntry], base: &str) -> Option<Vec<V1Hierarchy>> {
+///
+/// Groups are made in `<mount point>/<base>`, or, when `own` (the content of
+/// `/proc/self/cgroup`) is given because runcell runs confined, in `<own group of that
+/// hierarchy>/<base>`: v1 has no rule against processes beside child groups, so nothing
+/// needs to move.
+pub(super) fn discover_hierarchies(
+    mounts: &[MountEntry],
+    base: &str,
+    own: Option<&[u8]>,
+) -> Option<Vec<V1Hierarchy>> {
     let mut hierarchies: Vec<V1Hierarchy> = Vec::new();
     for mount in mounts
         .iter()
@@ -30,11 +39,19 @@ pub(super) fn discover_hierarchies(mounts: &[MountEntry], base: &str) -> Option<
             .iter()
             .any(|c| hierarchies.iter().any(|h| h.has(c)));
         if useful && !seen {
+            let parent = own
+                .and_then(|own| {
+                    let path = controllers
+                        .iter()
+                        .find_map(|c| super::mountinfo::own_v1_path(own, c))?;
+                    super::mountinfo::dir_in_mount(mount, &path)
+                })
+                .unwrap_or_else(|| mount.mount_point.clone());
             hierarchies.push(V1Hierarchy {
                 // All of the mount's controllers, so that a cpuset co-mounted with a
                 // wanted controller is noticed and configured.
                 controllers,
-                base: mount.mount_point.join(base),
+                base: parent.join(base),
             });
         }
     }

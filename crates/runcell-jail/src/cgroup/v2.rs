@@ -27,20 +27,50 @@ fn has_controller(fs: &dyn CgroupFs, dir: &Path, controller: &str) -> bool {
     controllers(fs, dir).is_ok_and(|c| c.iter().any(|c| c == controller))
 }
 
+/// Where this process runs, for [`discover_layout`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Placement<'a> {
+    /// The own group's path from `/proc/self/cgroup`.
+    pub own: Option<&'a Path>,
+    /// The own group or an ancestor has a memory limit (see `own_group_is_limited`).
+    pub confined: bool,
+}
+
 /// Decides whether `mount` is usable and where groups go. `Ok(None)`: not usable.
 pub(super) fn discover_layout(
     fs: &dyn CgroupFs,
     mount: &MountEntry,
-    own: Option<&Path>,
+    placement: Placement<'_>,
     base: &str,
     host: Host,
 ) -> Result<Option<Layout>, CgroupError> {
     let top = &mount.mount_point;
-    let own_dir = own.and_then(|own| mountinfo::dir_in_mount(mount, own));
+    let own_dir = placement
+        .own
+        .and_then(|own| mountinfo::dir_in_mount(mount, own));
     if host.is_root {
         // A hybrid host's cgroup2 mount (only hugetlb, say) fails this test.
         if !has_controller(fs, top, "memory") {
             return Ok(None);
+        }
+        // Confined below the mount's root (a privileged pod whose cgroup2 mount shows the
+        // node's root, a container without a cgroup namespace, a limited unit): the groups go
+        // under the own group, the delegated subtree, so every run is charged inside the
+        // limits on runcell. The own group must first hold no processes of its own (the
+        // supervisor leaf, as for delegation), and it is the top: nothing above it is touched.
+        if let Some(mut dir) = own_dir.clone().filter(|_| placement.confined) {
+            if dir.file_name().is_some_and(|n| n == SUPERVISOR_LEAF) && dir != *top {
+                if let Some(parent) = dir.parent() {
+                    dir = parent.to_path_buf();
+                }
+            }
+            if dir != *top && has_controller(fs, &dir, "memory") {
+                vacate(fs, &dir, Some(host.pid))?;
+                return Ok(Some(Layout::V2 {
+                    top: dir.clone(),
+                    base: dir.join(base),
+                }));
+            }
         }
         // In a cgroup namespace (a container) the mount root is itself a non-root group
         // (only those have cgroup.type), so the no-internal-processes rule applies to it

@@ -289,13 +289,17 @@ impl Sandbox {
             // a signal that kills the helper and with it the sandbox behind its back. The
             // supervisor's death still ends the sandbox (the lifeline).
             .process_group(0);
-        // SAFETY: the closure runs between fork and exec in the child and only calls dup2,
-        // which is async-signal-safe; the raw fds are valid in the child (inherited copies).
+        // SAFETY: the closure runs between fork and exec in the child and only calls dup2 and
+        // the oom hook (open, write, close), which are async-signal-safe; the raw fds are
+        // valid in the child (inherited copies).
         unsafe {
             cmd.pre_exec(move || {
                 if libc::dup2(sock_raw, 3) == -1 || libc::dup2(life_raw, 4) == -1 {
                     return Err(io::Error::last_os_error());
                 }
+                // The OOM killer takes sandbox processes first (crate::oom): every process of
+                // the sandbox inherits this. Raising is always permitted.
+                crate::oom::raise_to_sandbox_score()?;
                 Ok(())
             });
         }

@@ -41,6 +41,26 @@ pub struct RuntimesResponse {
     pub limits: LimitsInfo,
     /// The whole policy: limits plus the caps on code, stdin and files.
     pub policy: runcell_core::LimitPolicy,
+    /// The memory the limits were sized from; absent when it is unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryInfo>,
+}
+
+/// The memory runcell may use, where the figure came from, and what runs may hold of it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MemoryInfo {
+    /// The machine's memory, or the lower limit of the cgroup runcell runs in.
+    pub bytes: u64,
+    /// Where `bytes` came from, e.g. "cgroup limit of /kubepods/pod1 (memory.max)".
+    pub source: String,
+    /// What one-shot runs, live sessions and warm sandboxes may hold together (the rest is
+    /// the server's reserve).
+    pub all_runs_bytes: Option<u64>,
+    /// What one-shot runs and live sessions may hold together: `all_runs_bytes` less the
+    /// warm pool.
+    pub ledger_bytes: Option<u64>,
+    /// Held now by running one-shot runs and live sessions.
+    pub held_bytes: u64,
 }
 
 /// What a request gets without asking, and the most it may ask for.
@@ -134,6 +154,15 @@ pub(crate) async fn runtimes(
 ) -> Result<Json<RuntimesResponse>, ApiError> {
     let list = state.runtimes().await?;
     let p = state.engine().policy().clone();
+    let config = state.engine().config();
+    let admission = state.service().admission();
+    let memory = config.memory.as_ref().map(|m| MemoryInfo {
+        bytes: m.bytes,
+        source: m.source.to_string(),
+        all_runs_bytes: config.all_runs_memory_bytes,
+        ledger_bytes: admission.memory_budget(),
+        held_bytes: admission.stats().memory,
+    });
     Ok(Json(RuntimesResponse {
         runtimes: list,
         limits: LimitsInfo {
@@ -141,5 +170,6 @@ pub(crate) async fn runtimes(
             maximum: p.max,
         },
         policy: p,
+        memory,
     }))
 }

@@ -610,13 +610,31 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// Start it with `args`, in an environment without runcell's server variables plus `env`.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
-        ServeProcess::start_on("127.0.0.1:0", args, env)
+        ServeProcess::start_via(&[], "127.0.0.1:0", args, env)
     }
 
     /// As [`ServeProcess::start`], listening on `listen`.
     pub fn start_on(listen: &str, args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        ServeProcess::start_via(&[], listen, args, env)
+    }
+
+    /// Start it through `wrapper` (a command that ends by exec'ing its arguments: a shell that
+    /// first moves itself into a cgroup, `unshare`, ...), listening on `listen`.
+    pub fn start_via(
+        wrapper: &[&str],
+        listen: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServeProcess {
         use std::io::{BufRead, BufReader};
-        let mut cmd = Command::new(runcell_bin());
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(runcell_bin());
+                c
+            }
+            None => Command::new(runcell_bin()),
+        };
         cmd.args(["serve", "--listen", listen]).args(args);
         for var in [
             "RUNCELL_API_KEY",
