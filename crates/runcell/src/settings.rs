@@ -897,12 +897,32 @@ impl Settings {
             c.audit = AuditTarget::parse(&t);
         }
         self.pool(&mut c)?;
+        // The request bodies in line are the server's memory, within what its container may
+        // hold: at most a quarter of what runs may use. Unless the operator set them, a small
+        // container gets fewer places in line, then a smaller body cap.
+        if let Some(all) = c.engine.all_runs_memory_bytes {
+            let quarter = all / 4;
+            let body = c.max_body_bytes.max(1) as u64;
+            let places = |c: &Policy| (c.max_concurrent + c.max_queue) as u64;
+            if places(&c) * body > quarter && self.count("max_queue")?.is_none() {
+                c.max_queue =
+                    usize::try_from((quarter / body).saturating_sub(c.max_concurrent as u64))
+                        .unwrap_or(0)
+                        .min(c.max_queue);
+            }
+            if places(&c) * body > quarter && self.size("max_body")?.is_none() {
+                c.max_body_bytes = usize::try_from(quarter / places(&c)).unwrap_or(usize::MAX);
+            }
+        }
         // The memory runs may use is shared by the runs at once, unless the operator set the
         // maxima of memory and disk.
-        // What the warm pool holds while idle is not theirs (the memory ledger's budget).
+        // What the warm pool holds while idle is not theirs (the memory ledger's budget), nor
+        // what the request bodies in line may hold.
         if let Some(all) = c.engine.all_runs_memory_bytes {
-            let usable =
-                all.saturating_sub(runcell_core::pool::warm_reserve_bytes(&c.pool, &c.preload));
+            let bodies = (c.max_concurrent + c.max_queue) as u64 * c.max_body_bytes as u64;
+            let usable = all
+                .saturating_sub(runcell_core::pool::warm_reserve_bytes(&c.pool, &c.preload))
+                .saturating_sub(bodies);
             let explicit = |name: &str| self.pairs("limits.max").iter().any(|(n, _, _)| n == name);
             let before = c.engine.policy.max;
             c.engine

@@ -58,7 +58,9 @@ impl AdmissionPolicy {
         self.max_concurrent.saturating_add(self.max_queue).max(1)
     }
 
-    fn body_budget(&self) -> u64 {
+    /// The most the request bodies of every place in line may hold of the server's memory
+    /// (`places × max_body`): the server's, so it also comes off the memory ledger.
+    pub fn body_budget(&self) -> u64 {
         (self.places() as u64).saturating_mul(self.max_body_bytes)
     }
 }

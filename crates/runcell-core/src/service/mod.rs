@@ -189,8 +189,13 @@ impl RunService {
     /// The service over `engine`, with its own session table.
     pub fn new(engine: Engine, config: ServiceConfig, observer: Arc<dyn Observer>) -> RunService {
         // One memory ledger for one-shot runs and live sessions: what all runs may use, less
-        // what the warm pool's sandboxes hold.
-        let budget = engine.memory_budget().filter(|_| config.memory_ledger);
+        // what the warm pool's sandboxes hold and what the request bodies in line may hold of
+        // the server's own memory (both are memory of the container runcell runs in).
+        let bodies = config.admission.body_budget();
+        let budget = engine
+            .memory_budget()
+            .filter(|_| config.memory_ledger)
+            .map(|b| b.saturating_sub(bodies));
         let admission = Admission::with_memory(config.admission, budget);
         let sessions = Sessions::build(
             engine.clone(),
