@@ -158,8 +158,19 @@ pub struct EnforcementReport {
     pub landlock: String,
     /// "v1", "v2" or "none".
     pub cgroup: String,
-    /// runcell ran without root (user namespaces only).
+    /// runcell ran without root in the host's user namespace (unprivileged, or root in a
+    /// container's user namespace).
     pub rootless: bool,
+    /// Who runcell ran as: "root", "root_in_user_namespace" or "unprivileged".
+    #[serde(default)]
+    pub identity: String,
+    /// The sandbox's /dev: "private" (device nodes of its own) or "host" (the host's nodes
+    /// bound in, shared with the host and other runs: no CAP_MKNOD where runcell runs).
+    #[serde(default)]
+    pub devices: String,
+    /// Each sandbox ran as a uid of its own (false: as runcell's own uid).
+    #[serde(default)]
+    pub own_uid: bool,
     /// Layers that could not be set up on this host, in words. Empty when all are enforced.
     pub missing: Vec<String>,
 }
@@ -178,6 +189,9 @@ impl From<&Enforcement> for EnforcementReport {
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "none".into()),
             rootless: e.rootless,
+            identity: e.identity.as_str().into(),
+            devices: if e.private_dev { "private" } else { "host" }.into(),
+            own_uid: e.own_uid,
             missing: e.missing(),
         }
     }
@@ -192,6 +206,9 @@ impl EnforcementReport {
             landlock: "none".into(),
             cgroup: "none".into(),
             rootless: false,
+            identity: String::new(),
+            devices: String::new(),
+            own_uid: false,
             missing: Vec::new(),
         }
     }

@@ -33,8 +33,9 @@ pub struct JailConfig {
     /// The host uid/gid that the sandbox's uid/gid 1000 map to. Never 0.
     pub host_uid: u32,
     pub host_gid: u32,
-    /// Whether the helper runs as host root (then it also clears supplementary groups).
-    pub privileged: bool,
+    /// What the helper may do beyond an unprivileged user (root, in the host's user namespace
+    /// or in a container's); each power it lacks makes it take the rootless path for that step.
+    pub powers: crate::identity::HelperPowers,
     /// Read-only parts of the host to expose, in order.
     pub root: Vec<RootEntry>,
     /// Size cap of the one tmpfs that backs /tmp, /workspace and /dev/shm together.

@@ -120,9 +120,10 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         }
     };
 
-    // H2. As host root, drop the supplementary groups (group 0 among them): they would follow
-    //     the sandbox into its user namespace and still count in host permission checks.
-    if cfg.privileged {
+    // H2. As root, drop the supplementary groups (group 0 among them): they would follow the
+    //     sandbox into its user namespace and still count in host permission checks. (Root in
+    //     a user namespace whose `setgroups` is denied cannot: `enforcement` shows the shape.)
+    if cfg.powers.clear_groups {
         sys::clear_supplementary_groups().step("setgroups")?;
     }
 
@@ -134,8 +135,10 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     //      is never attached to the host's tree (pid 1 moves it into place in P9). Nodes made
     //      inside the user namespace would not open, and nodes bound from the host share the
     //      host's inodes (a lock on /dev/null would be seen by the host and every other run).
-    //      Rootless, the helper cannot make nodes: pid 1 binds the host's.
-    let dev = if cfg.privileged {
+    //      Rootless, as root in a user namespace, or as root without CAP_MKNOD the helper
+    //      cannot make nodes (the supervisor found out once, identity::probe_powers): pid 1
+    //      binds the host's, and `enforcement.devices` says so.
+    let dev = if cfg.powers.private_dev {
         Some(rootfs::private_dev()?)
     } else {
         None
@@ -143,13 +146,15 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     // H3b. As host root, the non-recursive clones of the host directories that pid 1 shows
     //      through overlays (P8): in pid 1's namespace the kernel would refuse them wherever a
     //      mount lies below (mounts copied into a less privileged namespace are locked).
-    //      Rootless, pid 1 clones them itself (and a host with mounts below them fails).
+    //      Without CAP_SYS_ADMIN over the helper's mount namespace (rootless, root in a user
+    //      namespace without it), pid 1 clones them itself (and a host with mounts below them
+    //      fails).
     let layers: Vec<Option<OwnedFd>> = cfg
         .root
         .iter()
         .map(|e| match e {
             RootEntry::Bind { path, dir: true } | RootEntry::BindAt { path, .. }
-                if cfg.privileged =>
+                if cfg.powers.clone_layers =>
             {
                 rootfs::layer_clone(path).map(Some)
             }
@@ -187,7 +192,9 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     //      right after the clone (H5 and H7 need it). The fsuid stays 0 as well: with
     //      CLONE_INTO_CGROUP the kernel checks the caller's right to write the root-owned
     //      group's cgroup.procs by it (pid 1 changes all its ids in P3 before it touches a file).
-    if cfg.privileged {
+    //      Root in a user namespace does the same with an id of its namespace's pool; without
+    //      a pool (only root mapped) or without CAP_SETUID, the sandbox maps to our own uid.
+    if cfg.powers.switch_ids {
         set_thread_res_gid(None::<Gid>, Gid::from_raw(cfg.host_gid), None::<Gid>)
             .step("setegid")?;
         set_thread_res_uid(None::<Uid>, Uid::from_raw(cfg.host_uid), None::<Uid>)
@@ -212,7 +219,7 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         // SAFETY: as above.
         None => unsafe { sys::clone_with_pidfd(ns) },
     };
-    if cfg.privileged && !matches!(forked, Ok(sys::Forked::Child)) {
+    if cfg.powers.switch_ids && !matches!(forked, Ok(sys::Forked::Child)) {
         set_thread_res_uid(None::<Uid>, Uid::ROOT, None::<Uid>).step("restore euid")?;
         set_thread_res_gid(None::<Gid>, Gid::ROOT, None::<Gid>).step("restore egid")?;
     }
@@ -493,8 +500,9 @@ fn build_sandbox(
     }
 
     // P9. A minimal /dev: the harmless character devices, the /dev/fd links, and nothing else
-    //     (no block devices, kmsg, mem, tty). As root, the helper built it with nodes of its
-    //     own (H3a); rootless, the host's nodes are bound (a user namespace cannot mknod).
+    //     (no block devices, kmsg, mem, tty). As host root, the helper built it with nodes of
+    //     its own (H3a); wherever it could not, the host's nodes are bound (a user namespace
+    //     cannot mknod), nosuid and noexec.
     let dev_dir = root.join("dev");
     match dev {
         Some(mnt) => rootfs::attach(mnt, &dev_dir)?,

@@ -14,6 +14,7 @@
 //! which is reachable through [`std::error::Error::source`]; the caller that shows an error
 //! formats the chain. [`SandboxError::os_error`] gives the errno behind a failure.
 
+mod advice;
 mod blockdev;
 mod cgroup;
 mod collect;
@@ -22,6 +23,7 @@ mod errno;
 mod fdlimit;
 mod hex;
 mod hostspeed;
+mod identity;
 mod init;
 mod landlock;
 mod malloc;
@@ -33,6 +35,7 @@ mod seccomp;
 mod supervisor;
 mod sys;
 
+pub use advice::{classify, current_place, fix, Failure, Place, PlaceFacts};
 pub use blockdev::{block_device_of, BlockDevice};
 pub use cgroup::{CgroupError, CgroupLimits, CgroupVersion, Enforced, IoLimits};
 pub use collect::MAX_PATH_BYTES;
@@ -41,6 +44,7 @@ pub use errno::{error_chain, OsError};
 pub use fdlimit::{open_files_hard_limit, raise_open_files_limit};
 pub use hex::to_hex;
 pub use hostspeed::{startup_hints, StartupHint, RCU_EXPEDITED};
+pub use identity::{Identity, Shape};
 pub use init::{helper_main, HELPER_ARG};
 pub use malloc::pin_mmap_threshold;
 pub use meminfo::MemInfo;

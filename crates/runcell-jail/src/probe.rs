@@ -19,13 +19,19 @@ pub struct Layer {
 
 /// Probe every layer.
 pub fn layers() -> Vec<Layer> {
-    let root = rustix::process::geteuid().is_root();
+    // Root in a user namespace counts as unprivileged for both: creating a nested user
+    // namespace is "unprivileged" to the sysctls, and it may only use a delegated cgroup.
+    let root = crate::identity::Identity::current() == crate::identity::Identity::HostRoot;
     vec![
         user_namespaces(Path::new("/proc/sys"), root),
         mount_api(),
         seccomp(),
         landlock(),
-        cgroups(crate::supervisor::cgroup_version(), root),
+        cgroups(
+            crate::supervisor::cgroup_version(),
+            root,
+            &crate::advice::current_place(),
+        ),
     ]
 }
 
@@ -132,7 +138,9 @@ fn landlock_for_abi(abi: u32) -> Layer {
     }
 }
 
-pub fn cgroups(version: Option<CgroupVersion>, root: bool) -> Layer {
+/// `root`: host root (who may create groups anywhere in the hierarchy); the fix depends on
+/// `place` (a pod's is not a host's).
+pub fn cgroups(version: Option<CgroupVersion>, root: bool, place: &crate::advice::Place) -> Layer {
     Layer {
         name: "cgroups",
         available: version.is_some(),
@@ -140,16 +148,9 @@ pub fn cgroups(version: Option<CgroupVersion>, root: bool) -> Layer {
             Some(v) => format!("{v}"),
             None => "no usable hierarchy".into(),
         },
-        fix: version.is_none().then(|| {
-            if root {
-                "mount cgroup2 at /sys/fs/cgroup (or the v1 memory, pids and cpu controllers)"
-                    .to_string()
-            } else {
-                "run as root, or in a delegated cgroup v2 subtree, e.g. \
-                 `systemd-run --user --scope -p Delegate=yes runcell ...`"
-                    .to_string()
-            }
-        }),
+        fix: version
+            .is_none()
+            .then(|| crate::advice::fix(place, crate::advice::Failure::NoCgroup, root)),
     }
 }
 

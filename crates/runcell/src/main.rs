@@ -1155,6 +1155,15 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
     let probe_ms = started.elapsed().as_millis();
     let sandbox_ok = probe.exit_code == Some(0);
     let all_layers = layers.iter().all(|l| l.available);
+    // Where runcell runs decides the fix for a failed end-to-end check: a pod's securityContext
+    // field, a container engine's flag, or a host setting.
+    let place = runcell_jail::current_place();
+    let identity = runcell_jail::Identity::current();
+    let probe_fix = probe.error.as_ref().and_then(|e| {
+        let errno = e.os_error.as_ref().and_then(|o| o.name.as_deref());
+        runcell_jail::classify(&e.message, errno)
+            .map(|f| runcell_jail::fix(&place, f, identity != runcell_jail::Identity::Unprivileged))
+    });
     // Host settings that would make cold starts faster. Advice only: each is host-wide and
     // the operator's call; runcell never changes them, and they do not change the exit code.
     let speed = runcell_jail::startup_hints(
@@ -1164,6 +1173,8 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
 
     if json {
         let report = serde_json::json!({
+            "place": place.to_string(),
+            "identity": identity.as_str(),
             "layers": layers.iter().map(|l| serde_json::json!({
                 "name": l.name, "available": l.available, "detail": l.detail, "fix": l.fix,
             })).collect::<Vec<_>>(),
@@ -1180,6 +1191,7 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                 "milliseconds": probe_ms,
                 "enforcement": probe.enforcement,
                 "error": probe.error,
+                "fix": probe_fix,
             },
             "host_limits": {
                 "open_files_hard_limit": runcell_core::open_files_hard_limit(),
@@ -1202,6 +1214,7 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
             (false, true) => "\x1b[31mMISSING\x1b[0m",
             (false, false) => "MISSING",
         };
+        println!("Running as {identity} on a {place}");
         println!("Isolation layers");
         for l in &layers {
             println!("  {:<20} {}  {}", l.name, mark(l.available), l.detail);
@@ -1246,22 +1259,35 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
         if sandbox_ok {
             let e = &probe.enforcement;
             println!(
-                "  {:<20} {}  ran `true` in {probe_ms} ms: namespaces {}; seccomp {}; landlock {}; cgroup {}{}",
+                "  {:<20} {}  ran `true` in {probe_ms} ms: namespaces {}; seccomp {}; landlock {}; cgroup {}; as {}; devices {}; {}{}",
                 "end to end",
                 mark(true),
                 e.namespaces.join(","),
                 if e.seccomp { "on" } else { "off" },
                 e.landlock,
                 e.cgroup,
+                e.identity,
+                e.devices,
+                if e.own_uid { "a uid per sandbox" } else { "sandboxes share runcell's uid" },
                 if e.rootless { "; rootless" } else { "" }
             );
+            for m in &e.missing {
+                println!("  {:<20}          not enforced: {m}", "");
+            }
         } else {
             println!(
                 "  {:<20} {}  {}",
                 "end to end",
                 mark(false),
-                probe.error.map(|e| e.message).unwrap_or_default()
+                probe
+                    .error
+                    .as_ref()
+                    .map(|e| e.message.as_str())
+                    .unwrap_or_default()
             );
+            if let Some(fix) = &probe_fix {
+                println!("  {:<20}          fix: {fix}", "");
+            }
         }
         println!("Start-up speed (host settings; optional, host-wide, runcell never sets them)");
         for h in &speed {

@@ -382,7 +382,11 @@ impl CgroupManager {
                 source,
             })?;
         let host = Host {
-            is_root: rustix::process::geteuid().is_root(),
+            // Root in a user namespace (a pod with `hostUsers: false`) owns nothing of the
+            // hierarchy but what the runtime delegated to it (crun chowns the container's
+            // group to the namespace's root): it takes the delegated-subtree path, as an
+            // unprivileged user does, and v1 (which cannot be delegated) not at all.
+            is_root: crate::identity::Identity::current() == crate::identity::Identity::HostRoot,
             pid: std::process::id(),
         };
         Self::discover_in(
@@ -1331,6 +1335,48 @@ mod tests {
             )
             .expect("create");
         assert!(group.enforced().memory && group.enforced().pids);
+    }
+
+    /// Root in a user-namespaced pod (`hostUsers: false`) counts as unprivileged here
+    /// (identity::Identity::NamespacedRoot): where the runtime delegated the container's
+    /// group to the namespace's root (crun, containerd `cgroup_writable`), its groups go in that
+    /// group, the namespace root; where it did not, there is no cgroup and no error.
+    #[test]
+    fn root_in_a_user_namespace_uses_the_delegated_container_group_only() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, "cpu memory pids", V2Features::MODERN);
+        stdfs::write(mp.join("cgroup.type"), "domain\n").expect("write");
+        // The pod's entrypoint shell (1) and runcell (4321), in the namespace root.
+        stdfs::write(mp.join("cgroup.procs"), "1\n4321\n").expect("write");
+        let fake = Arc::new(fake);
+        let mounts = mounts_for(PURE_V2, &mp);
+        let manager = discover(&fake, &mounts, "/", USER).expect("delegated");
+        assert_eq!(v2_layout(&manager), (mp.clone(), mp.clone()));
+        let group = manager
+            .create(
+                "4321-ab",
+                &CgroupLimits {
+                    memory_bytes: Some(1 << 28),
+                    pids_max: Some(8),
+                    ..CgroupLimits::default()
+                },
+            )
+            .expect("create");
+        assert_eq!(group.path(), mp.join("4321-ab"));
+        assert!(group.enforced().memory && group.enforced().pids);
+
+        // Not delegated (the container's group belongs to the host's root): nothing.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mp = tmp.path().to_path_buf();
+        let mut fake = FakeFs::new();
+        fake.add_v2_root(&mp, "cpu memory pids", V2Features::MODERN);
+        stdfs::write(mp.join("cgroup.type"), "domain\n").expect("write");
+        fake.deny_write(&mp.join("cgroup.procs"));
+        let fake = Arc::new(fake);
+        assert!(discover(&fake, &mounts_for(PURE_V2, &mp), "/", USER).is_none());
+        assert!(!mp.join("supervisor").exists(), "nothing moved");
     }
 
     /// The same for an unprivileged runcell started from the user's shell in its delegated

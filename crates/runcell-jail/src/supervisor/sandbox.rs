@@ -21,15 +21,10 @@ use super::ownership::{
 use super::{timespec, SandboxError};
 use crate::cgroup::{Cgroup, CgroupLimits, CgroupStats, CgroupVersion, Enforced};
 use crate::config::{JailConfig, Overlay, RootEntry};
+use crate::identity::{IdPool, Identity, Shape};
 use crate::init::HELPER_ARG;
 use crate::meminfo::MemInfo;
 use crate::protocol::{self, CollectLimits, CollectedFile, LandlockStatus, Report, Request};
-
-/// First host uid used for sandboxes when runcell runs as root. Each sandbox gets its own uid
-/// in [`HOST_ID_BASE`, `HOST_ID_BASE + HOST_ID_RANGE`): unprivileged, in no /etc/passwd, and
-/// far above the ranges distributions hand out (system users, regular users, /etc/subuid).
-const HOST_ID_BASE: u32 = 2_000_000_000;
-const HOST_ID_RANGE: u32 = 1_000_000;
 
 /// The helper's descriptors are parked at or above this number before it is spawned, so that
 /// moving them to 3 and 4 in the child can never clobber one another.
@@ -84,9 +79,21 @@ pub struct Enforcement {
     pub landlock: Option<LandlockStatus>,
     pub cgroup: Option<CgroupVersion>,
     pub cgroup_limits: Enforced,
-    /// The sandbox uid maps to this host uid.
+    /// The sandbox uid maps to this uid of the supervisor's user namespace.
     pub host_uid: u32,
+    /// Not root in the host's user namespace (unprivileged, or root in a container's).
     pub rootless: bool,
+    /// Who the supervisor is: host root, root in a user namespace, unprivileged.
+    pub identity: Identity,
+    /// The sandbox's /dev holds device nodes of its own (`false`: the host's nodes are bound,
+    /// so their inodes, and locks on them, are shared with the host and the other runs).
+    pub private_dev: bool,
+    /// Each sandbox maps to a uid of its own (`false`: to the supervisor's uid, shared by
+    /// every sandbox and the supervisor, with the per-uid kernel budgets that go with it).
+    pub own_uid: bool,
+    /// Root could not drop its supplementary groups (`setgroups` is denied in its user
+    /// namespace): the sandbox's processes keep them.
+    pub kept_groups: bool,
     /// The host has swap space (so a memory limit without swap accounting leaks into it).
     pub host_has_swap: bool,
     /// Whether the memory of all runs together is limited (`None`: it was not asked for).
@@ -99,6 +106,23 @@ impl Enforcement {
     /// Layers that are missing or partial, in words (empty when everything is enforced).
     pub fn missing(&self) -> Vec<String> {
         let mut m = Vec::new();
+        if self.host_uid == 0 {
+            // Root in a user namespace that maps no other id (`unshare --map-root-user`), or
+            // root without CAP_SETUID: the sandbox's uid is the supervisor's uid 0 outside.
+            m.push(
+                "a uid of its own (the sandbox runs as the supervisor's uid 0 outside its \
+                 namespace: map more ids, e.g. --uidmap 0:100000:65536, or grant CAP_SETUID \
+                 and CAP_SETGID)"
+                    .into(),
+            );
+        }
+        if self.kept_groups {
+            m.push(
+                "dropping supplementary groups (setgroups is denied in runcell's user \
+                 namespace: the sandbox keeps runcell's groups)"
+                    .into(),
+            );
+        }
         if !self.seccomp {
             m.push("seccomp".to_string());
         }
@@ -177,29 +201,34 @@ pub struct Sandbox {
     proxy_listener: Option<OwnedFd>,
 }
 
-/// The next sandbox host uid: sequential within this process from a random start, so two
-/// sandboxes of one supervisor never share a uid (and with it per-uid kernel budgets), and two
-/// supervisors are unlikely to.
-fn next_host_id() -> u32 {
+/// The next sandbox host uid from `pool`: sequential within this process from a random start,
+/// so two sandboxes of one supervisor never share a uid (and with it per-uid kernel budgets),
+/// and two supervisors are unlikely to. (One process has one pool: its user namespace's.)
+fn next_host_id(pool: IdPool) -> u32 {
     static START: OnceLock<u64> = OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let start = *START.get_or_init(|| random_u64() % HOST_ID_RANGE as u64);
+    let len = pool.len.max(1) as u64;
+    let start = *START.get_or_init(random_u64);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    HOST_ID_BASE + ((start + n) % HOST_ID_RANGE as u64) as u32
+    pool.start + (start.wrapping_add(n) % len) as u32
 }
 
 impl Sandbox {
     /// Build a sandbox and wait until its pid 1 is ready for programs.
     pub fn create(spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
-        let euid = rustix::process::geteuid().as_raw();
-        let privileged = euid == 0;
-        // S1. As root, a fresh unprivileged host uid per sandbox; rootless, our own (the only
-        //     one an unprivileged process may map).
-        let (host_uid, host_gid) = if privileged {
-            let id = next_host_id();
-            (id, id)
-        } else {
-            (euid, rustix::process::getegid().as_raw())
+        // S1. As root, a fresh unprivileged uid per sandbox: host root from 2000000000 up, root
+        //     in a user namespace from the ids its namespace maps (identity::namespace_pool);
+        //     rootless (or root that cannot switch ids), our own (the only one we may map).
+        let shape = Shape::current();
+        let (host_uid, host_gid) = match (shape.powers.switch_ids, shape.pool) {
+            (true, Some(pool)) => {
+                let id = next_host_id(pool);
+                (id, id)
+            }
+            _ => (
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            ),
         };
 
         retry_pending_removals();
@@ -289,7 +318,11 @@ impl Sandbox {
             cgroup: cgroup.as_ref().map(Cgroup::version),
             cgroup_limits: cgroup.as_ref().map(Cgroup::enforced).unwrap_or_default(),
             host_uid,
-            rootless: !privileged,
+            rootless: shape.identity != Identity::HostRoot,
+            identity: shape.identity,
+            private_dev: shape.powers.private_dev,
+            own_uid: shape.powers.switch_ids && shape.pool.is_some(),
+            kept_groups: shape.kept_groups,
             host_has_swap: MemInfo::read(HOST_MEMINFO.as_ref())
                 .ok()
                 .and_then(|m| m.swap_total_bytes)
@@ -319,7 +352,7 @@ impl Sandbox {
             hostname: spec.hostname.clone(),
             host_uid,
             host_gid,
-            privileged,
+            powers: shape.powers,
             root: spec.root.clone(),
             scratch_bytes: spec.scratch_bytes,
             scratch_inodes: spec.scratch_inodes,
@@ -622,10 +655,11 @@ mod tests {
 
     #[test]
     fn host_ids_are_unique_within_a_supervisor_and_never_privileged() {
-        let ids: std::collections::HashSet<u32> = (0..1000).map(|_| next_host_id()).collect();
+        let pool = crate::identity::HOST_ROOT_POOL;
+        let ids: std::collections::HashSet<u32> = (0..1000).map(|_| next_host_id(pool)).collect();
         assert_eq!(ids.len(), 1000);
         assert!(ids
             .iter()
-            .all(|&id| (HOST_ID_BASE..HOST_ID_BASE + HOST_ID_RANGE).contains(&id)));
+            .all(|&id| (pool.start..pool.start + pool.len).contains(&id)));
     }
 }

@@ -135,6 +135,14 @@ pub fn run_argv(argv: &[String], adjust: impl FnOnce(&mut Command)) -> Run {
     spawn_cmd(cmd, adjust).finish()
 }
 
+/// Like `run_argv`, not waited for: to act on the started process (write its user
+/// namespace's id maps, say) before `finish`.
+pub fn spawn_argv(argv: &[String], adjust: impl FnOnce(&mut Command)) -> Pending {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    spawn_cmd(cmd, adjust)
+}
+
 /// A run that was started and not yet waited for (to watch the host while it runs).
 pub struct Pending {
     child: Child,
