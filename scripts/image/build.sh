@@ -6,8 +6,10 @@
 #   scripts/image/build.sh [--force]
 #
 # The image carries the hash of its inputs (every file's path, type, mode, owner, size, and
-# the time or target, plus the Containerfile) as the label io.runcell.rootfs-hash; an image
-# with the same hash is kept, not rebuilt (--force rebuilds). Needs root and podman.
+# the time or target; runcell's and the generated files' content; the Containerfile) as the
+# label io.runcell.rootfs-hash; an image with the same hash is kept, not rebuilt (--force
+# rebuilds). Otherwise podman's layer cache still reuses the big rootfs layer when only the
+# binary changed. Needs root and podman.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -31,7 +33,8 @@ echo "build.sh: root filesystem assembled ($(elapsed))"
 hash=$( {
   sha256sum deploy/container/Containerfile
   # The files rootfs.sh writes (their mtime is fixed): by content.
-  (cd "$ctx/rootfs" && sha256sum usr/bin/runcell etc/ld.so.cache etc/passwd etc/group)
+  sha256sum "$ctx/runcell"
+  (cd "$ctx/rootfs" && sha256sum etc/ld.so.cache etc/passwd etc/group)
   (cd "$ctx/rootfs" && find . \( -type f -printf 'f %p %m %U %G %s %T@\n' \) -o \( -type l -printf 'l %p %l\n' \) -o -printf '%y %p %m %U %G\n' | LC_ALL=C sort)
 } | sha256sum | cut -c1-16)
 have=$(podman image inspect "$image" --format '{{index .Labels "io.runcell.rootfs-hash"}}' 2>/dev/null || true)

@@ -26,7 +26,21 @@ languages=${RUNCELL_IMAGE_LANGUAGES:-python node ruby go}
 command -v dpkg-query >/dev/null || { echo "rootfs.sh: needs a Debian-based host (dpkg-query)" >&2; exit 1; }
 
 root=$out/rootfs
-rm -rf "$root"
+# Everything the tree is made of, cheaply: this script, the choice of runtimes, the installed
+# packages' versions, the prepared runtimes' files, the /etc entries copied, the binary. An
+# unchanged key keeps the tree as it is (assembling it takes minutes on a busy machine).
+key=$( {
+  sha256sum "$0" "$bin"
+  echo "$languages"
+  dpkg-query -W -f='${Package} ${Version} ${db:Status-Status}\n'
+  find "$data_dir" /etc/alternatives /etc/fonts /etc/ld.so.conf.d /etc/ssl/certs/ca-certificates.crt \
+    -printf '%p %s %T@ %l\n' 2>/dev/null | LC_ALL=C sort
+} | sha256sum | cut -c1-32)
+if [ -d "$root" ] && [ -f "$out/runcell" ] && [ "$(cat "$out/inputs.key" 2>/dev/null)" = "$key" ]; then
+  echo "rootfs.sh: $root is up to date (inputs $key)"
+  exit 0
+fi
+rm -rf "$root" "$out/inputs.key"
 mkdir -p "$root"
 
 # --- which Debian packages -------------------------------------------------------------
@@ -50,30 +64,31 @@ done
 # is never upgraded in place, it is rebuilt.
 skip=" dpkg debconf perl-base perl init-system-helpers install-info ucf sensible-utils lsb-base debianutils "
 
-declare -A chosen=()
-queue=("${roots[@]}")
-while [ ${#queue[@]} -gt 0 ]; do
-  p=${queue[0]%%:*}
-  queue=("${queue[@]:1}")
-  [ -z "${chosen[$p]:-}" ] || continue
-  case $skip in *" $p "*) continue ;; esac
-  [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" = installed ] || continue
-  chosen[$p]=1
-  IFS=',' read -ra deps <<<"$(dpkg-query -W -f='${Pre-Depends}, ${Depends}' "$p")"
-  for alternatives in "${deps[@]}"; do
-    IFS='|' read -ra options <<<"$alternatives"
-    for o in "${options[@]}"; do
-      read -r name _ <<<"$o" || true
-      name=${name%%:*}
-      [ -n "$name" ] || continue
-      if [ "$(dpkg-query -W -f='${db:Status-Status}' "$name" 2>/dev/null)" = installed ]; then
-        queue+=("$name")
-        break
-      fi
-    done
-  done
-done
-mapfile -t packages < <(printf '%s\n' "${!chosen[@]}" | sort)
+# The closure over installed packages, from one dump of the package database (a dpkg-query
+# per package would take a minute on a busy machine).
+mapfile -t packages < <(dpkg-query -W -f='${Package}\t${db:Status-Status}\t${Pre-Depends}, ${Depends}\n' \
+  | python3 -c '
+import sys
+skip = set(sys.argv[1].split())
+deps = {}
+for line in sys.stdin:
+    name, status, d = line.rstrip("\n").split("\t")
+    if status == "installed":
+        deps[name.split(":")[0]] = d
+chosen, queue = set(), sys.argv[2:]
+while queue:
+    p = queue.pop().split(":")[0]
+    if p in chosen or p in skip or p not in deps:
+        continue
+    chosen.add(p)
+    for alternatives in deps[p].split(","):
+        for o in alternatives.split("|"):
+            n = o.split()[0].split(":")[0] if o.split() else ""
+            if n in deps:
+                queue.append(n)
+                break
+print("\n".join(sorted(chosen)))
+' "$skip" "${roots[@]}")
 
 # --- copying ---------------------------------------------------------------------------
 link=1
@@ -139,13 +154,15 @@ dpkg-query -L "${packages[@]}" \
   | grep -Ev '^/usr/share/(doc|man|info|lintian|bug)(/|$)' \
   | tr '\n' '\0' | copy_paths
 
-# runcell itself, and its prepared runtimes (the Python data stack, Go's build cache).
-mkdir -p "$root/usr/bin"
-rm -f "$root/usr/bin/runcell"
-cp "$bin" "$root/usr/bin/runcell"
-# Without its debug sections (a debug build's are most of its size); symbols stay.
-if command -v strip >/dev/null; then strip --strip-debug "$root/usr/bin/runcell"; fi
-chmod 0755 "$root/usr/bin/runcell"
+# runcell itself goes beside the root, as OUT/runcell: the Containerfile copies it in a layer
+# of its own, so a new binary rebuilds only that layer. Without its debug sections (a debug
+# build's are most of its size); symbols stay.
+rm -f "$out/runcell"
+cp "$bin" "$out/runcell"
+if command -v strip >/dev/null; then strip --strip-debug "$out/runcell"; fi
+chmod 0755 "$out/runcell"
+touch -d @0 "$out/runcell"
+# The prepared runtimes: the Python data stack, Go's build cache.
 if [ -d "$data_dir" ]; then
   mkdir -p "$root/var/lib/runcell"
   for d in python go; do
@@ -163,7 +180,9 @@ for e in /etc/alternatives /etc/fonts; do
 done
 # Every ELF file's shared-library closure (the runtimes', runcell's, the wheels' extension
 # modules'), resolved on this host by its loader, with the symlink chain to each library.
-python3 -c '
+{
+  echo "$out/runcell"
+  python3 -c '
 import os, sys
 for d, _, files in os.walk(sys.argv[1]):
     for f in files:
@@ -176,7 +195,8 @@ for d, _, files in os.walk(sys.argv[1]):
                     print(p)
         except OSError:
             pass
-' "$root" | { xargs -r -d '\n' -n 400 ldd 2>/dev/null || true; } \
+' "$root"
+} | { xargs -r -d '\n' -n 400 ldd 2>/dev/null || true; } \
   | awk '/=> \//{print $3} /^\t\/(usr|lib)/{print $1}' | sort -u | tr '\n' '\0' | copy_paths
 # Each file generated below replaces what the packages brought (a hard link to the host's
 # file, which must never be written through).
@@ -206,9 +226,10 @@ fi
 # A fixed mtime on each file generated here, for a reproducible tree (linked host files keep
 # theirs; directories and symlinks are not part of build.sh's hash by time).
 for f in etc/passwd etc/group etc/nsswitch.conf etc/ld.so.conf etc/ld.so.cache \
-  etc/ssl/certs/ca-certificates.crt usr/bin/runcell; do
+  etc/ssl/certs/ca-certificates.crt; do
   if [ -f "$root/$f" ] && [ ! -L "$root/$f" ]; then touch -d @0 "$root/$f"; fi
 done
 
 printf '%s\n' "${packages[@]}" >"$out/packages.txt"
+echo "$key" >"$out/inputs.key"
 echo "rootfs.sh: $(wc -l <"$out/packages.txt") Debian packages, $(du -sh --apparent-size "$root" | cut -f1) in $root"
