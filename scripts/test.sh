@@ -149,3 +149,9 @@ phase_done soak
 # SKIP line where no guest can run, or with RUNCELL_SKIP_V2_GUEST=1.
 ./scripts/cgroup-v2-guest.sh
 phase_done cgroup-v2-guest
+# The container image and its permission matrix (docs/container.md): podman and runc from apt,
+# configured under target/podman (nothing in /etc is edited). The image is made from the
+# debug build the tests used (no release build here) and kept while its inputs are unchanged.
+# Prints a SKIP line where podman cannot run, or with RUNCELL_SKIP_CONTAINER=1.
+./scripts/image/suite.sh
+phase_done container-matrix
