@@ -219,10 +219,6 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         // SAFETY: as above.
         None => unsafe { sys::clone_with_pidfd(ns) },
     };
-    if cfg.powers.switch_ids && !matches!(forked, Ok(sys::Forked::Child)) {
-        set_thread_res_uid(None::<Uid>, Uid::ROOT, None::<Uid>).step("restore euid")?;
-        set_thread_res_gid(None::<Gid>, Gid::ROOT, None::<Gid>).step("restore egid")?;
-    }
     let (pid, pidfd) = match forked.step("clone")? {
         sys::Forked::Child => {
             drop(go_w);
@@ -245,7 +241,17 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
     //     there is no uid 0 inside, so no process of the sandbox can ever act as host root (a
     //     sandbox root mapped to host root could, e.g., rewrite /proc/sys/kernel/core_pattern).
     //     "deny" setgroups first: required for unprivileged maps, and it stops the sandbox from
-    //     dropping groups to get around group-based denials.
+    //     dropping groups to get around group-based denials. The helper writes them still as
+    //     the namespace's owner (H4a), mapping only its own effective ids, which the kernel
+    //     allows the owner without any capability: root in a user namespace without
+    //     CAP_SYS_ADMIN (a pod's default capabilities) has no power over a namespace owned
+    //     by another uid, not even to write its `setgroups`. Root comes back after. The
+    //     fsuid is 0 for these writes: pid 1 is not dumpable (its creator changed ids), so its
+    //     /proc files are root's, and the file checks go by the fsuid, the map checks by the
+    //     opener's euid.
+    if cfg.powers.switch_ids {
+        sys::set_fsuid(0);
+    }
     write_proc(pid, "setgroups", "deny").map_err(kill_child)?;
     write_proc(
         pid,
@@ -259,6 +265,14 @@ fn helper(ctrl: &UnixStream, lifeline: OwnedFd) -> Result<i32, StepError> {
         &format!("{SANDBOX_UID} {} 1\n", cfg.host_uid),
     )
     .map_err(kill_child)?;
+    if cfg.powers.switch_ids {
+        set_thread_res_uid(None::<Uid>, Uid::ROOT, None::<Uid>)
+            .step("restore euid")
+            .map_err(kill_child)?;
+        set_thread_res_gid(None::<Gid>, Gid::ROOT, None::<Gid>)
+            .step("restore egid")
+            .map_err(kill_child)?;
+    }
 
     // H6. Release pid 1 ("g") to build its root (P3-P15) while H7 runs. The write end stays
     //     open until the helper exits: pid 1 checks it after P3 to learn whether the helper is
