@@ -627,6 +627,94 @@ mod tests {
     }
 
     #[test]
+    fn a_peers_errors_are_the_ones_a_local_call_meets() {
+        assert_eq!(
+            parse_event(b"event: stdout\ndata: {\"text\":\"a\"}\n\n"),
+            ("stdout".to_string(), "{\"text\":\"a\"}".to_string())
+        );
+        let e = owner_error(
+            "runcell-0",
+            StatusCode::GONE,
+            br#"{"error":{"category":"session_lost","message":"gone"}}"#,
+        );
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (ErrorKind::SessionLost, "gone")
+        );
+        // A category core has no kind for (the servers do not share their keys).
+        let e = owner_error(
+            "runcell-0",
+            StatusCode::UNAUTHORIZED,
+            br#"{"error":{"category":"unauthorized","message":"The API key is not valid."}}"#,
+        );
+        assert_eq!(e.kind, ErrorKind::Internal);
+        assert!(e.message.contains("share their API keys"), "{}", e.message);
+        let e = owner_error("runcell-0", StatusCode::BAD_GATEWAY, b"<html>");
+        assert_eq!(e.kind, ErrorKind::Internal);
+    }
+
+    struct Collect(Vec<(runcell_core::Stream, String)>);
+
+    impl runcell_core::OutputSink for Collect {
+        fn output(&mut self, stream: runcell_core::Stream, chunk: &[u8]) {
+            self.0
+                .push((stream, String::from_utf8_lossy(chunk).into_owned()));
+        }
+    }
+
+    fn events(body: &str) -> Response {
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_peers_stream_feeds_the_output_then_gives_its_verdict() {
+        let verdict = runcell_core::Verdict::failed(runcell_core::ErrorCategory::Timeout, "slow");
+        let body = format!(
+            "event: stdout\ndata: {{\"text\":\"one\\n\"}}\n\n:\n\nevent: stderr\ndata: \
+             {{\"text\":\"two\"}}\n\nevent: result\ndata: {}\n\n",
+            serde_json::to_string(&verdict).unwrap()
+        );
+        let mut sink = Collect(Vec::new());
+        let got = read_answer("runcell-0", "id", events(&body), &mut sink)
+            .await
+            .unwrap();
+        assert_eq!(got, verdict);
+        assert_eq!(
+            sink.0,
+            vec![
+                (runcell_core::Stream::Stdout, "one\n".to_string()),
+                (runcell_core::Stream::Stderr, "two".to_string())
+            ]
+        );
+        // The owner's error event, and a stream cut before the verdict (the owner died).
+        let body = "event: error\ndata: {\"error\":{\"category\":\"session_busy\",\
+                    \"message\":\"busy\"}}\n\n";
+        let e = read_answer("runcell-0", "id", events(body), &mut sink)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::SessionBusy);
+        let e = read_answer("runcell-0", "id", events("event: stdout\n"), &mut sink)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PeerUnavailable);
+        // A JSON answer (an error before the stream began).
+        let resp = Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(
+                r#"{"error":{"category":"not_found","message":"no such session"}}"#,
+            ))
+            .unwrap();
+        let e = read_answer("runcell-0", "id", resp, &mut sink)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+    }
+
+    #[test]
     fn readiness_needs_a_sandbox_and_ends_with_draining() {
         let r = Readiness::default();
         assert_eq!(r.state().1, "starting");

@@ -614,6 +614,15 @@ fn mcp_tool_calls_run_in_the_session_their_arguments_name() {
     assert_eq!(st, 200, "{text}");
     assert!(text.contains("\"isError\":true"), "{text}");
     assert!(text.contains("not_found"), "{text}");
+    // The same forged id as an Mcp-Session-Id: the 404 of an unknown session, served here.
+    let (st, _, text) = mcp(
+        &one.base,
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}),
+        Some(&forged),
+    );
+    assert_eq!(st, 404, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["category"], "not_found", "{v}");
     assert!(
         !c.fake_was_contacted(),
         "a forged id in a tool's arguments made a server contact a peer"
