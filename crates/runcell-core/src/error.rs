@@ -118,6 +118,14 @@ impl ErrorKind {
         self.row().0
     }
 
+    /// The kind whose category is `category` (as another server's error body names it).
+    pub fn from_category(category: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.category() == category)
+    }
+
     /// The HTTP status it is answered with.
     pub fn status(self) -> u16 {
         self.row().1
@@ -229,6 +237,14 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("creating the cgroup")]
     struct Outer(#[source] Step);
+
+    #[test]
+    fn a_category_names_its_kind() {
+        for &k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_category(k.category()), Some(k));
+        }
+        assert_eq!(ErrorKind::from_category("unauthorized"), None);
+    }
 
     #[test]
     fn every_kind_has_one_category_and_a_client_or_server_status() {

@@ -39,8 +39,8 @@ pub use pool::{PoolSizes, PoolStats, Preload};
 pub use request::NetworkRequest;
 pub use request::{ExecRequest, InputFile};
 pub use service::{
-    AdmissionPolicy, Admitted, Call, Caller, Hold, Observer, RunService, RunSummary, ServiceConfig,
-    Ticket,
+    AdmissionPolicy, Admitted, Call, Caller, Credential, Hold, Observer, RemoteSessions,
+    RunService, RunSummary, ServiceConfig, Ticket,
 };
 pub use session::{Session, SessionInfo, SessionPolicy, SessionStats, Sessions, WorkspaceListing};
 pub use verdict::{

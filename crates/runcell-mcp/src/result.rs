@@ -403,6 +403,15 @@ pub fn rejection_result(language: &str, r: &Rejection) -> CallToolResult {
              belongs to another key): start a new one with session_id \"new\" and run the \
              setup code again."
         }
+        "session_lost" => {
+            "Nothing ran. The session's server restarted and its state (variables, files) is \
+             gone: start a new one with session_id \"new\" and run the setup code again."
+        }
+        "peer_unavailable" => {
+            "Nothing ran. The server holding the session cannot be reached: call again in a \
+             few seconds; if it stays unreachable, the session is lost: start a new one with \
+             session_id \"new\"."
+        }
         "session_busy" => {
             "Nothing ran. The session is still running an earlier call: wait for its result, \
              then call again."

@@ -130,6 +130,9 @@ impl McpServer {
         let token = ctx.meta.get_progress_token();
         let mut call = Call::new(caller.clone(), Source::Mcp, target, req);
         call.approved = approved;
+        // A session another server holds (named here, in the arguments, where the HTTP
+        // router cannot see it): that server carries the call out.
+        let elsewhere = service.elsewhere(&call);
         // rmcp runs tool calls in its own tasks: the span carries the HTTP request's id into
         // the run, as for `POST /v1/execute`.
         let span = tracing::info_span!("mcp_call", id = %caller.request_id);
@@ -140,6 +143,10 @@ impl McpServer {
                 // call: the place in line is kept until it is delivered.
                 if let Some(hold) = &hold {
                     hold.keep(&ticket);
+                }
+                if let Some(pod) = &elsewhere {
+                    let _held = ticket;
+                    return service.run_elsewhere(pod, call, Box::new(sink)).await;
                 }
                 let admitted = service.admit(ticket, call).await?;
                 admitted.run(Box::new(sink)).await

@@ -235,6 +235,7 @@ mod tests {
             key_id: Some("team-a".into()),
             interface: "http",
             peer: Some("127.0.0.1:5000".parse().unwrap()),
+            credential: None,
         };
         let req = ExecRequest::new("py", "print('secret')");
         let mut v = Verdict::failed(ErrorCategory::Timeout, "slow");
@@ -297,6 +298,7 @@ mod tests {
             key_id: Some("team-b".into()),
             interface: "http",
             peer: None,
+            credential: None,
         };
         log.model_call(
             &caller,

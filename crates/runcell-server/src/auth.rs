@@ -68,6 +68,13 @@ impl Keys {
     }
 }
 
+/// The key a request carries, kept for a call that another server of the cluster carries
+/// out with the caller's own credentials (an MCP tool call into its session).
+pub(crate) fn credential(headers: &HeaderMap) -> Option<runcell_core::Credential> {
+    let key = std::str::from_utf8(presented(headers)?).ok()?;
+    Some(runcell_core::Credential::new(key))
+}
+
 /// The key a request carries, if any.
 fn presented(headers: &HeaderMap) -> Option<&[u8]> {
     if let Some(v) = headers.get(AUTHORIZATION) {

@@ -27,6 +27,8 @@ use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use runcell_core::cluster::{ClusterSettings, Owner};
+use runcell_core::service::{RemoteFuture, RemoteSessions};
+use runcell_core::{ErrorKind, RunError};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -34,6 +36,12 @@ use crate::state::AppState;
 /// Marks a forwarded request (its value: the forwarding server's name). A request that
 /// carries it is served where it arrives, never forwarded again.
 pub const HOP_HEADER: &str = "runcell-forwarded-by";
+
+/// On a call into a session passed on by another server ([`PeerSessions`]): the language
+/// of the door's tool (an MCP tool's), which the HTTP API's body cannot carry for a session.
+/// The session's server checks it against the session's, as for a local call (a bash call
+/// runs beside any session's interpreter; another language is refused).
+pub const CALL_LANGUAGE_HEADER: &str = "runcell-call-language";
 
 /// How long connecting to a peer may take before the request is answered
 /// `peer_unavailable`.
@@ -147,6 +155,13 @@ fn named_session(req: &Request) -> Option<String> {
 /// The middleware in front of every route: a request for another server's session is
 /// forwarded there; every other request goes on here.
 pub async fn route(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if req.uri().path() == "/mcp" {
+        if let Some(id) = named_session(&req) {
+            if state.sessions().ids().owner(&id) == Owner::Restarted {
+                return mcp_session_lost();
+            }
+        }
+    }
     let Some(cluster) = state.sessions().ids().cluster() else {
         return next.run(req).await;
     };
@@ -193,6 +208,19 @@ pub async fn route(State(state): State<AppState>, req: Request, next: Next) -> R
             }
         }
     }
+}
+
+/// The answer to an MCP session id that this server handed out before it restarted. The
+/// status stays 404, on which MCP clients start a new session with `initialize` (the
+/// protocol's rule for an ended session); the body says why, in runcell's error shape.
+fn mcp_session_lost() -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "session_lost",
+        "The MCP session's server restarted since the session began; the session is gone, \
+         with the runcell sessions it created. Start a new one with initialize.",
+    )
+    .into_response()
 }
 
 /// Why a forward failed.
@@ -283,6 +311,179 @@ async fn forward(
         parts.headers.remove(*h);
     }
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// The most of a peer's answer held at once for a call carried out there: one event of its
+/// stream (the verdict, with the files the run wrote, is the largest), or an error body.
+pub const MAX_PEER_ANSWER: usize = 256 << 20;
+
+/// The [`RemoteSessions`] port over HTTP. A call into another server's session, named where
+/// the router cannot see it (in an MCP tool's arguments), goes to that server's
+/// `POST /v1/sessions/{id}/execute` once, with the caller's own key and [`HOP_HEADER`] (so it
+/// is never forwarded again), asking for server-sent events: the program's output comes back
+/// as it is written, then the verdict or the owner's error, which the door renders as its
+/// own. The peer's address comes from a verified id only, as for [`route`]'s forwards.
+pub struct PeerSessions {
+    cluster: ClusterSettings,
+}
+
+impl PeerSessions {
+    pub fn new(cluster: ClusterSettings) -> PeerSessions {
+        PeerSessions { cluster }
+    }
+}
+
+fn unreachable(pod: &str, id: &str, why: &dyn std::fmt::Display) -> RunError {
+    tracing::warn!(peer = %pod, error = %why, "a call into a session of another server failed");
+    RunError::new(
+        ErrorKind::PeerUnavailable,
+        format!(
+            "The server holding session {id} ({pod}) cannot be reached; retry shortly. If it \
+             stays unreachable, its sessions are lost: create a new session."
+        ),
+    )
+}
+
+/// The owner's error body (`{"error": {"category", "message"}}`) as the error a local call
+/// would have met.
+fn owner_error(pod: &str, status: StatusCode, body: &[u8]) -> RunError {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let category = v["error"]["category"].as_str().unwrap_or_default();
+    let message = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    match ErrorKind::from_category(category) {
+        Some(kind) if !message.is_empty() => RunError::new(kind, message),
+        // 401/403 (the servers do not share their keys) or an answer that is not runcell's.
+        _ => {
+            tracing::warn!(peer = %pod, %status, %category, %message, "a peer refused a call");
+            RunError::internal(format!(
+                "The server holding the session ({pod}) refused the call ({status}{}). The \
+                 servers of a cluster must share their API keys.",
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {message}")
+                }
+            ))
+        }
+    }
+}
+
+/// One server-sent event: its name and its data lines joined.
+fn parse_event(raw: &[u8]) -> (String, String) {
+    let text = String::from_utf8_lossy(raw);
+    let (mut name, mut data) = (String::from("message"), Vec::new());
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("event:") {
+            name = v.trim_start().to_string();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+        }
+    }
+    (name, data.join("\n"))
+}
+
+/// Read the owner's answer: output events into `sink` as they come, then the verdict or the
+/// error. At most [`MAX_PEER_ANSWER`] bytes of it are held at once.
+async fn read_answer(
+    pod: &str,
+    id: &str,
+    resp: Response,
+    sink: &mut (dyn runcell_core::OutputSink + Send),
+) -> Result<runcell_core::Verdict, RunError> {
+    use http_body_util::BodyExt;
+    let status = resp.status();
+    let events = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut body = resp.into_body();
+    if !events {
+        let bytes = http_body_util::Limited::new(body, MAX_PEER_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| unreachable(pod, id, &e))?
+            .to_bytes();
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|e| unreachable(pod, id, &e));
+        }
+        return Err(owner_error(pod, status, &bytes));
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| unreachable(pod, id, &e))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+            let raw: Vec<u8> = buf.drain(..end + 2).collect();
+            let (name, data) = parse_event(&raw);
+            let text = || {
+                serde_json::from_str::<serde_json::Value>(&data)
+                    .ok()
+                    .and_then(|v| v["text"].as_str().map(str::to_string))
+                    .unwrap_or_default()
+            };
+            match name.as_str() {
+                "stdout" => sink.output(runcell_core::Stream::Stdout, text().as_bytes()),
+                "stderr" => sink.output(runcell_core::Stream::Stderr, text().as_bytes()),
+                "result" => {
+                    return serde_json::from_str(&data).map_err(|e| unreachable(pod, id, &e))
+                }
+                "error" => return Err(owner_error(pod, status, data.as_bytes())),
+                _ => {}
+            }
+        }
+        if buf.len() > MAX_PEER_ANSWER {
+            return Err(RunError::internal(format!(
+                "The answer of the server holding session {id} ({pod}) is larger than \
+                 {MAX_PEER_ANSWER} bytes."
+            )));
+        }
+    }
+    Err(unreachable(pod, id, &"the answer ended before the verdict"))
+}
+
+impl RemoteSessions for PeerSessions {
+    fn execute<'a>(
+        &'a self,
+        pod: &'a str,
+        id: &'a str,
+        request: &'a runcell_core::ExecRequest,
+        credential: Option<&'a runcell_core::Credential>,
+        mut sink: Box<dyn runcell_core::OutputSink + Send>,
+    ) -> RemoteFuture<'a> {
+        Box::pin(async move {
+            // The body as the HTTP API takes it for a session; the tool's language beside.
+            let mut request = request.clone();
+            let language = request.language.take();
+            let body = serde_json::to_vec(&request)
+                .map_err(|_| RunError::internal("The call could not be encoded."))?;
+            drop(request);
+            let mut b = axum::http::Request::builder()
+                .method(axum::http::Method::POST)
+                .uri(format!("/v1/sessions/{id}/execute"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::ACCEPT, "text/event-stream");
+            if let Some(l) = language {
+                b = b.header(CALL_LANGUAGE_HEADER, l);
+            }
+            if let Some(c) = credential {
+                b = b.header(header::AUTHORIZATION, format!("Bearer {}", c.expose()));
+            }
+            let req = b
+                .body(Body::from(body))
+                .map_err(|e| unreachable(pod, id, &e))?;
+            let resp = forward(&self.cluster, pod, req)
+                .await
+                .map_err(|e| unreachable(pod, id, &e))?;
+            read_answer(pod, id, resp, &mut *sink).await
+        })
+    }
 }
 
 /// `GET /readyz`'s answer.
@@ -423,6 +624,94 @@ mod tests {
             named_session(&req("/v1/execute", &[("e2b-sandbox-id", "y-3")])),
             None
         );
+    }
+
+    #[test]
+    fn a_peers_errors_are_the_ones_a_local_call_meets() {
+        assert_eq!(
+            parse_event(b"event: stdout\ndata: {\"text\":\"a\"}\n\n"),
+            ("stdout".to_string(), "{\"text\":\"a\"}".to_string())
+        );
+        let e = owner_error(
+            "runcell-0",
+            StatusCode::GONE,
+            br#"{"error":{"category":"session_lost","message":"gone"}}"#,
+        );
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (ErrorKind::SessionLost, "gone")
+        );
+        // A category core has no kind for (the servers do not share their keys).
+        let e = owner_error(
+            "runcell-0",
+            StatusCode::UNAUTHORIZED,
+            br#"{"error":{"category":"unauthorized","message":"The API key is not valid."}}"#,
+        );
+        assert_eq!(e.kind, ErrorKind::Internal);
+        assert!(e.message.contains("share their API keys"), "{}", e.message);
+        let e = owner_error("runcell-0", StatusCode::BAD_GATEWAY, b"<html>");
+        assert_eq!(e.kind, ErrorKind::Internal);
+    }
+
+    struct Collect(Vec<(runcell_core::Stream, String)>);
+
+    impl runcell_core::OutputSink for Collect {
+        fn output(&mut self, stream: runcell_core::Stream, chunk: &[u8]) {
+            self.0
+                .push((stream, String::from_utf8_lossy(chunk).into_owned()));
+        }
+    }
+
+    fn events(body: &str) -> Response {
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_peers_stream_feeds_the_output_then_gives_its_verdict() {
+        let verdict = runcell_core::Verdict::failed(runcell_core::ErrorCategory::Timeout, "slow");
+        let body = format!(
+            "event: stdout\ndata: {{\"text\":\"one\\n\"}}\n\n:\n\nevent: stderr\ndata: \
+             {{\"text\":\"two\"}}\n\nevent: result\ndata: {}\n\n",
+            serde_json::to_string(&verdict).unwrap()
+        );
+        let mut sink = Collect(Vec::new());
+        let got = read_answer("runcell-0", "id", events(&body), &mut sink)
+            .await
+            .unwrap();
+        assert_eq!(got, verdict);
+        assert_eq!(
+            sink.0,
+            vec![
+                (runcell_core::Stream::Stdout, "one\n".to_string()),
+                (runcell_core::Stream::Stderr, "two".to_string())
+            ]
+        );
+        // The owner's error event, and a stream cut before the verdict (the owner died).
+        let body = "event: error\ndata: {\"error\":{\"category\":\"session_busy\",\
+                    \"message\":\"busy\"}}\n\n";
+        let e = read_answer("runcell-0", "id", events(body), &mut sink)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::SessionBusy);
+        let e = read_answer("runcell-0", "id", events("event: stdout\n"), &mut sink)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PeerUnavailable);
+        // A JSON answer (an error before the stream began).
+        let resp = Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(
+                r#"{"error":{"category":"not_found","message":"no such session"}}"#,
+            ))
+            .unwrap();
+        let e = read_answer("runcell-0", "id", resp, &mut sink)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
     }
 
     #[test]

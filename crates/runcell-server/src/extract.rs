@@ -39,6 +39,7 @@ pub fn caller_of(parts: &Parts, interface: &'static str) -> Caller {
             .and_then(|k| k.0.clone()),
         interface,
         peer: meta.and_then(|m| m.peer),
+        credential: crate::auth::credential(&parts.headers),
     }
 }
 

@@ -111,6 +111,9 @@ impl AppState {
                 audit: audit.clone(),
             }),
         );
+        if let Some(cluster) = &config.cluster {
+            service.set_remote(Arc::new(crate::cluster::PeerSessions::new(cluster.clone())));
+        }
         AppState {
             inner: Arc::new(Inner {
                 service,

@@ -483,3 +483,188 @@ fn e2b_sandboxes_follow_their_server() {
         assert_eq!(info(base), 410, "{base}");
     }
 }
+
+/// A current (2026-07-28, stateless) MCP request: its version and the client's capabilities
+/// in `_meta`, no session.
+fn stateless(id: u64, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "cluster-test", "version": "1.0"},
+    });
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn stateless_mcp(base: &str, body: Value) -> (u16, String) {
+    let mut req = client()
+        .post(format!("{base}/mcp"))
+        .header("authorization", format!("Bearer {API_KEY}"))
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", body["method"].as_str().unwrap());
+    if let Some(name) = body["params"]["name"].as_str() {
+        req = req.header("mcp-name", name);
+    }
+    let res = req.json(&body).send().unwrap();
+    let status = res.status().as_u16();
+    (status, res.text().unwrap())
+}
+
+#[test]
+fn mcp_tool_calls_run_in_the_session_their_arguments_name() {
+    let c = Cluster::new();
+    let mut zero = c.start(0, &[]);
+    let one = c.start(1, &[]);
+    let two = c.start(2, &[]);
+
+    let id = create(&zero.base);
+    assert!(id.starts_with("runcell-0-"), "{id}");
+    execute(&zero.base, &id, "x = 41");
+
+    // A stateless MCP call reaching runcell-2 runs in runcell-0's session: its state is there.
+    let (st, text) = stateless_mcp(
+        &two.base,
+        stateless(
+            1,
+            "tools/call",
+            json!({"name": "code_exec_python",
+                   "arguments": {"code": "x += 1\nprint(x)", "session_id": id}}),
+        ),
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("42"), "{text}");
+    assert!(!text.contains("\"isError\":true"), "{text}");
+
+    // Within an MCP session of runcell-2 (older protocol versions), with a progress token:
+    // the output comes back as it is written, as progress notifications.
+    let (st, mcp_session, text) = mcp(
+        &two.base,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "cluster-test", "version": "1.0"}}}),
+        None,
+    );
+    assert_eq!(st, 200, "{text}");
+    let mcp_session = mcp_session.expect("an Mcp-Session-Id");
+    assert!(mcp_session.starts_with("runcell-2-"), "{mcp_session}");
+    let (st, _, text) = mcp(
+        &two.base,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        Some(&mcp_session),
+    );
+    assert_eq!(st, 202, "{text}");
+    let (st, _, text) = mcp(
+        &two.base,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "code_exec_python", "_meta": {"progressToken": "p1"},
+            "arguments": {"code": "x += 1\nprint('now', x)", "session_id": id}}}),
+        Some(&mcp_session),
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("now 43"), "{text}");
+    assert!(text.contains("notifications/progress"), "{text}");
+    // The tool's language is checked against the session's by its owner, as for a local
+    // call: bash runs beside the session's interpreter (in its workspace), node is refused.
+    let (st, text) = stateless_mcp(
+        &two.base,
+        stateless(
+            2,
+            "tools/call",
+            json!({"name": "code_exec_bash",
+                   "arguments": {"code": "echo from-bash > b.txt; cat b.txt", "session_id": id}}),
+        ),
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("from-bash"), "{text}");
+    assert!(!text.contains("\"isError\":true"), "{text}");
+    let (st, text) = stateless_mcp(
+        &two.base,
+        stateless(
+            2,
+            "tools/call",
+            json!({"name": "code_exec_node",
+                   "arguments": {"code": "console.log(1)", "session_id": id}}),
+        ),
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("\"isError\":true"), "{text}");
+    assert!(text.contains("This is a python session"), "{text}");
+    // The owner counted the four calls that ran in its session, and has bash's file.
+    let (st, info) = call(&zero.base, Method::GET, &format!("/v1/sessions/{id}"), None);
+    assert_eq!(st, 200, "{info}");
+    assert_eq!(info["execution_count"], json!(4), "{info}");
+    let v = execute(&zero.base, &id, "print(open('b.txt').read().strip(), x)");
+    assert_eq!(v["stdout"], "from-bash 43\n", "{v}");
+
+    // A forged id (runcell-9's, tampered) in the arguments: refused by runcell-1 as unknown,
+    // and runcell-9 (the fake) never contacted.
+    let mut forged = id_of("runcell-9", CLUSTER_KEY.as_bytes()).into_bytes();
+    let last = forged.len() - 1;
+    forged[last] = if forged[last] == b'a' { b'b' } else { b'a' };
+    let forged = String::from_utf8(forged).unwrap();
+    let (st, text) = stateless_mcp(
+        &one.base,
+        stateless(
+            3,
+            "tools/call",
+            json!({"name": "code_exec_python",
+                   "arguments": {"code": "print(1)", "session_id": forged}}),
+        ),
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("\"isError\":true"), "{text}");
+    assert!(text.contains("not_found"), "{text}");
+    // The same forged id as an Mcp-Session-Id: the 404 of an unknown session, served here.
+    let (st, _, text) = mcp(
+        &one.base,
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}),
+        Some(&forged),
+    );
+    assert_eq!(st, 404, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["category"], "not_found", "{v}");
+    assert!(
+        !c.fake_was_contacted(),
+        "a forged id in a tool's arguments made a server contact a peer"
+    );
+
+    // runcell-0 restarts: its session is lost, said through runcell-2 as the owner says it.
+    let (st, old_mcp, text) = mcp(
+        &zero.base,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "cluster-test", "version": "1.0"}}}),
+        None,
+    );
+    assert_eq!(st, 200, "{text}");
+    let old_mcp = old_mcp.expect("an Mcp-Session-Id");
+    let status = zero.terminate(Duration::from_secs(120));
+    assert!(status.success(), "{}", zero.log());
+    drop(zero);
+    let zero = c.start(0, &[]);
+    let (st, text) = stateless_mcp(
+        &two.base,
+        stateless(
+            4,
+            "tools/call",
+            json!({"name": "code_exec_python",
+                   "arguments": {"code": "print(x)", "session_id": id}}),
+        ),
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("\"isError\":true"), "{text}");
+    assert!(text.contains("session_lost"), "{text}");
+    assert!(text.contains("restarted"), "{text}");
+    // The MCP session runcell-0 opened before it restarted: 404 (clients start a new one on
+    // it), saying why, directly and through runcell-1.
+    for base in [&zero.base, &one.base] {
+        let (st, _, text) = mcp(
+            base,
+            json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+            Some(&old_mcp),
+        );
+        assert_eq!(st, 404, "{base}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["category"], "session_lost", "{v}");
+    }
+}

@@ -22,6 +22,7 @@
 pub mod admission;
 pub mod approvals;
 pub mod observe;
+pub mod remote;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,6 +33,7 @@ use runcell_jail::{KillSwitch, OutputSink};
 pub use admission::{Admission, AdmissionPolicy, AdmissionStats, MemoryHold, Slot, Ticket};
 pub use approvals::{Approvals, Decision, PendingRun};
 pub use observe::{language_label, Caller, Observer, Quiet, RunSummary};
+pub use remote::{Credential, RemoteFuture, RemoteSessions};
 
 use crate::engine::{Engine, ValidRequest};
 use crate::error::{ErrorKind, RunError};
@@ -155,6 +157,8 @@ struct Inner {
     observer: Arc<dyn Observer>,
     runs: RunRegistry,
     key_networks: HashMap<String, Vec<runcell_proxy::NetRule>>,
+    /// How calls reach the sessions of other servers (set by a clustered server).
+    remote: std::sync::OnceLock<Arc<dyn RemoteSessions>>,
 }
 
 /// One request for the service: who asks, through which door, where it goes, what it is.
@@ -212,6 +216,7 @@ impl RunService {
                 observer,
                 runs: RunRegistry::default(),
                 key_networks: config.key_networks,
+                remote: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -239,6 +244,57 @@ impl RunService {
 
     pub fn admission(&self) -> &Admission {
         &self.inner.admission
+    }
+
+    /// Let calls into other servers' sessions be carried out there (once, at start-up; a
+    /// later call is ignored).
+    pub fn set_remote(&self, port: Arc<dyn RemoteSessions>) {
+        let _ = self.inner.remote.set(port);
+    }
+
+    /// The server holding the session `call` goes into, when that is another server of the
+    /// cluster reachable through the [`RemoteSessions`] port: only for an id whose tag is
+    /// valid (a forged one is unknown here, and answered here).
+    pub fn elsewhere(&self, call: &Call) -> Option<String> {
+        self.inner.remote.get()?;
+        let Target::Session(id) = &call.target else {
+            return None;
+        };
+        match self.inner.sessions.ids().owner(id) {
+            crate::cluster::Owner::Peer(pod) => Some(pod),
+            _ => None,
+        }
+    }
+
+    /// Carry out `call` in its session on server `pod` (see [`RunService::elsewhere`]): the
+    /// owner admits, runs and audits it; a refusal (the owner's or the peer being
+    /// unreachable) is counted here as one. The caller's place in line here (its ticket) is
+    /// the door's, held while the answer comes back.
+    pub async fn run_elsewhere(
+        &self,
+        pod: &str,
+        call: Call,
+        sink: Box<dyn OutputSink + Send>,
+    ) -> Result<Verdict, RunError> {
+        let summary = RunSummary::from(&call.request);
+        let (Some(port), Target::Session(id)) = (self.inner.remote.get(), &call.target) else {
+            return Err(RunError::internal(
+                "A call into another server's session went astray.",
+            ));
+        };
+        let r = port
+            .execute(
+                pod,
+                id,
+                &call.request,
+                call.caller.credential.as_ref(),
+                sink,
+            )
+            .await;
+        if let Err(e) = &r {
+            self.refused(&call.caller, &summary, e);
+        }
+        r
     }
 
     /// What the operator's policy offers to the doors that show only what is usable.

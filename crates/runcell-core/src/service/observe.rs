@@ -22,6 +22,8 @@ pub struct Caller {
     /// The door: `http`, `mcp-http`, `mcp-stdio`, `agent`, `cli`.
     pub interface: &'static str,
     pub peer: Option<SocketAddr>,
+    /// What the caller authenticated with, for a call another server carries out.
+    pub credential: Option<super::remote::Credential>,
 }
 
 impl Caller {

@@ -340,8 +340,9 @@ impl Sessions {
                     ErrorKind::NotFound,
                     format!(
                         "Session {id} lives on server {pod}, and this request reached another \
-                         server without being forwarded (only requests that name the session \
-                         in their URL or headers are): use /v1/sessions/{id}/execute."
+                         server that did not pass it on (a request carrying \
+                         runcell-forwarded-by never is): send it through the cluster's \
+                         address without that header."
                     ),
                 )),
                 Owner::Here | Owner::Unknown => Err(not_found(id)),

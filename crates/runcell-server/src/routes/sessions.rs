@@ -132,8 +132,17 @@ pub(crate) async fn execute(
     mut req: Reserved,
 ) -> Result<Response, ApiError> {
     let bytes = req.read_json(None).await?;
-    let request = parse_request(&state, &bytes, TargetKind::Session)?;
+    let mut request = parse_request(&state, &bytes, TargetKind::Session)?;
     drop(bytes);
+    // A call another server passed on from a door that knows its language (an MCP tool's):
+    // checked against the session's as that door's local call would be.
+    if let Some(language) = req
+        .headers
+        .get(crate::cluster::CALL_LANGUAGE_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        request.language = Some(language.to_string());
+    }
     let call = Call::new(
         req.caller.clone(),
         Source::Api,
