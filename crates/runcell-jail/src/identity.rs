@@ -134,13 +134,17 @@ pub const HOST_ROOT_POOL: IdPool = IdPool {
 pub const NAMESPACE_ID_MIN: u32 = 10_000;
 
 /// Ids a sandbox never gets: the overflow ids (65534, "nobody", which unmapped files show as),
-/// 65535 (-1 of 16-bit ids) and 4294967295 (-1, "no change" to setresuid).
-const RESERVED_IDS: [u32; 3] = [65_534, 65_535, u32::MAX];
+/// 65535 (-1 of 16-bit ids), 4294967295 (-1, "no change" to setresuid), and 65532, the
+/// conventional user of distroless and many other images (a sidecar of the same pod shares
+/// the pod's user namespace, so the same id would be the same user on the node).
+const RESERVED_IDS: [u32; 4] = [65_532, 65_534, 65_535, u32::MAX];
 
 /// The largest block of ids at or above [`NAMESPACE_ID_MIN`] mapped in both maps, minus the
-/// reserved ids, capped at [`HOST_ROOT_POOL`]'s length. `None`: no such id (a namespace that
-/// maps only uid 0, as `unshare --map-root-user` makes).
-pub fn namespace_pool(uid_map: &[IdRange], gid_map: &[IdRange]) -> Option<IdPool> {
+/// reserved ids and `avoid` (the supervisor's own uid, gid and supplementary groups: a pod's
+/// `runAsUser`, `runAsGroup`, `fsGroup`, whose files a sandbox must not own), capped at
+/// [`HOST_ROOT_POOL`]'s length. `None`: no such id (a namespace that maps only uid 0, as
+/// `unshare --map-root-user` makes).
+pub fn namespace_pool(uid_map: &[IdRange], gid_map: &[IdRange], avoid: &[u32]) -> Option<IdPool> {
     // Half-open intervals in u64, so that `start + count` cannot overflow.
     let spans = |map: &[IdRange]| -> Vec<(u64, u64)> {
         map.iter()
@@ -160,10 +164,12 @@ pub fn namespace_pool(uid_map: &[IdRange], gid_map: &[IdRange]) -> Option<IdPool
     for (mut s, e) in both {
         let mut cuts: Vec<u64> = RESERVED_IDS
             .iter()
+            .chain(avoid)
             .map(|&r| r as u64)
             .filter(|&r| r >= s && r < e)
             .collect();
         cuts.sort_unstable();
+        cuts.dedup();
         for c in cuts {
             if s < c {
                 pieces.push((s, c));
@@ -254,7 +260,17 @@ impl Shape {
                 Identity::HostRoot => Some(HOST_ROOT_POOL),
                 Identity::NamespacedRoot => {
                     let read = |p: &str| parse_id_map(&fs::read_to_string(p).unwrap_or_default());
-                    namespace_pool(&read(SELF_UID_MAP), &read(SELF_GID_MAP))
+                    // The pod's own users and groups are never a sandbox's.
+                    let mut own = vec![
+                        rustix::process::getuid().as_raw(),
+                        rustix::process::geteuid().as_raw(),
+                        rustix::process::getgid().as_raw(),
+                        rustix::process::getegid().as_raw(),
+                    ];
+                    if let Ok(groups) = rustix::process::getgroups() {
+                        own.extend(groups.iter().map(|g| g.as_raw()));
+                    }
+                    namespace_pool(&read(SELF_UID_MAP), &read(SELF_GID_MAP), &own)
                 }
                 Identity::Unprivileged => None,
             };
@@ -322,13 +338,33 @@ mod tests {
     #[test]
     fn a_pod_map_gives_ids_above_the_images_users() {
         let pod = [r(0, 200_000, 65_536)];
-        let p = namespace_pool(&pod, &pod).unwrap();
-        // 10000..65534: 65534 and 65535 (overflow ids) are never handed out.
+        let p = namespace_pool(&pod, &pod, &[]).unwrap();
+        // 10000..65532: 65532 (images' conventional user), 65534 and 65535 (overflow ids) are
+        // never handed out.
         assert_eq!(
             p,
             IdPool {
                 start: NAMESPACE_ID_MIN,
-                len: 65_534 - NAMESPACE_ID_MIN
+                len: 65_532 - NAMESPACE_ID_MIN
+            }
+        );
+    }
+
+    /// Regression (review of issue 23): the pool was the whole range above 10000, so a sandbox
+    /// could get the uid of a sidecar of the same pod, or the pod's fsGroup, and pass the
+    /// owner or group checks on their files. The supervisor's own ids are cut out.
+    #[test]
+    fn the_pods_own_ids_are_never_a_sandboxs() {
+        let pod = [r(0, 200_000, 65_536)];
+        let p = namespace_pool(&pod, &pod, &[40_000, 40_000, 12_000, 500]).unwrap();
+        let ids = p.start..p.start + p.len;
+        assert!(!ids.contains(&40_000) && !ids.contains(&12_000) && !ids.contains(&65_532));
+        // The largest piece that is left: 12001..40000.
+        assert_eq!(
+            p,
+            IdPool {
+                start: 12_001,
+                len: 40_000 - 12_001
             }
         );
     }
@@ -338,16 +374,16 @@ mod tests {
         let uids = [r(0, 100_000, 65_536)];
         let gids = [r(0, 100_000, 20_000)];
         assert_eq!(
-            namespace_pool(&uids, &gids),
+            namespace_pool(&uids, &gids, &[]),
             Some(IdPool {
                 start: 10_000,
                 len: 10_000
             })
         );
         // Only root mapped, or only ids below the minimum: no pool.
-        assert_eq!(namespace_pool(&[r(0, 0, 1)], &[r(0, 0, 1)]), None);
+        assert_eq!(namespace_pool(&[r(0, 0, 1)], &[r(0, 0, 1)], &[]), None);
         assert_eq!(
-            namespace_pool(&[r(0, 100_000, 5_000)], &[r(0, 100_000, 5_000)]),
+            namespace_pool(&[r(0, 100_000, 5_000)], &[r(0, 100_000, 5_000)], &[]),
             None
         );
     }
@@ -355,7 +391,7 @@ mod tests {
     #[test]
     fn a_large_map_is_capped_and_skips_reserved_ids() {
         let big = [r(0, 1_000_000, 100_000_000)];
-        let p = namespace_pool(&big, &big).unwrap();
+        let p = namespace_pool(&big, &big, &[]).unwrap();
         // The largest piece is above 65535.
         assert_eq!(p.start, 65_536);
         assert_eq!(p.len, HOST_ROOT_POOL.len);
@@ -366,7 +402,7 @@ mod tests {
             r(30_000, 3_000_000, 500),
         ];
         assert_eq!(
-            namespace_pool(&split, &split),
+            namespace_pool(&split, &split, &[]),
             Some(IdPool {
                 start: 30_000,
                 len: 500
@@ -374,7 +410,7 @@ mod tests {
         );
         // The full map ends at u32::MAX without overflow, and never hands out -1.
         let full = [r(0, 0, u32::MAX)];
-        let p = namespace_pool(&full, &full).unwrap();
+        let p = namespace_pool(&full, &full, &[]).unwrap();
         assert!(p.start as u64 + p.len as u64 <= u32::MAX as u64);
     }
 
