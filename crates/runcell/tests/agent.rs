@@ -814,6 +814,17 @@ fn schemathesis_finds_nothing_in_the_api() {
             "compile_timeout=4",
         ],
     );
+    // A client starts once the server says it is ready, as Kubernetes does: until its probe
+    // sandbox is built, /readyz rightly answers 503, which schemathesis takes for a fault.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let st = reqwest::blocking::get(s.url("/readyz")).unwrap().status();
+        if st == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "/readyz stayed {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     // Its working directory keeps a cache of past findings: a fresh one each time, so that
     // the run is the seed's alone.
