@@ -371,22 +371,97 @@ fn owner_error(pod: &str, status: StatusCode, body: &[u8]) -> RunError {
     }
 }
 
-/// One server-sent event: its name and its data lines joined.
-fn parse_event(raw: &[u8]) -> (String, String) {
-    let text = String::from_utf8_lossy(raw);
-    let (mut name, mut data) = (String::from("message"), Vec::new());
-    for line in text.lines() {
-        if let Some(v) = line.strip_prefix("event:") {
-            name = v.trim_start().to_string();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+/// One server-sent event (its bytes without the blank line that ends it): its name and its
+/// data lines. A single data line (what this server's own events are) is borrowed from the
+/// event, not copied; several are joined with `\n`.
+fn parse_event(raw: &[u8]) -> (&[u8], std::borrow::Cow<'_, [u8]>) {
+    let mut name: &[u8] = b"message";
+    let mut data: Option<std::borrow::Cow<'_, [u8]>> = None;
+    for line in raw.split(|&c| c == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(v) = line.strip_prefix(b"event:") {
+            name = v.strip_prefix(b" ").unwrap_or(v);
+        } else if let Some(v) = line.strip_prefix(b"data:") {
+            let v = v.strip_prefix(b" ").unwrap_or(v);
+            data = Some(match data {
+                None => std::borrow::Cow::Borrowed(v),
+                Some(d) => {
+                    let mut d = d.into_owned();
+                    d.push(b'\n');
+                    d.extend_from_slice(v);
+                    std::borrow::Cow::Owned(d)
+                }
+            });
         }
     }
-    (name, data.join("\n"))
+    (name, data.unwrap_or_default())
 }
 
+/// Where the first blank line (`\n\n`) of `buf` at or after `from` begins.
+fn event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while i + 1 < buf.len() {
+        match buf[i + 1..].iter().position(|&c| c == b'\n') {
+            None => return None,
+            Some(p) => {
+                let nl = i + 1 + p;
+                if buf[nl - 1] == b'\n' {
+                    return Some(nl - 1);
+                }
+                i = nl;
+            }
+        }
+    }
+    None
+}
+
+/// What one complete event of the owner's stream means for the call.
+enum Event {
+    /// Output (or an event to skip): go on reading.
+    More,
+    /// The verdict's event: its data spans `start..end` of the buffer.
+    Result(usize, usize),
+    /// The verdict's event, in several data lines.
+    ResultJoined(Vec<u8>),
+    Error(Vec<u8>),
+}
+
+fn take_event(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    sink: &mut (dyn runcell_core::OutputSink + Send),
+) -> Event {
+    let (name, data) = parse_event(&buf[start..end]);
+    let text = || -> Vec<u8> {
+        #[derive(serde::Deserialize)]
+        struct Output {
+            text: String,
+        }
+        serde_json::from_slice::<Output>(&data)
+            .map(|o| o.text.into_bytes())
+            .unwrap_or_default()
+    };
+    match name {
+        b"stdout" => sink.output(runcell_core::Stream::Stdout, &text()),
+        b"stderr" => sink.output(runcell_core::Stream::Stderr, &text()),
+        b"result" => {
+            if let std::borrow::Cow::Borrowed(d) = data {
+                // The data's place in `buf`, so the verdict is parsed from the buffer itself.
+                let off = d.as_ptr() as usize - buf.as_ptr() as usize;
+                return Event::Result(off, off + d.len());
+            }
+            return Event::ResultJoined(data.into_owned());
+        }
+        b"error" => return Event::Error(data.into_owned()),
+        _ => {}
+    }
+    Event::More
+}
 /// Read the owner's answer: output events into `sink` as they come, then the verdict or the
-/// error. At most [`MAX_PEER_ANSWER`] bytes of it are held at once.
+/// error. At most [`MAX_PEER_ANSWER`] bytes of it are held at once; each byte that arrives
+/// is looked at once when searching for the end of an event, and the verdict (the largest
+/// event) is parsed from the buffer it arrived in, off the async workers.
 async fn read_answer(
     pod: &str,
     id: &str,
@@ -408,44 +483,64 @@ async fn read_answer(
             .map_err(|e| unreachable(pod, id, &e))?
             .to_bytes();
         if status.is_success() {
-            return serde_json::from_slice(&bytes).map_err(|e| unreachable(pod, id, &e));
+            return parse_verdict(bytes.to_vec(), 0, bytes.len())
+                .await
+                .map_err(|e| unreachable(pod, id, &e));
         }
         return Err(owner_error(pod, status, &bytes));
     }
     let mut buf: Vec<u8> = Vec::new();
+    // Where the search for the end of the next event goes on: the bytes before it hold no
+    // blank line (the last one of them may be its first `\n`).
+    let mut scanned = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| unreachable(pod, id, &e))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        buf.extend_from_slice(&data);
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let raw: Vec<u8> = buf.drain(..end + 2).collect();
-            let (name, data) = parse_event(&raw);
-            let text = || {
-                serde_json::from_str::<serde_json::Value>(&data)
-                    .ok()
-                    .and_then(|v| v["text"].as_str().map(str::to_string))
-                    .unwrap_or_default()
-            };
-            match name.as_str() {
-                "stdout" => sink.output(runcell_core::Stream::Stdout, text().as_bytes()),
-                "stderr" => sink.output(runcell_core::Stream::Stderr, text().as_bytes()),
-                "result" => {
-                    return serde_json::from_str(&data).map_err(|e| unreachable(pod, id, &e))
-                }
-                "error" => return Err(owner_error(pod, status, data.as_bytes())),
-                _ => {}
-            }
-        }
-        if buf.len() > MAX_PEER_ANSWER {
+        if buf.len() + data.len() > MAX_PEER_ANSWER {
             return Err(RunError::internal(format!(
                 "The answer of the server holding session {id} ({pod}) is larger than \
                  {MAX_PEER_ANSWER} bytes."
             )));
         }
+        buf.extend_from_slice(&data);
+        let mut start = 0;
+        while let Some(end) = event_end(&buf, scanned.max(start)) {
+            match take_event(&buf, start, end, sink) {
+                Event::More => {}
+                Event::Result(from, to) => {
+                    return parse_verdict(buf, from, to)
+                        .await
+                        .map_err(|e| unreachable(pod, id, &e));
+                }
+                Event::ResultJoined(data) => {
+                    let len = data.len();
+                    return parse_verdict(data, 0, len)
+                        .await
+                        .map_err(|e| unreachable(pod, id, &e));
+                }
+                Event::Error(data) => return Err(owner_error(pod, status, &data)),
+            }
+            start = end + 2;
+        }
+        buf.drain(..start);
+        scanned = buf.len().saturating_sub(1);
     }
     Err(unreachable(pod, id, &"the answer ended before the verdict"))
+}
+
+/// The verdict in `bytes[from..to]`, parsed on a blocking thread (it can be large).
+async fn parse_verdict(
+    bytes: Vec<u8>,
+    from: usize,
+    to: usize,
+) -> Result<runcell_core::Verdict, String> {
+    tokio::task::spawn_blocking(move || {
+        serde_json::from_slice(&bytes[from..to]).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 impl RemoteSessions for PeerSessions {
@@ -628,10 +723,10 @@ mod tests {
 
     #[test]
     fn a_peers_errors_are_the_ones_a_local_call_meets() {
-        assert_eq!(
-            parse_event(b"event: stdout\ndata: {\"text\":\"a\"}\n\n"),
-            ("stdout".to_string(), "{\"text\":\"a\"}".to_string())
-        );
+        let (name, data) = parse_event(b"event: stdout\ndata: {\"text\":\"a\"}");
+        assert_eq!((name, &*data), (&b"stdout"[..], &b"{\"text\":\"a\"}"[..]));
+        let (name, data) = parse_event(b"data: a\r\ndata: b");
+        assert_eq!((name, &*data), (&b"message"[..], &b"a\nb"[..]));
         let e = owner_error(
             "runcell-0",
             StatusCode::GONE,
@@ -712,6 +807,74 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::NotFound);
+    }
+
+    fn framed(body: &[u8], frame: usize) -> Response {
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            body.chunks(frame).map(|c| Ok(c.to_vec())).collect();
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from_stream(futures_util::stream::iter(chunks)))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_large_event_split_in_many_frames_parses() {
+        let mut verdict =
+            runcell_core::Verdict::failed(runcell_core::ErrorCategory::Timeout, "slow");
+        verdict.stdout = "x\n".repeat(1 << 20);
+        let body = format!(
+            "event: stdout\ndata: {{\"text\":\"one\"}}\n\nevent: stdout\ndata: \
+             {{\"text\":\ndata: \"two\"}}\n\nevent: result\ndata: {}\n\n",
+            serde_json::to_string(&verdict).unwrap()
+        );
+        // Frame sizes that cut the blank lines, the field names and the JSON anywhere.
+        for frame in [1, 2, 3, 4093, 65536] {
+            if frame < 4 {
+                // A byte or a few a frame: the small events and a small verdict.
+                let small_verdict =
+                    runcell_core::Verdict::failed(runcell_core::ErrorCategory::Timeout, "slow");
+                let small = format!(
+                    "event: stdout\ndata: {{\"text\":\"one\"}}\n\n:\n\nevent: result\ndata: {}\n\n",
+                    serde_json::to_string(&small_verdict).unwrap()
+                );
+                let mut sink = Collect(Vec::new());
+                let got = read_answer(
+                    "runcell-0",
+                    "id",
+                    framed(small.as_bytes(), frame),
+                    &mut sink,
+                )
+                .await
+                .unwrap();
+                assert_eq!(got, small_verdict);
+                assert_eq!(sink.0, vec![(runcell_core::Stream::Stdout, "one".into())]);
+                continue;
+            }
+            let mut sink = Collect(Vec::new());
+            let got = read_answer("runcell-0", "id", framed(body.as_bytes(), frame), &mut sink)
+                .await
+                .unwrap();
+            assert_eq!(got, verdict, "frames of {frame}");
+            assert_eq!(
+                sink.0,
+                vec![
+                    (runcell_core::Stream::Stdout, "one".to_string()),
+                    (runcell_core::Stream::Stdout, "two".to_string())
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn the_end_of_an_event_is_found_from_where_the_search_stopped() {
+        assert_eq!(event_end(b"a\n\nb", 0), Some(1));
+        assert_eq!(event_end(b"a\n\nb", 1), Some(1));
+        assert_eq!(event_end(b"a\nb\n\n", 0), Some(3));
+        assert_eq!(event_end(b"\n\n", 0), Some(0));
+        assert_eq!(event_end(b"a\nb\n", 0), None);
+        assert_eq!(event_end(b"a\n", 1), None);
+        assert_eq!(event_end(b"", 0), None);
     }
 
     #[test]
