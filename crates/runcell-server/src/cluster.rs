@@ -37,6 +37,12 @@ use crate::state::AppState;
 /// carries it is served where it arrives, never forwarded again.
 pub const HOP_HEADER: &str = "runcell-forwarded-by";
 
+/// On the answer to a forwarded request ([`HOP_HEADER`]): the owner's key check let the
+/// caller in. The forwarding server then treats the client's connection as authenticated
+/// (a long call or a stream is not cut at the unauthenticated grace) and strips the header;
+/// a copy a client sends is stripped on the way in and never believed.
+pub const AUTHENTICATED_HEADER: &str = "runcell-authenticated";
+
 /// On a call into a session passed on by another server ([`PeerSessions`]): the language
 /// of the door's tool (an MCP tool's), which the HTTP API's body cannot carry for a session.
 /// The session's server checks it against the session's, as for a local call (a bash call
@@ -47,7 +53,8 @@ pub const CALL_LANGUAGE_HEADER: &str = "runcell-call-language";
 /// `peer_unavailable`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Headers that belong to one connection (RFC 9110, 7.6.1), not to the request.
+/// Headers that belong to one connection (RFC 9110, 7.6.1), not to the request, and the
+/// framing of the message, which hyper sets again for the next hop.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
@@ -57,7 +64,27 @@ const HOP_BY_HOP: &[&str] = &[
     "te",
     "trailer",
     "upgrade",
+    "transfer-encoding",
+    "content-length",
 ];
+
+/// Remove the headers that belong to one hop: [`HOP_BY_HOP`] and those `Connection` names.
+fn strip_hop_by_hop(headers: &mut axum::http::HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for n in &named {
+        headers.remove(n.as_str());
+    }
+    for h in HOP_BY_HOP {
+        headers.remove(*h);
+    }
+}
 
 /// Whether the server takes traffic: it has built a sandbox, and it is not draining.
 #[derive(Default)]
@@ -180,11 +207,12 @@ pub async fn route(State(state): State<AppState>, req: Request, next: Next) -> R
         .get::<crate::connections::Authenticated>()
         .cloned();
     match forward(cluster, &pod, req).await {
-        Ok(resp) => {
+        Ok(mut resp) => {
             state.metrics().forwarded("ok");
-            // The owner authenticated the caller: the connection may stay open like a keyed
-            // one (a long call or a stream is not cut at the unauthenticated grace).
-            if resp.status() != StatusCode::UNAUTHORIZED {
+            // The owner's key check let the caller in: the connection may stay open like a
+            // keyed one (a long call or a stream is not cut at the unauthenticated grace).
+            // Any other answer (an unmatched route, a refusal) does not vouch for the caller.
+            if resp.headers_mut().remove(AUTHENTICATED_HEADER).is_some() {
                 if let Some(a) = marker {
                     a.mark();
                 }
@@ -288,9 +316,8 @@ async fn forward(
         .map_or("/", |p| p.as_str())
         .to_string();
     parts.uri = Uri::try_from(path).map_err(|e| ForwardError::Request(e.into()))?;
-    for h in HOP_BY_HOP {
-        parts.headers.remove(*h);
-    }
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(AUTHENTICATED_HEADER);
     parts.headers.insert(
         header::HOST,
         HeaderValue::from_str(&authority).map_err(|e| ForwardError::Request(e.into()))?,
@@ -307,9 +334,7 @@ async fn forward(
         .await
         .map_err(|source| ForwardError::Http { addr, source })?;
     let (mut parts, body) = resp.into_parts();
-    for h in HOP_BY_HOP {
-        parts.headers.remove(*h);
-    }
+    strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
