@@ -18,7 +18,6 @@
 //! lives as long as the request. The owner's own admission then applies to what is run.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -91,11 +90,15 @@ fn strip_hop_by_hop(headers: &mut axum::http::HeaderMap) {
 pub struct Readiness {
     /// The probe was started (by the first `/readyz`).
     started: AtomicBool,
-    /// 0: the probe sandbox is not built yet; 1: built; 2: it failed (see `reason`).
+    /// 0: the probe sandbox is not built yet; 1: built; 2: it failed (the probe logs why).
     probe: AtomicU8,
     draining: AtomicBool,
-    reason: Mutex<Option<String>>,
 }
+
+/// `/readyz`'s reason for a probe that failed. It needs no key, so the failure itself (host
+/// paths, kernel errors) stays in the server's log.
+pub const SANDBOX_FAILURE_REASON: &str =
+    "a sandbox could not be built: see the server's log, or run `runcell doctor`";
 
 impl Readiness {
     /// Whether this call is the first (which starts the probe).
@@ -103,9 +106,9 @@ impl Readiness {
         !self.started.swap(true, Ordering::SeqCst)
     }
 
+    /// The probe's result (its failure is logged by the probe, not kept for `/readyz`).
     pub fn probed(&self, result: Result<(), String>) {
         let ok = result.is_ok();
-        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = result.err();
         self.probe.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
     }
 
@@ -132,15 +135,7 @@ impl Readiness {
         }
         match self.probe.load(Ordering::SeqCst) {
             1 => (true, "ready", "a sandbox was built and ran".into()),
-            2 => (
-                false,
-                "sandbox_failure",
-                self.reason
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .unwrap_or_default(),
-            ),
+            2 => (false, "sandbox_failure", SANDBOX_FAILURE_REASON.into()),
             _ => (
                 false,
                 "starting",
@@ -909,7 +904,7 @@ mod tests {
         r.probed(Err("mount proc: EPERM".into()));
         assert_eq!(
             r.state(),
-            (false, "sandbox_failure", "mount proc: EPERM".into())
+            (false, "sandbox_failure", SANDBOX_FAILURE_REASON.into())
         );
         r.probed(Ok(()));
         assert!(r.state().0);
