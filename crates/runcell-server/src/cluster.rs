@@ -269,6 +269,28 @@ pub enum ForwardError {
     Request(#[source] axum::http::Error),
 }
 
+/// TCP keepalive on a connection to a peer: a peer whose host vanished without closing the
+/// connection (a node lost) is noticed within [`PEER_KEEPALIVE_IDLE`] and a few probes, and
+/// the forward ends with an error instead of holding its client and connection forever. A
+/// live owner that takes its time (a long run, a wait for an approval) answers the probes, so
+/// no legitimate call is cut. Best effort: a socket that refuses an option keeps the default.
+fn keep_alive(stream: &tokio::net::TcpStream) {
+    use rustix::net::sockopt;
+    let set = sockopt::set_socket_keepalive(stream, true)
+        .and_then(|()| sockopt::set_tcp_keepidle(stream, PEER_KEEPALIVE_IDLE))
+        .and_then(|()| sockopt::set_tcp_keepintvl(stream, PEER_KEEPALIVE_INTERVAL))
+        .and_then(|()| sockopt::set_tcp_keepcnt(stream, PEER_KEEPALIVE_PROBES));
+    if let Err(e) = set {
+        tracing::debug!(error = %e, "TCP keepalive on a connection to a peer");
+    }
+}
+
+/// A connection to a peer silent this long is probed.
+const PEER_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// The probes' interval, and how many go unanswered before the connection is given up.
+const PEER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const PEER_KEEPALIVE_PROBES: u32 = 3;
+
 /// Send `req` to `pod` and stream its answer back.
 async fn forward(
     cluster: &ClusterSettings,
@@ -292,6 +314,7 @@ async fn forward(
             Ok(Ok(s)) => s,
         };
     let _ = stream.set_nodelay(true);
+    keep_alive(&stream);
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
@@ -895,6 +918,27 @@ mod tests {
         assert_eq!(event_end(b"a\nb\n", 0), None);
         assert_eq!(event_end(b"a\n", 1), None);
         assert_eq!(event_end(b"", 0), None);
+    }
+
+    #[tokio::test]
+    async fn connections_to_peers_are_kept_alive() {
+        use rustix::net::sockopt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        assert!(!sockopt::socket_keepalive(&stream).unwrap());
+        keep_alive(&stream);
+        assert!(sockopt::socket_keepalive(&stream).unwrap());
+        assert_eq!(sockopt::tcp_keepidle(&stream).unwrap(), PEER_KEEPALIVE_IDLE);
+        assert_eq!(
+            sockopt::tcp_keepintvl(&stream).unwrap(),
+            PEER_KEEPALIVE_INTERVAL
+        );
+        assert_eq!(
+            sockopt::tcp_keepcnt(&stream).unwrap(),
+            PEER_KEEPALIVE_PROBES
+        );
     }
 
     #[test]
