@@ -209,9 +209,23 @@ fn is_base32(s: &str) -> bool {
 
 fn random(chars: usize) -> String {
     let mut b = vec![0u8; chars.div_ceil(8) * 5];
-    // getrandom(2) fails only on bad arguments.
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    fill_random(&mut b);
     base32(&b, chars)
+}
+
+/// Fill `buf` from the kernel's random source. Ids and keys made of anything less than
+/// random bytes would be guessable, so this fails closed: a kernel that gives none (no
+/// getrandom(2), a seccomp refusal) stops the server with a clear message instead.
+fn fill_random(buf: &mut [u8]) {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(0) => panic!("getrandom(2) returned no random bytes"),
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => panic!("getrandom(2) failed ({e}): the kernel gives no random bytes"),
+        }
+    }
 }
 
 /// HMAC-SHA256 (RFC 2104) of `msg` with `key`.

@@ -30,6 +30,7 @@
 //! confined to the workspace (`..` out of it: 403, as the reference answers).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -345,6 +346,48 @@ struct DoorInner {
     /// One operation on the session at a time (a session runs one call at a time; the SDK's
     /// callers are not told "busy", they wait their turn, holding their place in line).
     turn: tokio::sync::Mutex<()>,
+    /// The making of the session by [`Door::start`]: one at a time, spaced after failures.
+    starts: std::sync::Mutex<Starts>,
+}
+
+/// The longest wait before the session is tried again after failures to make it.
+const MAX_START_BACKOFF: Duration = Duration::from_secs(60);
+
+/// [`Door::start`]'s single flight and back-off: the unauthenticated health check asks for a
+/// session on every request while there is none, and each attempt builds a sandbox.
+#[derive(Debug, Default)]
+struct Starts {
+    /// An attempt is under way.
+    making: bool,
+    /// Attempts that failed in a row.
+    failures: u32,
+    /// No attempt before this (after a failure).
+    not_before: Option<Instant>,
+}
+
+impl Starts {
+    /// Whether an attempt may begin at `now` (it then counts as under way).
+    fn begin(&mut self, now: Instant) -> bool {
+        if self.making || self.not_before.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.making = true;
+        true
+    }
+
+    /// The attempt begun ended at `now`: the next waits 1 s, 2 s, 4 s … (at most
+    /// [`MAX_START_BACKOFF`]) after failures in a row.
+    fn end(&mut self, ok: bool, now: Instant) {
+        self.making = false;
+        if ok {
+            self.failures = 0;
+            self.not_before = None;
+        } else {
+            let wait = Duration::from_secs(1u64 << self.failures.min(6)).min(MAX_START_BACKOFF);
+            self.failures = self.failures.saturating_add(1);
+            self.not_before = Some(now + wait);
+        }
+    }
 }
 
 impl Door {
@@ -355,18 +398,30 @@ impl Door {
                 session: tokio::sync::Mutex::new(None),
                 made: std::sync::Mutex::new(None),
                 turn: tokio::sync::Mutex::new(()),
+                starts: std::sync::Mutex::new(Starts::default()),
             }),
         }
     }
 
     /// Make the session now (the listener's start), so that the pod is ready when it says so.
+    /// Also asked for by the health check while there is no live session: one attempt at a
+    /// time, none for a while after a failure ([`Starts`]).
     pub fn start(&self) {
+        if !self.starts().begin(Instant::now()) {
+            return;
+        }
         let door = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = door.session(&door.system_caller()).await {
+            let result = door.session(&door.system_caller()).await;
+            if let Err(e) = &result {
                 tracing::warn!(error = %e.message, "the agent-sandbox session could not be made");
             }
+            door.starts().end(result.is_ok(), Instant::now());
         });
+    }
+
+    fn starts(&self) -> std::sync::MutexGuard<'_, Starts> {
+        self.inner.starts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn made(&self) -> std::sync::MutexGuard<'_, Option<String>> {
@@ -620,9 +675,14 @@ async fn upload(State(door): State<Door>, req: Request) -> Result<Response, Cont
             "The file name names the workspace itself, not a file in it.",
         ));
     }
-    let data = file.data.to_vec();
+    // The file's bytes in place in the body's buffer: taken over (no copy when the body
+    // came in one buffer), then cut to the part.
+    let start = file.data.as_ptr() as usize - bytes.as_ptr() as usize;
+    let end = start + file.data.len();
     drop(parts_of);
-    drop(bytes);
+    let mut data = Vec::from(bytes);
+    data.truncate(end);
+    data.drain(..start);
     let _turn = door.inner.turn.lock().await;
     let session = door.session(&caller).await?;
     door.state
@@ -767,6 +827,38 @@ pub fn router(door: Door) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_session_is_made_once_at_a_time_and_not_again_right_after_a_failure() {
+        let t0 = Instant::now();
+        let mut s = Starts::default();
+        assert!(s.begin(t0));
+        // Health checks while it is being made start nothing.
+        assert!(!s.begin(t0));
+        assert!(!s.begin(t0 + Duration::from_secs(3600)));
+        s.end(false, t0);
+        // After a failure: not before 1 s, then 2 s, 4 s … at most a minute.
+        assert!(!s.begin(t0));
+        assert!(!s.begin(t0 + Duration::from_millis(999)));
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(s.begin(t1));
+        s.end(false, t1);
+        assert!(!s.begin(t1 + Duration::from_millis(1999)));
+        let mut t = t1 + Duration::from_secs(2);
+        assert!(s.begin(t));
+        for _ in 0..40 {
+            s.end(false, t);
+            t += MAX_START_BACKOFF;
+            assert!(s.begin(t));
+        }
+        s.end(false, t);
+        assert!(!s.begin(t + MAX_START_BACKOFF - Duration::from_millis(1)));
+        t += MAX_START_BACKOFF;
+        assert!(s.begin(t));
+        // A success clears the back-off.
+        s.end(true, t);
+        assert!(s.begin(t));
+    }
 
     #[test]
     fn paths_are_confined_as_the_reference_confines_them() {

@@ -153,8 +153,7 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
             return e.into_response();
         }
         req.extensions_mut().insert(KeyId(None));
-        mark_authenticated(&req);
-        return next.run(req).await;
+        return authenticated(req, next).await;
     }
     let error = match presented(req.headers()) {
         None => ApiError::unauthorized(
@@ -164,8 +163,7 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
             Some(id) => {
                 let id = KeyId(Some(id.to_string()));
                 req.extensions_mut().insert(id);
-                mark_authenticated(&req);
-                return next.run(req).await;
+                return authenticated(req, next).await;
             }
             None => ApiError::unauthorized("The API key is not valid."),
         },
@@ -174,12 +172,23 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
     error.into_response()
 }
 
-/// The connection that carried `req` has passed authentication once: it may stay open past
-/// [`crate::connections::UNAUTHENTICATED_GRACE`].
-fn mark_authenticated(req: &Request) {
+/// Serve a request that passed the key check. The connection that carried it may stay open
+/// past [`crate::connections::UNAUTHENTICATED_GRACE`]; a request forwarded by another server
+/// of the cluster says so in its answer ([`crate::cluster::AUTHENTICATED_HEADER`]), for that
+/// server to treat its client's connection the same.
+async fn authenticated(req: Request, next: Next) -> Response {
     if let Some(a) = req.extensions().get::<crate::connections::Authenticated>() {
         a.mark();
     }
+    let forwarded = req.headers().contains_key(crate::cluster::HOP_HEADER);
+    let mut resp = next.run(req).await;
+    if forwarded {
+        resp.headers_mut().insert(
+            crate::cluster::AUTHENTICATED_HEADER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+    }
+    resp
 }
 
 #[cfg(test)]

@@ -18,7 +18,6 @@
 //! lives as long as the request. The owner's own admission then applies to what is run.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -37,6 +36,12 @@ use crate::state::AppState;
 /// carries it is served where it arrives, never forwarded again.
 pub const HOP_HEADER: &str = "runcell-forwarded-by";
 
+/// On the answer to a forwarded request ([`HOP_HEADER`]): the owner's key check let the
+/// caller in. The forwarding server then treats the client's connection as authenticated
+/// (a long call or a stream is not cut at the unauthenticated grace) and strips the header;
+/// a copy a client sends is stripped on the way in and never believed.
+pub const AUTHENTICATED_HEADER: &str = "runcell-authenticated";
+
 /// On a call into a session passed on by another server ([`PeerSessions`]): the language
 /// of the door's tool (an MCP tool's), which the HTTP API's body cannot carry for a session.
 /// The session's server checks it against the session's, as for a local call (a bash call
@@ -47,7 +52,8 @@ pub const CALL_LANGUAGE_HEADER: &str = "runcell-call-language";
 /// `peer_unavailable`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Headers that belong to one connection (RFC 9110, 7.6.1), not to the request.
+/// Headers that belong to one connection (RFC 9110, 7.6.1), not to the request, and the
+/// framing of the message, which hyper sets again for the next hop.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
@@ -57,18 +63,42 @@ const HOP_BY_HOP: &[&str] = &[
     "te",
     "trailer",
     "upgrade",
+    "transfer-encoding",
+    "content-length",
 ];
+
+/// Remove the headers that belong to one hop: [`HOP_BY_HOP`] and those `Connection` names.
+fn strip_hop_by_hop(headers: &mut axum::http::HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    for n in &named {
+        headers.remove(n.as_str());
+    }
+    for h in HOP_BY_HOP {
+        headers.remove(*h);
+    }
+}
 
 /// Whether the server takes traffic: it has built a sandbox, and it is not draining.
 #[derive(Default)]
 pub struct Readiness {
     /// The probe was started (by the first `/readyz`).
     started: AtomicBool,
-    /// 0: the probe sandbox is not built yet; 1: built; 2: it failed (see `reason`).
+    /// 0: the probe sandbox is not built yet; 1: built; 2: it failed (the probe logs why).
     probe: AtomicU8,
     draining: AtomicBool,
-    reason: Mutex<Option<String>>,
 }
+
+/// `/readyz`'s reason for a probe that failed. It needs no key, so the failure itself (host
+/// paths, kernel errors) stays in the server's log.
+pub const SANDBOX_FAILURE_REASON: &str =
+    "a sandbox could not be built: see the server's log, or run `runcell doctor`";
 
 impl Readiness {
     /// Whether this call is the first (which starts the probe).
@@ -76,9 +106,9 @@ impl Readiness {
         !self.started.swap(true, Ordering::SeqCst)
     }
 
+    /// The probe's result (its failure is logged by the probe, not kept for `/readyz`).
     pub fn probed(&self, result: Result<(), String>) {
         let ok = result.is_ok();
-        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = result.err();
         self.probe.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
     }
 
@@ -105,15 +135,7 @@ impl Readiness {
         }
         match self.probe.load(Ordering::SeqCst) {
             1 => (true, "ready", "a sandbox was built and ran".into()),
-            2 => (
-                false,
-                "sandbox_failure",
-                self.reason
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .unwrap_or_default(),
-            ),
+            2 => (false, "sandbox_failure", SANDBOX_FAILURE_REASON.into()),
             _ => (
                 false,
                 "starting",
@@ -180,11 +202,12 @@ pub async fn route(State(state): State<AppState>, req: Request, next: Next) -> R
         .get::<crate::connections::Authenticated>()
         .cloned();
     match forward(cluster, &pod, req).await {
-        Ok(resp) => {
+        Ok(mut resp) => {
             state.metrics().forwarded("ok");
-            // The owner authenticated the caller: the connection may stay open like a keyed
-            // one (a long call or a stream is not cut at the unauthenticated grace).
-            if resp.status() != StatusCode::UNAUTHORIZED {
+            // The owner's key check let the caller in: the connection may stay open like a
+            // keyed one (a long call or a stream is not cut at the unauthenticated grace).
+            // Any other answer (an unmatched route, a refusal) does not vouch for the caller.
+            if resp.headers_mut().remove(AUTHENTICATED_HEADER).is_some() {
                 if let Some(a) = marker {
                     a.mark();
                 }
@@ -246,6 +269,28 @@ pub enum ForwardError {
     Request(#[source] axum::http::Error),
 }
 
+/// TCP keepalive on a connection to a peer: a peer whose host vanished without closing the
+/// connection (a node lost) is noticed within [`PEER_KEEPALIVE_IDLE`] and a few probes, and
+/// the forward ends with an error instead of holding its client and connection forever. A
+/// live owner that takes its time (a long run, a wait for an approval) answers the probes, so
+/// no legitimate call is cut. Best effort: a socket that refuses an option keeps the default.
+fn keep_alive(stream: &tokio::net::TcpStream) {
+    use rustix::net::sockopt;
+    let set = sockopt::set_socket_keepalive(stream, true)
+        .and_then(|()| sockopt::set_tcp_keepidle(stream, PEER_KEEPALIVE_IDLE))
+        .and_then(|()| sockopt::set_tcp_keepintvl(stream, PEER_KEEPALIVE_INTERVAL))
+        .and_then(|()| sockopt::set_tcp_keepcnt(stream, PEER_KEEPALIVE_PROBES));
+    if let Err(e) = set {
+        tracing::debug!(error = %e, "TCP keepalive on a connection to a peer");
+    }
+}
+
+/// A connection to a peer silent this long is probed.
+const PEER_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// The probes' interval, and how many go unanswered before the connection is given up.
+const PEER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const PEER_KEEPALIVE_PROBES: u32 = 3;
+
 /// Send `req` to `pod` and stream its answer back.
 async fn forward(
     cluster: &ClusterSettings,
@@ -269,6 +314,7 @@ async fn forward(
             Ok(Ok(s)) => s,
         };
     let _ = stream.set_nodelay(true);
+    keep_alive(&stream);
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
@@ -288,9 +334,8 @@ async fn forward(
         .map_or("/", |p| p.as_str())
         .to_string();
     parts.uri = Uri::try_from(path).map_err(|e| ForwardError::Request(e.into()))?;
-    for h in HOP_BY_HOP {
-        parts.headers.remove(*h);
-    }
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(AUTHENTICATED_HEADER);
     parts.headers.insert(
         header::HOST,
         HeaderValue::from_str(&authority).map_err(|e| ForwardError::Request(e.into()))?,
@@ -307,9 +352,7 @@ async fn forward(
         .await
         .map_err(|source| ForwardError::Http { addr, source })?;
     let (mut parts, body) = resp.into_parts();
-    for h in HOP_BY_HOP {
-        parts.headers.remove(*h);
-    }
+    strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
@@ -371,22 +414,97 @@ fn owner_error(pod: &str, status: StatusCode, body: &[u8]) -> RunError {
     }
 }
 
-/// One server-sent event: its name and its data lines joined.
-fn parse_event(raw: &[u8]) -> (String, String) {
-    let text = String::from_utf8_lossy(raw);
-    let (mut name, mut data) = (String::from("message"), Vec::new());
-    for line in text.lines() {
-        if let Some(v) = line.strip_prefix("event:") {
-            name = v.trim_start().to_string();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+/// One server-sent event (its bytes without the blank line that ends it): its name and its
+/// data lines. A single data line (what this server's own events are) is borrowed from the
+/// event, not copied; several are joined with `\n`.
+fn parse_event(raw: &[u8]) -> (&[u8], std::borrow::Cow<'_, [u8]>) {
+    let mut name: &[u8] = b"message";
+    let mut data: Option<std::borrow::Cow<'_, [u8]>> = None;
+    for line in raw.split(|&c| c == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(v) = line.strip_prefix(b"event:") {
+            name = v.strip_prefix(b" ").unwrap_or(v);
+        } else if let Some(v) = line.strip_prefix(b"data:") {
+            let v = v.strip_prefix(b" ").unwrap_or(v);
+            data = Some(match data {
+                None => std::borrow::Cow::Borrowed(v),
+                Some(d) => {
+                    let mut d = d.into_owned();
+                    d.push(b'\n');
+                    d.extend_from_slice(v);
+                    std::borrow::Cow::Owned(d)
+                }
+            });
         }
     }
-    (name, data.join("\n"))
+    (name, data.unwrap_or_default())
 }
 
+/// Where the first blank line (`\n\n`) of `buf` at or after `from` begins.
+fn event_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while i + 1 < buf.len() {
+        match buf[i + 1..].iter().position(|&c| c == b'\n') {
+            None => return None,
+            Some(p) => {
+                let nl = i + 1 + p;
+                if buf[nl - 1] == b'\n' {
+                    return Some(nl - 1);
+                }
+                i = nl;
+            }
+        }
+    }
+    None
+}
+
+/// What one complete event of the owner's stream means for the call.
+enum Event {
+    /// Output (or an event to skip): go on reading.
+    More,
+    /// The verdict's event: its data spans `start..end` of the buffer.
+    Result(usize, usize),
+    /// The verdict's event, in several data lines.
+    ResultJoined(Vec<u8>),
+    Error(Vec<u8>),
+}
+
+fn take_event(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    sink: &mut (dyn runcell_core::OutputSink + Send),
+) -> Event {
+    let (name, data) = parse_event(&buf[start..end]);
+    let text = || -> Vec<u8> {
+        #[derive(serde::Deserialize)]
+        struct Output {
+            text: String,
+        }
+        serde_json::from_slice::<Output>(&data)
+            .map(|o| o.text.into_bytes())
+            .unwrap_or_default()
+    };
+    match name {
+        b"stdout" => sink.output(runcell_core::Stream::Stdout, &text()),
+        b"stderr" => sink.output(runcell_core::Stream::Stderr, &text()),
+        b"result" => {
+            if let std::borrow::Cow::Borrowed(d) = data {
+                // The data's place in `buf`, so the verdict is parsed from the buffer itself.
+                let off = d.as_ptr() as usize - buf.as_ptr() as usize;
+                return Event::Result(off, off + d.len());
+            }
+            return Event::ResultJoined(data.into_owned());
+        }
+        b"error" => return Event::Error(data.into_owned()),
+        _ => {}
+    }
+    Event::More
+}
 /// Read the owner's answer: output events into `sink` as they come, then the verdict or the
-/// error. At most [`MAX_PEER_ANSWER`] bytes of it are held at once.
+/// error. At most [`MAX_PEER_ANSWER`] bytes of it are held at once; each byte that arrives
+/// is looked at once when searching for the end of an event, and the verdict (the largest
+/// event) is parsed from the buffer it arrived in, off the async workers.
 async fn read_answer(
     pod: &str,
     id: &str,
@@ -408,44 +526,64 @@ async fn read_answer(
             .map_err(|e| unreachable(pod, id, &e))?
             .to_bytes();
         if status.is_success() {
-            return serde_json::from_slice(&bytes).map_err(|e| unreachable(pod, id, &e));
+            return parse_verdict(bytes.to_vec(), 0, bytes.len())
+                .await
+                .map_err(|e| unreachable(pod, id, &e));
         }
         return Err(owner_error(pod, status, &bytes));
     }
     let mut buf: Vec<u8> = Vec::new();
+    // Where the search for the end of the next event goes on: the bytes before it hold no
+    // blank line (the last one of them may be its first `\n`).
+    let mut scanned = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| unreachable(pod, id, &e))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        buf.extend_from_slice(&data);
-        while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-            let raw: Vec<u8> = buf.drain(..end + 2).collect();
-            let (name, data) = parse_event(&raw);
-            let text = || {
-                serde_json::from_str::<serde_json::Value>(&data)
-                    .ok()
-                    .and_then(|v| v["text"].as_str().map(str::to_string))
-                    .unwrap_or_default()
-            };
-            match name.as_str() {
-                "stdout" => sink.output(runcell_core::Stream::Stdout, text().as_bytes()),
-                "stderr" => sink.output(runcell_core::Stream::Stderr, text().as_bytes()),
-                "result" => {
-                    return serde_json::from_str(&data).map_err(|e| unreachable(pod, id, &e))
-                }
-                "error" => return Err(owner_error(pod, status, data.as_bytes())),
-                _ => {}
-            }
-        }
-        if buf.len() > MAX_PEER_ANSWER {
+        if buf.len() + data.len() > MAX_PEER_ANSWER {
             return Err(RunError::internal(format!(
                 "The answer of the server holding session {id} ({pod}) is larger than \
                  {MAX_PEER_ANSWER} bytes."
             )));
         }
+        buf.extend_from_slice(&data);
+        let mut start = 0;
+        while let Some(end) = event_end(&buf, scanned.max(start)) {
+            match take_event(&buf, start, end, sink) {
+                Event::More => {}
+                Event::Result(from, to) => {
+                    return parse_verdict(buf, from, to)
+                        .await
+                        .map_err(|e| unreachable(pod, id, &e));
+                }
+                Event::ResultJoined(data) => {
+                    let len = data.len();
+                    return parse_verdict(data, 0, len)
+                        .await
+                        .map_err(|e| unreachable(pod, id, &e));
+                }
+                Event::Error(data) => return Err(owner_error(pod, status, &data)),
+            }
+            start = end + 2;
+        }
+        buf.drain(..start);
+        scanned = buf.len().saturating_sub(1);
     }
     Err(unreachable(pod, id, &"the answer ended before the verdict"))
+}
+
+/// The verdict in `bytes[from..to]`, parsed on a blocking thread (it can be large).
+async fn parse_verdict(
+    bytes: Vec<u8>,
+    from: usize,
+    to: usize,
+) -> Result<runcell_core::Verdict, String> {
+    tokio::task::spawn_blocking(move || {
+        serde_json::from_slice(&bytes[from..to]).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 impl RemoteSessions for PeerSessions {
@@ -628,10 +766,10 @@ mod tests {
 
     #[test]
     fn a_peers_errors_are_the_ones_a_local_call_meets() {
-        assert_eq!(
-            parse_event(b"event: stdout\ndata: {\"text\":\"a\"}\n\n"),
-            ("stdout".to_string(), "{\"text\":\"a\"}".to_string())
-        );
+        let (name, data) = parse_event(b"event: stdout\ndata: {\"text\":\"a\"}");
+        assert_eq!((name, &*data), (&b"stdout"[..], &b"{\"text\":\"a\"}"[..]));
+        let (name, data) = parse_event(b"data: a\r\ndata: b");
+        assert_eq!((name, &*data), (&b"message"[..], &b"a\nb"[..]));
         let e = owner_error(
             "runcell-0",
             StatusCode::GONE,
@@ -714,6 +852,95 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::NotFound);
     }
 
+    fn framed(body: &[u8], frame: usize) -> Response {
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            body.chunks(frame).map(|c| Ok(c.to_vec())).collect();
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from_stream(futures_util::stream::iter(chunks)))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_large_event_split_in_many_frames_parses() {
+        let mut verdict =
+            runcell_core::Verdict::failed(runcell_core::ErrorCategory::Timeout, "slow");
+        verdict.stdout = "x\n".repeat(1 << 20);
+        let body = format!(
+            "event: stdout\ndata: {{\"text\":\"one\"}}\n\nevent: stdout\ndata: \
+             {{\"text\":\ndata: \"two\"}}\n\nevent: result\ndata: {}\n\n",
+            serde_json::to_string(&verdict).unwrap()
+        );
+        // Frame sizes that cut the blank lines, the field names and the JSON anywhere.
+        for frame in [1, 2, 3, 4093, 65536] {
+            if frame < 4 {
+                // A byte or a few a frame: the small events and a small verdict.
+                let small_verdict =
+                    runcell_core::Verdict::failed(runcell_core::ErrorCategory::Timeout, "slow");
+                let small = format!(
+                    "event: stdout\ndata: {{\"text\":\"one\"}}\n\n:\n\nevent: result\ndata: {}\n\n",
+                    serde_json::to_string(&small_verdict).unwrap()
+                );
+                let mut sink = Collect(Vec::new());
+                let got = read_answer(
+                    "runcell-0",
+                    "id",
+                    framed(small.as_bytes(), frame),
+                    &mut sink,
+                )
+                .await
+                .unwrap();
+                assert_eq!(got, small_verdict);
+                assert_eq!(sink.0, vec![(runcell_core::Stream::Stdout, "one".into())]);
+                continue;
+            }
+            let mut sink = Collect(Vec::new());
+            let got = read_answer("runcell-0", "id", framed(body.as_bytes(), frame), &mut sink)
+                .await
+                .unwrap();
+            assert_eq!(got, verdict, "frames of {frame}");
+            assert_eq!(
+                sink.0,
+                vec![
+                    (runcell_core::Stream::Stdout, "one".to_string()),
+                    (runcell_core::Stream::Stdout, "two".to_string())
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn the_end_of_an_event_is_found_from_where_the_search_stopped() {
+        assert_eq!(event_end(b"a\n\nb", 0), Some(1));
+        assert_eq!(event_end(b"a\n\nb", 1), Some(1));
+        assert_eq!(event_end(b"a\nb\n\n", 0), Some(3));
+        assert_eq!(event_end(b"\n\n", 0), Some(0));
+        assert_eq!(event_end(b"a\nb\n", 0), None);
+        assert_eq!(event_end(b"a\n", 1), None);
+        assert_eq!(event_end(b"", 0), None);
+    }
+
+    #[tokio::test]
+    async fn connections_to_peers_are_kept_alive() {
+        use rustix::net::sockopt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        assert!(!sockopt::socket_keepalive(&stream).unwrap());
+        keep_alive(&stream);
+        assert!(sockopt::socket_keepalive(&stream).unwrap());
+        assert_eq!(sockopt::tcp_keepidle(&stream).unwrap(), PEER_KEEPALIVE_IDLE);
+        assert_eq!(
+            sockopt::tcp_keepintvl(&stream).unwrap(),
+            PEER_KEEPALIVE_INTERVAL
+        );
+        assert_eq!(
+            sockopt::tcp_keepcnt(&stream).unwrap(),
+            PEER_KEEPALIVE_PROBES
+        );
+    }
+
     #[test]
     fn readiness_needs_a_sandbox_and_ends_with_draining() {
         let r = Readiness::default();
@@ -721,7 +948,7 @@ mod tests {
         r.probed(Err("mount proc: EPERM".into()));
         assert_eq!(
             r.state(),
-            (false, "sandbox_failure", "mount proc: EPERM".into())
+            (false, "sandbox_failure", SANDBOX_FAILURE_REASON.into())
         );
         r.probed(Ok(()));
         assert!(r.state().0);

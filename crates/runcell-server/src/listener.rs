@@ -344,7 +344,9 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
                 l,
                 crate::agent_sandbox::router(door),
                 signalled(signals.clone(), 1),
-                ConnectionLimits::new(limits.max_total(), limits.max_per_peer()),
+                // The same caps as the API's, counted together: the descriptors they were
+                // derived from are the process's, whichever listener holds them.
+                limits.clone(),
                 refused,
             ))
         }

@@ -668,3 +668,101 @@ fn mcp_tool_calls_run_in_the_session_their_arguments_name() {
         assert_eq!(v["error"]["category"], "session_lost", "{v}");
     }
 }
+
+/// The answer to `request` on `c`, up to the end of its body (Content-Length framed), as
+/// text; `None` if the server closed the connection.
+fn raw_exchange(c: &mut std::net::TcpStream, request: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    c.write_all(request.as_bytes()).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = c.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_string)
+                })
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if body.len() >= len {
+                return Some(text);
+            }
+        }
+    }
+}
+
+/// A forwarded request keeps the client's connection past the unauthenticated grace only
+/// when the owner's key check let the caller in: an unauthenticated request with a validly
+/// tagged id to a route that needs no key check (an unmatched one) does not, even with a
+/// forged `runcell-authenticated` header; the owner's header never reaches the client.
+#[test]
+fn forwarded_requests_authenticate_a_connection_only_with_a_key() {
+    use std::io::Read;
+    /// runcell_server::connections::UNAUTHENTICATED_GRACE and the drain after it (an idle
+    /// keep-alive connection is closed after runcell_server::listener::HEADER_READ_TIMEOUT,
+    /// 30 s, whatever it carried).
+    const GRACE: Duration = Duration::from_secs(11);
+    let c = Cluster::new();
+    let zero = c.start(0, &[]);
+    let _one = c.start(1, &[]);
+    let id = id_of("runcell-1", CLUSTER_KEY.as_bytes());
+    let addr = zero.base.trim_start_matches("http://").to_string();
+    let mut open = std::net::TcpStream::connect(&addr).unwrap();
+    let answer = raw_exchange(
+        &mut open,
+        &format!(
+            "GET /v1/sessions/{id}/no-such-route HTTP/1.1\r\nHost: x\r\n\
+             runcell-authenticated: 1\r\n\r\n"
+        ),
+    )
+    .expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(
+        !answer
+            .to_ascii_lowercase()
+            .contains("runcell-authenticated"),
+        "{answer}"
+    );
+    let keyed_request = format!(
+        "GET /v1/sessions/{id} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n\r\n"
+    );
+    let mut keyed = std::net::TcpStream::connect(&addr).unwrap();
+    // The id is from an earlier start of runcell-1: its key check passed, the session is lost.
+    let answer = raw_exchange(&mut keyed, &keyed_request).expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 410"), "{answer}");
+    assert!(answer.contains("session_lost"), "{answer}");
+    assert!(
+        !answer
+            .to_ascii_lowercase()
+            .contains("runcell-authenticated"),
+        "{answer}"
+    );
+    // Past the grace (and well within the 30 s a keep-alive connection may idle), the
+    // unauthenticated connection is closed and the keyed one still serves.
+    std::thread::sleep(GRACE + Duration::from_secs(8));
+    open.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 1024];
+    let closed = match open.read(&mut buf) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    assert!(
+        closed,
+        "a connection that never authenticated was kept open"
+    );
+    let answer = raw_exchange(&mut keyed, &keyed_request).expect("the keyed connection is open");
+    assert!(answer.starts_with("HTTP/1.1 410"), "{answer}");
+}
