@@ -18,11 +18,12 @@
 //!   it has its slot; a live session holds its own from creation to end ([`MemoryHold`]); the
 //!   warm pool's sandboxes were taken off the budget when it was made. A run that does not fit
 //!   waits in line for one to end, as for a slot; one that could never fit is refused (503,
-//!   naming memory), and one that cannot fit beside the live sessions' holds is refused at
-//!   once (429): waiting, it would hold back every other key's runs for as long as a session
-//!   lives. Without the ledger, runs sized at `usable / max_concurrent` each and sessions
-//!   admitted against all of `usable` could together reach twice the memory, and the
-//!   container's OOM killer would have to find the rest.
+//!   naming memory). Those behind a waiting run do not overtake it, unless it cannot fit
+//!   beside the live sessions' holds: it would hold every other key's runs back for as long
+//!   as a session lives, so it waits without holding anybody back. Without the ledger, runs
+//!   sized at `usable / max_concurrent` each and sessions admitted against all of `usable`
+//!   could together reach twice the memory, and the container's OOM killer would have to
+//!   find the rest.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -449,9 +450,9 @@ impl Ticket {
 
     /// A sandbox slot that also holds `memory` bytes of the memory ledger (a one-shot run's
     /// memory and disk limits) while it is held: granted when both a slot and the memory are
-    /// free, in the same fair order. 503 at once for a run that could never fit; 429 at once
-    /// for one that cannot fit while the live sessions hold their memory (it would wait, and
-    /// hold back every other run that needs memory, for as long as a session lives).
+    /// free, in the same fair order. 503 at once for a run that could never fit. One that
+    /// cannot fit while the live sessions hold their memory waits without holding anybody
+    /// back (see [`hand_on`]).
     pub async fn slot_with_memory(&self, memory: u64) -> Result<Slot, RunError> {
         let shared = &self.0.shared;
         let owner = self.0.owner.clone();
@@ -467,17 +468,6 @@ impl Ticket {
             let mut s = shared.lock();
             if s.closed {
                 return Err(RunError::unavailable("The server is shutting down."));
-            }
-            if !shared.fits_beside_sessions(&s, memory) {
-                let budget = shared.memory_budget.unwrap_or(0);
-                return Err(RunError::rate_limited(format!(
-                    "Not enough memory: live sessions hold {} of the {} the server may give \
-                     runs and sessions, and the run's memory and disk limits ({}) do not fit \
-                     in the rest. Delete a session or ask for less memory/disk, then retry.",
-                    crate::units::format_size(s.sessions),
-                    crate::units::format_size(budget),
-                    crate::units::format_size(memory)
-                )));
             }
             // A free slot beside a waiter that holds the others back means it waits for
             // memory (hand_on serves it otherwise): a request that needs none (a session's
@@ -631,8 +621,8 @@ impl State {
 /// fit yet is not overtaken by other runs that need memory (a large run would starve behind a
 /// stream of small ones otherwise); only requests that need none (a session's call) pass it.
 /// That holds only while the memory it waits for is the running slots' (they end within
-/// their time limits): a waiter that needs memory live sessions hold (they took it after it
-/// came: it is refused at once otherwise) is passed by all, and served when it fits.
+/// their time limits): a waiter that needs memory live sessions hold (it would hold the
+/// others back for as long as a session lives) is passed by all, and served when it fits.
 fn hand_on(shared: &Shared, s: &mut State) {
     while s.running < shared.policy.max_concurrent && !s.waiting.is_empty() && !s.closed {
         let order = |s: &State, i: usize| {
@@ -872,32 +862,28 @@ mod tests {
     /// Regression (security review 4a): key x keeps an idle session and asks for a run that
     /// fits the budget but not beside the session. It used to wait first in line for as long
     /// as x kept the session, and every other key's run that needs memory waited behind it,
-    /// with most of the budget free. It is refused at once now (429, naming the sessions),
-    /// and the other key's small run gets its slot.
+    /// with most of the budget free. It still waits (for the session to end), but the other
+    /// key's small run passes it.
     #[tokio::test]
     async fn a_run_that_needs_the_sessions_memory_holds_nobody_back() {
         let a = ledger(4, 2, 1000);
         let session = a.hold_memory(600).unwrap();
         let x = a.reserve(Some("x")).unwrap();
         let mut blocker = Box::pin(x.slot_with_memory(500));
-        let e = futures_poll(&mut blocker)
-            .expect("refused at once")
-            .unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::RateLimited);
-        assert!(e.message.contains("sessions hold 600"), "{}", e.message);
-        assert!(e.message.contains("Delete a session"), "{}", e.message);
-        assert_eq!(a.stats().waiting, 0);
+        assert!(futures_poll(&mut blocker).is_none(), "it waits");
         let y = a.reserve(Some("y")).unwrap();
         let mut small = Box::pin(y.slot_with_memory(100));
         let got = futures_poll(&mut small).expect("y's run is not held back");
         assert!(got.is_ok());
         assert_eq!(a.stats().memory, 700);
-        drop((got, session));
-        assert_eq!(a.stats().memory, 0);
-        // Once the session has ended, x's run fits.
-        assert!(futures_poll(&mut Box::pin(x.slot_with_memory(500)))
-            .expect("granted")
-            .is_ok());
+        assert!(futures_poll(&mut blocker).is_none());
+        // The session ends: x's run fits beside y's and gets its slot.
+        drop(session);
+        let x_got = futures_poll(&mut blocker).expect("granted");
+        assert!(x_got.is_ok());
+        assert_eq!(a.stats().memory, 600);
+        drop((got, x_got));
+        assert_eq!((a.stats().running, a.stats().memory), (0, 0));
     }
 
     /// A waiter that fitted beside the sessions when it came, and no longer does because a
