@@ -664,35 +664,35 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
 
 /// Build and run one sandbox (bash `true`) until it works, then mark the server ready: a
 /// pod whose security context does not allow sandboxes never receives traffic. It retries
-/// (1 s, doubling to 30 s) while it fails, and ends once it has worked; it holds no slot.
+/// (1 s, doubling to 30 s) while it fails, and ends once it has worked. It runs through
+/// admission like any run (a place, a slot and its memory on the ledger, with no key): on a
+/// full server it waits for its turn, and a refusal (429) is retried without changing the
+/// answer.
 fn spawn_probe(state: AppState) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut wait = Duration::from_secs(1);
+        let probe = runcell_core::ExecRequest::new("bash", "true");
         loop {
-            let engine = state.engine().clone();
-            let verdict = tokio::task::spawn_blocking(move || {
-                engine.execute(
-                    &runcell_core::ExecRequest::new("bash", "true"),
-                    &mut runcell_core::NoSink,
-                    None,
-                )
-            })
-            .await;
-            let result = match verdict {
-                Ok(v) if v.exit_code == Some(0) => Ok(()),
-                Ok(v) => Err(v
-                    .error
-                    .map(|e| e.message)
-                    .unwrap_or_else(|| format!("the probe exited with {:?}", v.exit_code))),
-                Err(_) => Err("the probe's thread failed".to_string()),
+            let result = match state.service().run_internal(&probe).await {
+                Ok(v) if v.exit_code == Some(0) => Some(Ok(())),
+                Ok(v) => Some(Err(v.error.map(|e| e.message).unwrap_or_else(|| {
+                    format!("the probe exited with {:?}", v.exit_code)
+                }))),
+                Err(e) if e.kind == ErrorKind::RateLimited => {
+                    tracing::info!("readiness probe: not admitted yet: {}", e.message);
+                    None
+                }
+                Err(e) => Some(Err(e.message)),
             };
-            let ok = result.is_ok();
-            if let Err(why) = &result {
-                tracing::warn!("readiness probe: cannot build a sandbox: {why}");
-            }
-            state.inner.readiness.probed(result);
-            if ok {
-                return;
+            if let Some(result) = result {
+                let ok = result.is_ok();
+                if let Err(why) = &result {
+                    tracing::warn!("readiness probe: cannot build a sandbox: {why}");
+                }
+                state.inner.readiness.probed(result);
+                if ok {
+                    return;
+                }
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(30));

@@ -18,9 +18,12 @@
 //!   it has its slot; a live session holds its own from creation to end ([`MemoryHold`]); the
 //!   warm pool's sandboxes were taken off the budget when it was made. A run that does not fit
 //!   waits in line for one to end, as for a slot; one that could never fit is refused (503,
-//!   naming memory). Without it, runs sized at `usable / max_concurrent` each and sessions
-//!   admitted against all of `usable` could together reach twice the memory, and the
-//!   container's OOM killer would have to find the rest.
+//!   naming memory). Those behind a waiting run do not overtake it, unless it cannot fit
+//!   beside the live sessions' holds: it would hold every other key's runs back for as long
+//!   as a session lives, so it waits without holding anybody back. Without the ledger, runs
+//!   sized at `usable / max_concurrent` each and sessions admitted against all of `usable`
+//!   could together reach twice the memory, and the container's OOM killer would have to
+//!   find the rest.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -85,6 +88,9 @@ struct State {
     closed: bool,
     /// Bytes of the memory ledger held: granted slots' runs plus live sessions.
     memory: u64,
+    /// Of those, the bytes live sessions hold ([`MemoryHold`]s): what the running slots'
+    /// ending does not give back.
+    sessions: u64,
 }
 
 /// A request waiting for a slot. A grant is counted as running when it is sent; the waiter
@@ -134,6 +140,20 @@ impl Shared {
     fn fits(&self, s: &State, need: u64) -> bool {
         self.memory_budget
             .is_none_or(|budget| s.memory.saturating_add(need) <= budget)
+    }
+
+    /// Whether `need` bytes would fit once the running slots have ended, beside the live
+    /// sessions' holds: only such a waiter may hold the others back (one that needs the
+    /// sessions' memory would hold them for as long as a session lives).
+    fn fits_beside_sessions(&self, s: &State, need: u64) -> bool {
+        self.memory_budget
+            .is_none_or(|budget| s.sessions.saturating_add(need) <= budget)
+    }
+
+    /// Whether a waiting request holds back the others that need memory: it is served first
+    /// in the fair order, and the memory it waits for is the running slots'.
+    fn blocks(&self, s: &State, w: &Waiter) -> bool {
+        w.need > 0 && self.fits_beside_sessions(s, w.need)
     }
 }
 
@@ -200,6 +220,10 @@ impl Admission {
             )));
         }
         s.memory += bytes;
+        s.sessions += bytes;
+        // A waiter that needed this memory no longer fits beside the sessions: it no longer
+        // holds the others back.
+        hand_on(shared, &mut s);
         Ok(MemoryHold {
             shared: shared.clone(),
             bytes,
@@ -426,7 +450,9 @@ impl Ticket {
 
     /// A sandbox slot that also holds `memory` bytes of the memory ledger (a one-shot run's
     /// memory and disk limits) while it is held: granted when both a slot and the memory are
-    /// free, in the same fair order. 503 at once for a run that could never fit.
+    /// free, in the same fair order. 503 at once for a run that could never fit. One that
+    /// cannot fit while the live sessions hold their memory waits without holding anybody
+    /// back (see [`hand_on`]).
     pub async fn slot_with_memory(&self, memory: u64) -> Result<Slot, RunError> {
         let shared = &self.0.shared;
         let owner = self.0.owner.clone();
@@ -443,10 +469,11 @@ impl Ticket {
             if s.closed {
                 return Err(RunError::unavailable("The server is shutting down."));
             }
-            // A free slot beside waiters means they wait for memory (hand_on serves them
-            // otherwise): a request that needs none (a session's call) may take it.
+            // A free slot beside a waiter that holds the others back means it waits for
+            // memory (hand_on serves it otherwise): a request that needs none (a session's
+            // call) may take the slot, one that needs memory waits behind it.
             if s.running < shared.policy.max_concurrent
-                && (s.waiting.is_empty() || memory == 0)
+                && (memory == 0 || !s.waiting.iter().any(|w| shared.blocks(&s, w)))
                 && shared.fits(&s, memory)
             {
                 s.grant(&owner, memory);
@@ -511,7 +538,12 @@ impl WaitGuard {
 impl Drop for WaitGuard {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else { return };
-        self.shared.lock().waiting.retain(|w| w.id != self.id);
+        {
+            let mut s = self.shared.lock();
+            s.waiting.retain(|w| w.id != self.id);
+            // It may have held the others back: those that fit now get their slots.
+            hand_on(&self.shared, &mut s);
+        }
         // Granted between the wake-up and now: give it back (its drop hands it on).
         rx.close();
         if rx.try_recv().is_ok() {
@@ -567,6 +599,7 @@ impl Drop for MemoryHold {
     fn drop(&mut self) {
         let mut s = self.shared.lock();
         s.memory = s.memory.saturating_sub(self.bytes);
+        s.sessions = s.sessions.saturating_sub(self.bytes);
         hand_on(&self.shared, &mut s);
     }
 }
@@ -587,6 +620,9 @@ impl State {
 /// sandboxes now, and among those the key served longest ago. A waiter whose memory does not
 /// fit yet is not overtaken by other runs that need memory (a large run would starve behind a
 /// stream of small ones otherwise); only requests that need none (a session's call) pass it.
+/// That holds only while the memory it waits for is the running slots' (they end within
+/// their time limits): a waiter that needs memory live sessions hold (it would hold the
+/// others back for as long as a session lives) is passed by all, and served when it fits.
 fn hand_on(shared: &Shared, s: &mut State) {
     while s.running < shared.policy.max_concurrent && !s.waiting.is_empty() && !s.closed {
         let order = |s: &State, i: usize| {
@@ -597,20 +633,21 @@ fn hand_on(shared: &Shared, s: &mut State) {
                 w.id,
             )
         };
-        let first = (0..s.waiting.len())
-            .min_by_key(|&i| order(s, i))
-            .unwrap_or(0);
-        let pick = if shared.fits(s, s.waiting[first].need) {
-            first
-        } else {
-            match (0..s.waiting.len())
-                .filter(|&i| s.waiting[i].need == 0)
+        let fitting = |s: &State, pred: &dyn Fn(&Waiter) -> bool| {
+            (0..s.waiting.len())
+                .filter(|&i| pred(&s.waiting[i]))
                 .min_by_key(|&i| order(s, i))
-            {
-                Some(i) => i,
-                None => break,
-            }
         };
+        // The first of those that may hold the others back (or need no memory)...
+        let first = fitting(s, &|w| w.need == 0 || shared.blocks(s, w));
+        let pick = match first {
+            Some(i) if shared.fits(s, s.waiting[i].need) => Some(i),
+            // ...waits for memory: only requests that need none pass it.
+            Some(_) => fitting(s, &|w| w.need == 0),
+            // None does: the first that fits now.
+            None => fitting(s, &|w| shared.fits(s, w.need)),
+        };
+        let Some(pick) = pick else { break };
         let w = s.waiting.remove(pick);
         if w.grant.send(()).is_ok() {
             s.grant(&w.owner, w.need);
@@ -808,6 +845,89 @@ mod tests {
         );
         drop(got);
         assert!(futures_poll(&mut after).expect("granted").is_ok());
+    }
+
+    fn ledger(max_concurrent: usize, keys: usize, budget: u64) -> Admission {
+        Admission::with_memory(
+            AdmissionPolicy {
+                max_concurrent,
+                max_queue: 8,
+                max_body_bytes: 100,
+                keys,
+            },
+            Some(budget),
+        )
+    }
+
+    /// Regression (security review 4a): key x keeps an idle session and asks for a run that
+    /// fits the budget but not beside the session. It used to wait first in line for as long
+    /// as x kept the session, and every other key's run that needs memory waited behind it,
+    /// with most of the budget free. It still waits (for the session to end), but the other
+    /// key's small run passes it.
+    #[tokio::test]
+    async fn a_run_that_needs_the_sessions_memory_holds_nobody_back() {
+        let a = ledger(4, 2, 1000);
+        let session = a.hold_memory(600).unwrap();
+        let x = a.reserve(Some("x")).unwrap();
+        let mut blocker = Box::pin(x.slot_with_memory(500));
+        assert!(futures_poll(&mut blocker).is_none(), "it waits");
+        let y = a.reserve(Some("y")).unwrap();
+        let mut small = Box::pin(y.slot_with_memory(100));
+        let got = futures_poll(&mut small).expect("y's run is not held back");
+        assert!(got.is_ok());
+        assert_eq!(a.stats().memory, 700);
+        assert!(futures_poll(&mut blocker).is_none());
+        // The session ends: x's run fits beside y's and gets its slot.
+        drop(session);
+        let x_got = futures_poll(&mut blocker).expect("granted");
+        assert!(x_got.is_ok());
+        assert_eq!(a.stats().memory, 600);
+        drop((got, x_got));
+        assert_eq!((a.stats().running, a.stats().memory), (0, 0));
+    }
+
+    /// A waiter that fitted beside the sessions when it came, and no longer does because a
+    /// session was created since, stops holding the others back at once.
+    #[tokio::test]
+    async fn a_session_created_behind_a_waiter_frees_the_line() {
+        let a = ledger(4, 3, 1000);
+        let z = a.reserve(Some("z")).unwrap();
+        let running = z.slot_with_memory(300).await.unwrap();
+        let (x, y) = (a.reserve(Some("x")).unwrap(), a.reserve(Some("y")).unwrap());
+        let mut big = Box::pin(x.slot_with_memory(800));
+        assert!(futures_poll(&mut big).is_none(), "it waits for z's run");
+        let mut small = Box::pin(y.slot_with_memory(100));
+        assert!(futures_poll(&mut small).is_none(), "behind the large one");
+        // A session takes 300: 800 no longer fits beside it, even once z's run ends.
+        let session = a.hold_memory(300).unwrap();
+        let got = futures_poll(&mut small).expect("y's run passes the large one");
+        assert!(got.is_ok());
+        assert!(futures_poll(&mut big).is_none());
+        // The large one is served when it fits.
+        drop((got, running, session));
+        assert!(futures_poll(&mut big).expect("granted").is_ok());
+    }
+
+    /// Regression (security review 4a): a waiter that held the others back and leaves hands
+    /// the slots on; those behind it used to wait for an unrelated slot or hold to end.
+    #[tokio::test]
+    async fn a_cancelled_first_waiter_lets_the_others_in() {
+        let a = ledger(4, 3, 1000);
+        let z = a.reserve(Some("z")).unwrap();
+        let running = z.slot_with_memory(300).await.unwrap();
+        let (x, y) = (a.reserve(Some("x")).unwrap(), a.reserve(Some("y")).unwrap());
+        let mut big = Box::pin(x.slot_with_memory(800));
+        assert!(futures_poll(&mut big).is_none());
+        let mut small = Box::pin(y.slot_with_memory(100));
+        assert!(futures_poll(&mut small).is_none(), "behind the large one");
+        // x's client goes away.
+        drop(big);
+        let got = futures_poll(&mut small).expect("y's run gets its slot");
+        assert!(got.is_ok());
+        assert_eq!(a.stats().waiting, 0);
+        assert_eq!(a.stats().memory, 400);
+        drop((got, running));
+        assert_eq!((a.stats().running, a.stats().memory), (0, 0));
     }
 
     /// Poll a future once.

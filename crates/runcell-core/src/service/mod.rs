@@ -321,6 +321,38 @@ impl RunService {
         self.inner.observer.refused(caller, run, e);
     }
 
+    /// Run `req` in a fresh sandbox for the server itself (the readiness probe): it takes a
+    /// place in line, a slot and its memory on the ledger like any one-shot run (with no API
+    /// key), and shutdown kills it; it is neither counted nor audited (no client asked for it).
+    /// Errors are admission's (429: the server is full; 503: shutting down, or the limits never
+    /// fit) or the request's (invalid); a sandbox that fails is a verdict.
+    pub async fn run_internal(&self, req: &ExecRequest) -> Result<Verdict, RunError> {
+        let s = self.inner.clone();
+        let valid = s.engine.validate(req).map_err(RunError::from)?;
+        let ticket = s.admission.reserve(None)?;
+        let memory = valid
+            .limits()
+            .memory
+            .0
+            .saturating_add(valid.limits().disk.0);
+        let slot = ticket.slot_with_memory(memory).await?;
+        let kill = KillSwitch::new().map_err(|e| {
+            tracing::error!(error = %e, "cannot create a kill switch");
+            RunError::unavailable("The server cannot start a run right now. Retry shortly.")
+        })?;
+        let entry = s.runs.register(kill.clone());
+        let mut guard = kill.kill_on_drop();
+        let engine = s.engine.clone();
+        let verdict = tokio::task::spawn_blocking(move || {
+            let _held = (slot, entry, ticket);
+            engine.execute_valid(&valid, &mut runcell_jail::NoSink, Some(&kill))
+        })
+        .await
+        .map_err(|_| RunError::internal("The execution failed unexpectedly."));
+        guard.disarm();
+        verdict
+    }
+
     /// Stop: no new slot, every running sandbox killed, every session ended. Blocking (the
     /// sessions' sandboxes are torn down).
     pub fn shutdown(&self) {
@@ -967,6 +999,31 @@ mod tests {
             e.lock().unwrap().push(id.to_owned());
         });
         (maker, waiting, ended)
+    }
+
+    /// The server's own run (the readiness probe) is admitted like any run: with the only
+    /// place in line held, it is refused (429) before any sandbox is built, and it holds
+    /// nothing afterwards.
+    #[tokio::test]
+    async fn the_servers_own_run_goes_through_admission() {
+        let mut c = crate::engine::EngineConfig::for_host();
+        c.policy = crate::limits::LimitPolicy::for_host(8 << 30, 2);
+        let service = RunService::local(Engine::new(c));
+        let held = service.admission().reserve(None).unwrap();
+        let e = service
+            .run_internal(&ExecRequest::new("bash", "true"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::RateLimited, "{}", e.message);
+        drop(held);
+        // An invalid request is refused before it takes anything.
+        let e = service
+            .run_internal(&ExecRequest::new("cobol", "x"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest, "{}", e.message);
+        assert_eq!(service.admission().stats(), Default::default());
+        assert_eq!(service.runs().active(), 0);
     }
 
     #[test]
