@@ -13,12 +13,14 @@
 //!   ([`ErrorKind::SessionLost`](crate::ErrorKind::SessionLost));
 //! * naming another server: the request is forwarded there once (runcell-server).
 //!
-//! Ids are lowercase letters, digits and `-`, at most 57 characters: safe in URLs, and as an
-//! E2B sandbox id inside a host name label (`{port}-{sandboxID}.{domain}`, 63 at most).
+//! Ids are lowercase letters and digits only (E2B's sandbox id alphabet, `^[a-z0-9]+$`), at
+//! most 57 characters: safe in URLs, and as an E2B sandbox id inside a host name label
+//! (`{port}-{sandboxID}.{domain}`, 63 at most). The server's name keeps its letters and
+//! digits, with `9` escaping: `-` is written `98` and `9` is written `99`.
 //!
 //! ```text
-//! clustered:    {pod}-{epoch:6}{random:16}{tag:13}     runcell-0-k3x9q2…
-//! one server:   ses-{epoch:6}{random:16}
+//! clustered:    {pod}{epoch:6}{random:16}{tag:13}     runcell980k3x9q2…  (runcell-0)
+//! one server:   ses{epoch:6}{random:16}
 //! ```
 //!
 //! (base32, RFC 4648's alphabet in lowercase: 30 bits of epoch, 80 random bits, 65 bits of
@@ -29,8 +31,9 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-/// The longest server name an id can carry (57 characters in all).
-pub const MAX_POD_LEN: usize = 21;
+/// The longest server name an id can carry, written (57 characters in all): at most 22
+/// letters and digits, each `-` and `9` counting twice.
+pub const MAX_POD_LEN: usize = 22;
 /// The shortest cluster key accepted (bytes).
 pub const MIN_KEY_LEN: usize = 32;
 
@@ -72,7 +75,8 @@ impl std::fmt::Debug for ClusterSettings {
 pub enum ClusterError {
     #[error(
         "{0:?} is not a DNS-1123 label of at most {MAX_POD_LEN} characters (lowercase \
-         letters, digits and '-', starting and ending with a letter or digit)"
+         letters, digits and '-', starting and ending with a letter or digit; each '-' and \
+         '9' counts twice)"
     )]
     PodName(String),
     #[error("the cluster key must be at least {MIN_KEY_LEN} bytes")]
@@ -90,10 +94,41 @@ pub fn valid_pod_name(name: &str) -> bool {
     let b = name.as_bytes();
     let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
     !b.is_empty()
-        && b.len() <= MAX_POD_LEN
+        && encode_pod(name).len() <= MAX_POD_LEN
         && ok(&b[0])
         && ok(&b[b.len() - 1])
         && b.iter().all(|c| ok(c) || *c == b'-')
+}
+
+/// A server name in an id's alphabet: `-` as `98`, `9` as `99`, letters and digits as they are.
+fn encode_pod(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        match c {
+            '-' => out.push_str("98"),
+            '9' => out.push_str("99"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The server name written by [`encode_pod`]; `None` for anything it cannot have written.
+fn decode_pod(written: &str) -> Option<String> {
+    let mut out = String::with_capacity(written.len());
+    let mut chars = written.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '9' => match chars.next()? {
+                '8' => out.push('-'),
+                '9' => out.push('9'),
+                _ => return None,
+            },
+            c if c.is_ascii_lowercase() || c.is_ascii_digit() => out.push(c),
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// `http://host[:port]` without path, query or credentials (a peer's base URL).
@@ -301,9 +336,9 @@ impl SessionIds {
     pub fn mint(&self) -> String {
         let body = format!("{}{}", self.epoch, random(RANDOM_CHARS));
         match self.cluster.as_deref() {
-            None => format!("{LOCAL_PREFIX}-{body}"),
+            None => format!("{LOCAL_PREFIX}{body}"),
             Some(c) => {
-                let unsigned = format!("{}-{body}", c.pod);
+                let unsigned = format!("{}{body}", encode_pod(&c.pod));
                 let tag = Self::tag(&c.key, &unsigned);
                 format!("{unsigned}{tag}")
             }
@@ -312,15 +347,27 @@ impl SessionIds {
 
     /// Where the session `id` lives. Only an id with a valid tag can name a peer.
     pub fn owner(&self, id: &str) -> Owner {
-        let Some((prefix, body)) = id.rsplit_once('-') else {
+        if !id
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        {
             return Owner::Unknown;
+        }
+        // The body has a fixed length: what precedes it is the server's name (or "ses").
+        let body_len = match self.cluster {
+            None => EPOCH_CHARS + RANDOM_CHARS,
+            Some(_) => EPOCH_CHARS + RANDOM_CHARS + TAG_CHARS,
         };
+        if id.len() <= body_len {
+            return Owner::Unknown;
+        }
+        let (written, body) = id.split_at(id.len() - body_len);
         if !is_base32(body) {
             return Owner::Unknown;
         }
         match self.cluster.as_deref() {
             None => {
-                if prefix != LOCAL_PREFIX || body.len() != EPOCH_CHARS + RANDOM_CHARS {
+                if written != LOCAL_PREFIX {
                     return Owner::Unknown;
                 }
                 if body[..EPOCH_CHARS] == self.epoch {
@@ -330,15 +377,15 @@ impl SessionIds {
                 }
             }
             Some(c) => {
-                if body.len() != EPOCH_CHARS + RANDOM_CHARS + TAG_CHARS || !valid_pod_name(prefix) {
+                let Some(prefix) = decode_pod(written).filter(|p| valid_pod_name(p)) else {
                     return Owner::Unknown;
-                }
+                };
                 let (unsigned, tag) = id.split_at(id.len() - TAG_CHARS);
                 if !ct_eq(Self::tag(&c.key, unsigned).as_bytes(), tag.as_bytes()) {
                     return Owner::Unknown;
                 }
                 if prefix != c.pod {
-                    Owner::Peer(prefix.to_string())
+                    Owner::Peer(prefix)
                 } else if body[..EPOCH_CHARS] == self.epoch {
                     Owner::Here
                 } else {
@@ -407,9 +454,10 @@ mod tests {
             assert!(id.len() <= 57, "{id}");
             // `{port}-{id}` is one label of a host name.
             assert!(format!("65535-{id}").len() <= 63);
+            // E2B's sandbox id alphabet.
             assert!(id
                 .bytes()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'));
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
             assert_eq!(ids.owner(&id), Owner::Here, "{id}");
             assert_ne!(ids.mint(), id);
         }
@@ -428,7 +476,8 @@ mod tests {
         let foreign = SessionIds::new(Some(cluster("runcell-0", &[7u8; 32])));
         assert_eq!(two.owner(&foreign.mint()), Owner::Unknown);
         // Any change to the id breaks its tag: the pod renamed, a character flipped.
-        let renamed = id.replacen("runcell-0", "runcell-1", 1);
+        assert!(id.starts_with("runcell980"), "{id}");
+        let renamed = id.replacen("runcell980", "runcell981", 1);
         assert_eq!(two.owner(&renamed), Owner::Unknown);
         for i in 10..id.len() {
             let mut b = id.clone().into_bytes();
@@ -436,12 +485,44 @@ mod tests {
             let flipped = String::from_utf8(b).unwrap();
             assert_eq!(two.owner(&flipped), Owner::Unknown, "{flipped}");
         }
-        for bad in ["", "-", "ses_0a1b", "runcell-0-", "x", &id.to_uppercase()] {
+        for bad in [
+            "",
+            "-",
+            "ses_0a1b",
+            "runcell-0-",
+            "runcell980",
+            "x",
+            &id.to_uppercase(),
+        ] {
             assert_eq!(two.owner(bad), Owner::Unknown, "{bad}");
         }
         // A single server's ids mean nothing to a cluster, and the reverse.
         assert_eq!(two.owner(&SessionIds::local().mint()), Owner::Unknown);
         assert_eq!(SessionIds::local().owner(&id), Owner::Unknown);
+    }
+
+    /// Regression: ids had a `-` after the server's name, which E2B's sandbox id alphabet
+    /// (`^[a-z0-9]+$`) has not: the E2B SDKs' checks refused them.
+    #[test]
+    fn server_names_are_written_in_letters_and_digits() {
+        for name in ["runcell-0", "a-9-b", "9", "pod-99-x", "abc"] {
+            let written = encode_pod(name);
+            assert!(written
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+            assert_eq!(decode_pod(&written).as_deref(), Some(name), "{written}");
+        }
+        assert_eq!(encode_pod("runcell-0"), "runcell980");
+        for bad in ["9", "97", "a9", "A", "a-b"] {
+            assert_eq!(decode_pod(bad), None, "{bad}");
+        }
+        let ids = SessionIds::new(Some(cluster("pod-9", KEY)));
+        let id = ids.mint();
+        assert!(id.starts_with("pod9899"), "{id}");
+        assert_eq!(
+            SessionIds::new(Some(cluster("pod-8", KEY))).owner(&id),
+            Owner::Peer("pod-9".into())
+        );
     }
 
     #[test]
@@ -451,7 +532,8 @@ mod tests {
         assert_eq!(ids.owner(&id), Owner::Here);
         let later = SessionIds::local().with_epoch("later");
         assert_eq!(later.owner(&id), Owner::Restarted);
-        assert_eq!(later.owner("ses-short"), Owner::Unknown);
+        assert_eq!(later.owner("sesshort"), Owner::Unknown);
+        assert_eq!(later.owner(&id.replacen("ses", "sex", 1)), Owner::Unknown);
     }
 
     #[test]

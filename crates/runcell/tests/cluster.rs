@@ -190,7 +190,7 @@ fn sessions_follow_their_server_and_a_restart_loses_them() {
 
     // Created on runcell-0: the id names it.
     let id = create(&zero.base);
-    assert!(id.starts_with("runcell-0-"), "{id}");
+    assert!(id.starts_with("runcell980"), "{id}");
     assert!(id.len() <= 57, "{id}");
 
     // Continued through runcell-2: the state is runcell-0's.
@@ -297,7 +297,7 @@ fn sessions_follow_their_server_and_a_restart_loses_them() {
     );
     assert_eq!(st, 200, "{text}");
     let mcp_session = mcp_session.expect("an Mcp-Session-Id");
-    assert!(mcp_session.starts_with("runcell-0-"), "{mcp_session}");
+    assert!(mcp_session.starts_with("runcell980"), "{mcp_session}");
     let (st, _, text) = mcp(
         &two.base,
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
@@ -336,7 +336,7 @@ fn sessions_follow_their_server_and_a_restart_loses_them() {
     }
     // A new session there works.
     let fresh = create(&one.base);
-    assert!(fresh.starts_with("runcell-1-"), "{fresh}");
+    assert!(fresh.starts_with("runcell981"), "{fresh}");
     assert_eq!(execute(&zero.base, &fresh, "print(7)")["stdout"], "7\n");
 
     // The forwards were counted.
@@ -450,7 +450,7 @@ fn e2b_sandboxes_follow_their_server() {
     let created: Value = res.json().unwrap();
     let id = created["sandboxID"].as_str().unwrap().to_string();
     let token = created["envdAccessToken"].as_str().unwrap().to_string();
-    assert!(id.starts_with("runcell-0-"), "{id}");
+    assert!(id.starts_with("runcell980"), "{id}");
     // `{port}-{sandboxID}` is one DNS label.
     assert!(format!("49999-{id}").len() <= 63, "{id}");
     let health = |base: &str| {
@@ -518,7 +518,7 @@ fn mcp_tool_calls_run_in_the_session_their_arguments_name() {
     let two = c.start(2, &[]);
 
     let id = create(&zero.base);
-    assert!(id.starts_with("runcell-0-"), "{id}");
+    assert!(id.starts_with("runcell980"), "{id}");
     execute(&zero.base, &id, "x = 41");
 
     // A stateless MCP call reaching runcell-2 runs in runcell-0's session: its state is there.
@@ -546,7 +546,7 @@ fn mcp_tool_calls_run_in_the_session_their_arguments_name() {
     );
     assert_eq!(st, 200, "{text}");
     let mcp_session = mcp_session.expect("an Mcp-Session-Id");
-    assert!(mcp_session.starts_with("runcell-2-"), "{mcp_session}");
+    assert!(mcp_session.starts_with("runcell982"), "{mcp_session}");
     let (st, _, text) = mcp(
         &two.base,
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),

@@ -224,7 +224,14 @@ fn at_the_limit(group: &ContainerGroup, wrapper: &[&str], expect_cgroup: bool) {
     let s = ServeProcess::start_via(
         wrapper,
         "127.0.0.1:0",
-        &["--max-concurrent", "2", "--pool", "python=1"],
+        &[
+            "--max-concurrent",
+            "2",
+            "--max-queue",
+            "8",
+            "--pool",
+            "python=1",
+        ],
         &[],
     );
     let pid = s.pid();

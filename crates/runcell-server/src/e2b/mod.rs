@@ -150,14 +150,14 @@ impl Sandbox {
     }
 }
 
-/// The sandbox id of a session: the session id itself, which is lowercase letters, digits and
-/// `-`, at most 57 characters (runcell_core::cluster), so that `{port}-{sandboxID}` is one DNS
-/// label; and a request for a sandbox of another server is forwarded like one for its
-/// session. (Anything else is filtered to those characters.)
+/// The sandbox id of a session: the session id itself, which is lowercase letters and digits
+/// (E2B's alphabet), at most 57 characters (runcell_core::cluster), so that
+/// `{port}-{sandboxID}` is one DNS label; and a request for a sandbox of another server is
+/// forwarded like one for its session. (Anything else is filtered to those characters.)
 pub fn sandbox_id(session: &str) -> String {
     session
         .chars()
-        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
         .collect()
 }
 
@@ -431,10 +431,10 @@ mod tests {
 
     #[test]
     fn sandbox_ids_are_dns_label_characters() {
-        assert_eq!(sandbox_id("ses-0a1b"), "ses-0a1b");
+        assert_eq!(sandbox_id("ses0a1b"), "ses0a1b");
         assert!(sandbox_id("ses_Ab-_.9")
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
     }
 
     #[test]
@@ -442,7 +442,7 @@ mod tests {
         let r = Registry::default();
         let a = r
             .insert(Sandbox::new(
-                "ses-aa".into(),
+                "sesaa".into(),
                 Some("k1".into()),
                 "base".into(),
                 BTreeMap::new(),
@@ -451,7 +451,7 @@ mod tests {
             ))
             .unwrap();
         r.insert(Sandbox::new(
-            "ses-bb".into(),
+            "sesbb".into(),
             Some("k2".into()),
             "base".into(),
             BTreeMap::new(),
@@ -466,16 +466,16 @@ mod tests {
             "the traffic token is not the envd token"
         );
         assert!(a.traffic_token_is(b"tta"));
-        assert_eq!(r.by_token(b"tb").unwrap().id, "ses-bb");
-        assert_eq!(r.by_token(b"ttb").unwrap().id, "ses-bb");
+        assert_eq!(r.by_token(b"tb").unwrap().id, "sesbb");
+        assert_eq!(r.by_token(b"ttb").unwrap().id, "sesbb");
         assert!(r.by_token(b"nope").is_none());
         assert!(
-            r.get(Some("k2"), "ses-aa").is_none(),
+            r.get(Some("k2"), "sesaa").is_none(),
             "another key's sandbox does not exist"
         );
-        assert!(r.get(Some("k1"), "ses-aa").is_some());
-        r.prune(|s| s.id != "ses-aa");
-        assert!(r.find("ses-aa").is_none());
+        assert!(r.get(Some("k1"), "sesaa").is_some());
+        r.prune(|s| s.id != "sesaa");
+        assert!(r.find("sesaa").is_none());
         assert!(new_token().unwrap().len() == 64);
     }
 }
