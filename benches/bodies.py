@@ -432,7 +432,7 @@ def main():
     print(f"{'':16} {'':40} {'MiB':>4} {'MiB':>4} {'MiB':>5} {'MiB':>5} {'execute':>8} {'MiB':>5}")
     for r in rows:
         req = f"{r['method']} {r['path']}".replace(MISSING, "<missing>")
-        req = re.sub(r"/v1/sessions/ses_[0-9a-f]+", "/v1/sessions/<id>", req)
+        req = re.sub(r"/v1/sessions/ses[a-z0-9]+", "/v1/sessions/<id>", req)
         print(f"{r['route']:16} {req:40} {m(r['body_bytes']):>4} {m(r['rss_before']):>4} {m(r['peak']):>5}"
               f" {m(r['rss_after']):>5} {r['peak_over_execute']:7.2f}x {m(r['client_sent_bytes']):>5}"
               f" {r['2xx']:3} {r['4xx']:3} {r['other']:5} {r['seconds']:5.1f}  "

@@ -261,7 +261,7 @@ fn a_failed_import_goes_back_as_a_tool_error_and_the_fix_answers_in_both_wire_fo
                 .iter()
                 .filter(|l| l["session_id"]
                     .as_str()
-                    .is_some_and(|s| s.starts_with("ses-")))
+                    .is_some_and(|s| s.starts_with("ses")))
                 .count(),
             2,
             "{wire}: an audit line per run: {log}"
