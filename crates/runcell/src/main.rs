@@ -1057,8 +1057,9 @@ fn serve(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         OOM_SCORE_ADJ.as_ref(),
         runcell_jail::SERVER_OOM_SCORE_ADJ,
     ) {
-        Ok(a @ runcell_jail::OomAdjust::Lowered(_)) => tracing::info!("{a}"),
-        Ok(a) => tracing::warn!("{a}"),
+        // Lowered, or kept where lowering needs CAP_SYS_RESOURCE: sandbox processes still go
+        // first either way, so it is no warning.
+        Ok(a) => tracing::info!("{a}"),
         Err(e) => tracing::warn!(error = %e, "could not read or set the server's oom_score_adj"),
     }
     if let Some(m) = &policy.engine.memory {
