@@ -166,6 +166,28 @@ fn create(base: &str) -> String {
     v["id"].as_str().unwrap().to_string()
 }
 
+/// An MCP session (older protocol versions) initialized on `on`, whose id starts with
+/// `prefix` (the server that holds it), and announced initialized through `then`.
+fn mcp_open(on: &str, then: &str, prefix: &str) -> String {
+    let (st, mcp_session, text) = mcp(
+        on,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "cluster-test", "version": "1.0"}}}),
+        None,
+    );
+    assert_eq!(st, 200, "{text}");
+    let mcp_session = mcp_session.expect("an Mcp-Session-Id");
+    assert!(mcp_session.starts_with(prefix), "{mcp_session}");
+    let (st, _, text) = mcp(
+        then,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        Some(&mcp_session),
+    );
+    assert_eq!(st, 202, "{text}");
+    mcp_session
+}
+
 /// Wait (a bounded while, never asserting a duration) until `/readyz` answers `want`.
 fn readyz_until(base: &str, want: u16) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -288,22 +310,7 @@ fn sessions_follow_their_server_and_a_restart_loses_them() {
 
     // An MCP session (older protocol versions) opened on runcell-0 is served through
     // runcell-2: its id names runcell-0 too.
-    let (st, mcp_session, text) = mcp(
-        &zero.base,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "cluster-test", "version": "1.0"}}}),
-        None,
-    );
-    assert_eq!(st, 200, "{text}");
-    let mcp_session = mcp_session.expect("an Mcp-Session-Id");
-    assert!(mcp_session.starts_with("runcell980"), "{mcp_session}");
-    let (st, _, text) = mcp(
-        &two.base,
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        Some(&mcp_session),
-    );
-    assert_eq!(st, 202, "{text}");
+    let mcp_session = mcp_open(&zero.base, &two.base, "runcell980");
     let (st, _, text) = mcp(
         &two.base,
         json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
@@ -537,22 +544,7 @@ fn mcp_tool_calls_run_in_the_session_their_arguments_name() {
 
     // Within an MCP session of runcell-2 (older protocol versions), with a progress token:
     // the output comes back as it is written, as progress notifications.
-    let (st, mcp_session, text) = mcp(
-        &two.base,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "cluster-test", "version": "1.0"}}}),
-        None,
-    );
-    assert_eq!(st, 200, "{text}");
-    let mcp_session = mcp_session.expect("an Mcp-Session-Id");
-    assert!(mcp_session.starts_with("runcell982"), "{mcp_session}");
-    let (st, _, text) = mcp(
-        &two.base,
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        Some(&mcp_session),
-    );
-    assert_eq!(st, 202, "{text}");
+    let mcp_session = mcp_open(&two.base, &two.base, "runcell982");
     let (st, _, text) = mcp(
         &two.base,
         json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
