@@ -46,6 +46,9 @@ pub struct EngineConfig {
     pub network: crate::network::NetworkPolicy,
     /// Which packages runs may ask for, and from where.
     pub packages: crate::packages::PackagePolicy,
+    /// Fork Python interpreters from templates (docs/isolation.md, "Templates") where the
+    /// host allows it: `serve` turns it on by default, the one-run commands leave it off.
+    pub templates: bool,
 }
 
 impl EngineConfig {
@@ -95,6 +98,7 @@ impl EngineConfig {
             io_device: disk.map(|d| (d.major, d.minor)),
             network: Default::default(),
             packages: Default::default(),
+            templates: false,
         }
     }
 }
@@ -112,6 +116,11 @@ pub struct Engine {
     runtimes: Arc<Mutex<HashMap<Language, (Instant, Runtime)>>>,
     /// Package installs in flight, shared by the engine's clones (see [`crate::packages`]).
     packages: crate::packages::Packages,
+    /// The templates interpreters are forked from, shared by the engine's clones, its pool
+    /// and its sessions.
+    templates: Arc<crate::templates::Templates>,
+    /// The modules the warm pool's interpreters import (and so the templates').
+    preload: Preload,
 }
 
 /// How long a located runtime is reused. Locating one reads a dozen files (the Python
@@ -331,12 +340,18 @@ pub struct RuntimeStatus {
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Self {
+        let templates = Arc::new(crate::templates::Templates::new(
+            config.templates,
+            &config.helper_exe,
+        ));
         Engine {
             config,
             pool: None,
             warm_reserve: 0,
             runtimes: Arc::default(),
             packages: Default::default(),
+            templates,
+            preload: Preload::default(),
         }
     }
 
@@ -382,8 +397,10 @@ impl Engine {
         }
         let started = PoolSizes(slots.iter().map(|(k, n)| (k.language, *n)).collect());
         self.warm_reserve = crate::pool::warm_reserve_bytes(&started, preload);
+        self.preload = preload.clone();
         let config = self.config.clone();
         let preload = preload.clone();
+        let templates = self.templates.clone();
         // A warm interpreter keeps its CPU rlimit for whatever timeout its request will ask:
         // the longest the policy allows (the wall clock is the supervisor's, per request).
         let longest = self.config.policy.max.timeout();
@@ -393,7 +410,8 @@ impl Engine {
             let limits = key.apply(defaults);
             let spec = sandbox_spec(&config, &limits, &runtime);
             let mut sandbox = Sandbox::create(&spec).map_err(|e| crate::error::chain(&e))?;
-            let Some(inv) = runtime.interpreter(preload.of(key.language), false) else {
+            let inv_preload = preload.of(key.language).to_vec();
+            let Some(inv) = runtime.interpreter(&inv_preload, false) else {
                 return Ok(Warm {
                     sandbox,
                     interpreter: false,
@@ -405,7 +423,9 @@ impl Engine {
             let mut program =
                 Engine::program(&inv, &limits, longest, &runtime, &enforcement, files, None);
             program.wall_timeout = INTERPRETER_START_TIMEOUT;
-            match sandbox.start_interpreter(&program, &mut runcell_jail::NoSink) {
+            let started =
+                templates.start_interpreter(&mut sandbox, &program, key.language, &inv_preload);
+            match started {
                 Ok(None) => Ok(Warm {
                     sandbox,
                     interpreter: true,
@@ -424,6 +444,22 @@ impl Engine {
 
     /// The memory ledger's budget: what all runs may use together, less what the warm pool
     /// holds. `None`: the memory is unknown.
+    /// The templates interpreters are forked from.
+    pub fn templates(&self) -> &Arc<crate::templates::Templates> {
+        &self.templates
+    }
+
+    /// The modules a warm interpreter of `language` imports before its first cell: the pool's
+    /// preloads when its interpreters are forked from templates (a session's too, so that it
+    /// forks from the same template), none otherwise.
+    pub fn interpreter_preload(&self, language: Language) -> Vec<String> {
+        if self.templates.enabled() {
+            self.preload.of(language).to_vec()
+        } else {
+            Vec::new()
+        }
+    }
+
     pub fn memory_budget(&self) -> Option<u64> {
         self.config
             .all_runs_memory_bytes
@@ -770,10 +806,20 @@ impl Engine {
                 if networked {
                     spec.proxy_port = Some(runcell_proxy::SANDBOX_PROXY_PORT);
                 }
-                match Sandbox::create(&spec) {
-                    Ok(s) => (s, false),
+                let mut sandbox = match Sandbox::create(&spec) {
+                    Ok(s) => s,
                     Err(e) => return sandbox_failure("could not be set up", &e),
+                };
+                // No warm sandbox: with templates, its interpreter is forked and the request
+                // runs as its one cell, as in a warm one (the imports are the template's).
+                let grafted = !fresh && self.graft_one_shot(&mut sandbox, v, runtime);
+                if !sandbox.is_ready() {
+                    match Sandbox::create(&spec) {
+                        Ok(s) => sandbox = s,
+                        Err(e) => return sandbox_failure("could not be set up", &e),
+                    }
                 }
+                (sandbox, grafted)
             }
         };
         if let Some(refused) = self.strict_refusal(&sandbox) {
@@ -833,6 +879,30 @@ impl Engine {
                 .push(format!("teardown: {}", crate::error::chain(&e)));
         }
         verdict
+    }
+
+    /// Fork a one-shot run's interpreter into `sandbox` from a template (see
+    /// [`Engine::run`]); false when there is none to fork from, or the fork failed (the
+    /// request then runs as a program, as without templates).
+    fn graft_one_shot(&self, sandbox: &mut Sandbox, v: &ValidRequest, runtime: &Runtime) -> bool {
+        if !self.templates.enabled() || v.language != Language::Python {
+            return false;
+        }
+        let preload = self.preload.of(v.language).to_vec();
+        let Some(inv) = runtime.interpreter(&preload, false) else {
+            return false;
+        };
+        let enforcement = sandbox.enforcement().clone();
+        let files = sandbox_files(runtime);
+        let longest = self.config.policy.max.timeout();
+        let mut program =
+            Engine::program(&inv, &v.limits, longest, runtime, &enforcement, files, None);
+        program.wall_timeout = INTERPRETER_START_TIMEOUT;
+        matches!(
+            self.templates
+                .start_interpreter_forked_only(sandbox, &program, &preload),
+            Some(Ok(None))
+        )
     }
 
     /// Strict mode checks what this sandbox really got, not only what the host offers: a

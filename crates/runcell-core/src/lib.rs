@@ -25,6 +25,7 @@ pub mod schema;
 pub mod service;
 pub mod session;
 pub mod stream;
+pub mod templates;
 pub mod units;
 pub mod verdict;
 
@@ -73,3 +74,5 @@ pub use runcell_jail::{layers as isolation_layers, Layer as IsolationLayer};
 /// [`HELPER_ARG`] as its first argument, and `main` must hand over to [`helper_main`] before
 /// anything else (no threads, no shared state).
 pub use runcell_jail::{helper_main, HELPER_ARG};
+/// The template role (`runcell __template`, docs/isolation.md "Templates"), like the helper's.
+pub use runcell_jail::{template_main, TEMPLATE_ARG};

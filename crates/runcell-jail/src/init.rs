@@ -750,7 +750,7 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
         if interp.is_none()
             && matches!(
                 frame.message,
-                Request::Exec(_) | Request::Start(_) | Request::Cell(_)
+                Request::Exec(_) | Request::Start(_) | Request::Cell(_) | Request::Graft(_)
             )
             && has_children()
         {
@@ -829,6 +829,15 @@ fn serve(ctrl: &UnixStream, seccomp: &SeccompPolicy, sigchld: &OwnedFd) -> ! {
                 ctrl,
                 sigchld,
                 &cell,
+                frame.blobs,
+                &mut baseline,
+                &mut interp,
+            )
+            .unwrap_or_else(|e| Report::from(&e)),
+            Request::Graft(step) => graft_interpreter(
+                ctrl,
+                sigchld,
+                &step,
                 frame.blobs,
                 &mut baseline,
                 &mut interp,
@@ -1081,6 +1090,111 @@ fn start_interpreter(
         // It ended (an import of the preload failed) or said something else: it is gone.
         Waited::Line(_) => finish(sigchld, ExitStatus::Code(125), started, before, peak_rss),
         Waited::Exited(st) => finish(sigchld, exit_status(&st), started, before, peak_rss),
+    }
+}
+
+/// How long pid 1 waits for a forked interpreter's hello after handing out its channel.
+const GRAFT_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Adopt an interpreter forked from a template (`Request::Graft`, docs/isolation.md F1-F8):
+/// hand the supervisor the channel's other end and the program's descriptors, wait for the
+/// hello of a process that is our own child, then wait for it to be ready, as `Start` does.
+fn graft_interpreter(
+    ctrl: &UnixStream,
+    sigchld: &OwnedFd,
+    step: &ExecStep,
+    blobs: Vec<Vec<u8>>,
+    baseline: &mut Baseline,
+    interp: &mut Option<Interpreter>,
+) -> Result<Report, StepError> {
+    if interp.is_some() {
+        return Err(invalid("graft", "an interpreter is already running"));
+    }
+    let stdin = place_inputs(&step.files, step.stdin_blob, &blobs, baseline)?;
+    drop(blobs);
+    let (ours, theirs) = UnixStream::pair().step("socketpair")?;
+    // The hello's sender pid comes from the kernel, translated into our pid namespace.
+    rustix::net::sockopt::set_socket_passcred(&ours, true).step("SO_PASSCRED")?;
+    let out = rustix::io::fcntl_dupfd_cloexec(std::io::stdout(), 0).step("dup stdout")?;
+    let err = rustix::io::fcntl_dupfd_cloexec(std::io::stderr(), 0).step("dup stderr")?;
+    let bytes = protocol::encode(&Report::GraftChannel, &[]).step("encode")?;
+    sys::send_with_fds(
+        ctrl,
+        &bytes,
+        &[theirs.as_fd(), stdin.as_fd(), out.as_fd(), err.as_fd()],
+    )
+    .step("send graft channel")?;
+    drop((theirs, stdin, out, err));
+
+    let before = sys::children_rusage();
+    let started = Instant::now();
+    let deadline = started + GRAFT_WITHIN;
+    // The hello: "H L<f|p|n>\n" (its Landlock status) from a child of ours.
+    let (pid, landlock) = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(invalid(
+                "graft",
+                "no hello from the forked interpreter in time",
+            ));
+        }
+        let mut fds = [
+            PollFd::new(&ours, PollFlags::IN),
+            PollFd::new(ctrl, PollFlags::IN),
+        ];
+        match poll(&mut fds, Some(&timespec_of(left))) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e).step("poll"),
+        }
+        let (on_chan, on_ctrl) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        if on_ctrl {
+            // The supervisor gave up on the fork (a Stop) or went away.
+            match protocol::recv::<Request>(ctrl) {
+                Ok(Some(_)) => return Err(invalid("graft", "given up by the supervisor")),
+                _ => sys::exit_now(0),
+            }
+        }
+        if on_chan {
+            let mut buf = [0u8; CHANNEL_LINE_MAX];
+            let (n, sender) = sys::recv_with_pid(&ours, &mut buf).step("read hello")?;
+            let hello = &buf[..n];
+            let landlock = match hello {
+                b"H Lf\n" => LandlockStatus::Full,
+                b"H Lp\n" => LandlockStatus::Partial,
+                b"H Ln\n" => LandlockStatus::None,
+                _ => return Err(invalid("graft", "no hello from the forked interpreter")),
+            };
+            // Only our own child may be adopted: the process the template forked, re-parented
+            // to us when its parent in this namespace exited (F6).
+            match sender {
+                Some(pid) if pid > 1 && sys::is_child(pid) => break (pid, landlock),
+                _ => return Err(invalid("graft", "the hello came from a process not ours")),
+            }
+        }
+    };
+    rustix::net::sockopt::set_socket_passcred(&ours, false).step("SO_PASSCRED")?;
+    protocol::send(ctrl, &Report::Started { pid, landlock }, &[]).step("report started")?;
+    let mut peak_rss = 0u64;
+    match wait_for(ctrl, sigchld, pid, Some(&ours), &mut peak_rss)? {
+        Waited::Line(line) if line == b"R" => {
+            *interp = Some(Interpreter {
+                pid,
+                chan: ours,
+                landlock,
+                persistent: false,
+                frozen: false,
+            });
+            Ok(Report::InterpreterReady)
+        }
+        Waited::Line(_) => finish(sigchld, ExitStatus::Code(125), started, before, peak_rss),
+        Waited::Exited(st) => finish(sigchld, exit_status(&st), started, before, peak_rss),
+    }
+}
+
+fn timespec_of(d: std::time::Duration) -> Timespec {
+    Timespec {
+        tv_sec: d.as_secs() as _,
+        tv_nsec: d.subsec_nanos() as _,
     }
 }
 
@@ -1351,10 +1465,12 @@ fn place_inputs(
 
 /// The descriptors a forked program gets: stdin (fd 0), a warm interpreter's cell channel (fd
 /// 4) and the status pipe to pid 1 (fd 3, closed on exec).
-struct ChildFds {
-    stdin: OwnedFd,
-    chan: Option<OwnedFd>,
-    status_w: OwnedFd,
+pub(crate) struct ChildFds {
+    pub(crate) stdin: OwnedFd,
+    pub(crate) chan: Option<OwnedFd>,
+    /// Where a failure is reported (pid 1 reads it); `None` in a forked interpreter, which
+    /// reports to pid 1 on its channel instead.
+    pub(crate) status_w: Option<OwnedFd>,
 }
 
 /// A forked program: its pid, its Landlock status, and why it could not exec, if it could not.
@@ -1394,7 +1510,7 @@ fn spawn(
         let fds = ChildFds {
             stdin,
             chan,
-            status_w,
+            status_w: Some(status_w),
         };
         exec_program(&argv, &envp, &cwd, &step.rlimits, fds, seccomp)
     };
@@ -1708,13 +1824,50 @@ fn exec_program(
     fds: ChildFds,
     seccomp: &SeccompPolicy,
 ) -> ! {
+    match confine(cwd, rlimits, fds, seccomp, Then::Exec { argv, envp }) {
+        Ok(_) => unreachable!("Then::Exec only returns by failing"),
+        Err(never) => match never {},
+    }
+}
+
+/// What [`confine`] does once the process is confined.
+pub(crate) enum Then<'a> {
+    /// X8: execve the program (a process pid 1 forked).
+    Exec {
+        argv: &'a [CString],
+        envp: &'a [CString],
+    },
+    /// Return, confined, to run code already in memory (an interpreter forked from a template
+    /// and adopted by pid 1: `template::zygote`, F7).
+    Continue,
+}
+
+/// An uninhabited type: [`confine`] with `Then::Exec` never returns.
+pub(crate) enum Never {}
+
+/// The steps X1-X7 that confine a process of the sandbox before it runs anything of the user's,
+/// then [`Then`]. The same steps for a program pid 1 execs and for an interpreter forked from a
+/// template. Any failure is written to `status_w` (when there is one) and the process exits
+/// with 127; with `Then::Continue` it returns the Landlock status reached.
+pub(crate) fn confine(
+    cwd: &Path,
+    rlimits: &Rlimits,
+    fds: ChildFds,
+    seccomp: &SeccompPolicy,
+    then: Then<'_>,
+) -> Result<LandlockStatus, Never> {
     let ChildFds {
         stdin,
         chan,
         status_w,
     } = fds;
-    let fail = |status_w: &OwnedFd, stage: ExecStage, e: &(dyn std::error::Error + 'static)| -> ! {
-        let _ = rustix::io::write(status_w, &ExecFailure::encode(stage, e));
+    let fail = |status_w: &Option<OwnedFd>,
+                stage: ExecStage,
+                e: &(dyn std::error::Error + 'static)|
+     -> ! {
+        if let Some(w) = status_w {
+            let _ = rustix::io::write(w, &ExecFailure::encode(stage, e));
+        }
         sys::exit_now(127)
     };
 
@@ -1731,18 +1884,23 @@ fn exec_program(
     }
     rustix::process::umask(Mode::from_raw_mode(0o022));
     // X2. stdin on fd 0, the status pipe on fd 3 (close-on-exec); close everything else.
-    // SAFETY: fd 0 is owned by no object of this process (inherited from the helper).
+    // SAFETY: fd 0 is owned by no object of this process (inherited from the helper; in a
+    // forked interpreter, placed there by the zygote, which never uses it again).
     match unsafe { sys::move_fd(stdin, 0, false) } {
         // fd 0 must stay open across execve: give up ownership instead of dropping it.
         Ok(fd) => drop(std::os::fd::IntoRawFd::into_raw_fd(fd)),
         Err(e) => fail(&status_w, ExecStage::Stdin, &e),
     }
-    // SAFETY: fd 3 is the control socket, owned by the `UnixStream` of `helper_main`; that
-    // object is never used or dropped in this process again (it execs or exits with _exit).
-    let status_w = match unsafe { sys::move_fd(status_w, 3, true) } {
-        Ok(fd) => fd,
-        // The pipe is gone with the failed move; the exit code alone tells pid 1.
-        Err(_) => sys::exit_now(127),
+    let status_w = match status_w {
+        // SAFETY: fd 3 is the control socket, owned by the `UnixStream` of `helper_main` (or
+        // of the template's zygote); that object is never used or dropped in this process
+        // again (it execs, or exits with _exit, or runs the interpreter and never returns).
+        Some(w) => match unsafe { sys::move_fd(w, 3, true) } {
+            Ok(fd) => Some(fd),
+            // The pipe is gone with the failed move; the exit code alone tells pid 1.
+            Err(_) => sys::exit_now(127),
+        },
+        None => None,
     };
     // A warm interpreter's cell channel on fd 4 (kept across execve).
     let first_closed = match chan {
@@ -1758,9 +1916,14 @@ fn exec_program(
         None => 4,
     };
     // SAFETY: the objects that own descriptors above 3 here (pid 1's copies) are never used or
-    // dropped again in this process, which execs or exits with _exit.
+    // dropped again in this process, which execs or exits with _exit. Without a status pipe,
+    // fd 3 goes too (the template's control socket, in a forked interpreter).
     if let Err(e) = unsafe { sys::close_fds_from(first_closed) } {
         fail(&status_w, ExecStage::CloseRange, &e);
+    }
+    if status_w.is_none() {
+        // SAFETY: as above: whatever owns fd 3 is never used or dropped again.
+        unsafe { libc::close(3) };
     }
     if let Err(e) = rustix::process::chdir(cwd) {
         fail(&status_w, ExecStage::Chdir, &e);
@@ -1807,15 +1970,22 @@ fn exec_program(
         LandlockStatus::Partial => b"Lp",
         LandlockStatus::None => b"Ln",
     };
-    let _ = rustix::io::write(&status_w, tag);
+    if let Some(w) = &status_w {
+        let _ = rustix::io::write(w, tag);
+    }
     // X7. seccomp, last: everything above uses syscalls the filter denies (prctl, capset,
     //     landlock_*); after it only execve and the program's own syscalls remain.
     if let Err(e) = seccomp.apply() {
         fail(&status_w, ExecStage::Seccomp, &e);
     }
-    // X8. execve with the fixed environment only.
-    let err = sys::execve(&argv[0], argv, envp);
-    fail(&status_w, ExecStage::Execve, &err)
+    match then {
+        // X8. execve with the fixed environment only.
+        Then::Exec { argv, envp } => {
+            let err = sys::execve(&argv[0], argv, envp);
+            fail(&status_w, ExecStage::Execve, &err)
+        }
+        Then::Continue => Ok(landlock),
+    }
 }
 
 fn set_rlimits(r: &Rlimits) -> rustix::io::Result<()> {

@@ -35,6 +35,7 @@ mod rootfs;
 mod seccomp;
 mod supervisor;
 mod sys;
+mod template;
 
 pub use advice::{classify, current_place, fix, Failure, Place, PlaceFacts};
 pub use blockdev::{block_device_of, BlockDevice};
@@ -61,4 +62,7 @@ pub use rootfs::{PROC_MASKED_DIRS, PROC_MASKED_FILES, PROC_READONLY_DIRS};
 pub use supervisor::{
     cgroup_version, CollectedFiles, End, Enforcement, InputFile, KillOnDrop, KillSwitch, NoSink,
     Outcome, OutputSink, Program, Sandbox, SandboxError, SandboxSpec, Stream,
+};
+pub use template::{
+    find_libpython, template_main, Template, TemplateError, TemplateSpec, TEMPLATE_ARG,
 };

@@ -57,6 +57,13 @@ pub enum Request {
     /// Between programs: every file under /workspace (not only what changed), or the one at
     /// `path`; pid 1 answers `Files`.
     Browse(Browse),
+    /// Adopt an interpreter forked from a template (`template`): like `Start`, but instead of
+    /// forking the program pid 1 places the inputs, answers `GraftChannel` with the cell
+    /// channel's other end, the program's stdin, stdout and stderr attached, and waits for the
+    /// interpreter to say hello on the channel from a process that is pid 1's own child (its
+    /// pid comes from the kernel, `SO_PASSCRED`). Then `Started` and `InterpreterReady` (or
+    /// `Exited`), as for `Start`; a `Stop` while it waits gives up (`Failed`).
+    Graft(ExecStep),
 }
 
 /// What a `Browse` returns.
@@ -205,6 +212,9 @@ pub enum Report {
     },
     /// From pid 1: the files of a `Put` are written.
     Written,
+    /// From pid 1, answering `Graft`: four descriptors are attached (the channel's other end,
+    /// stdin, stdout, stderr), for the template's fork.
+    GraftChannel,
     /// From any helper: a setup step failed.
     Failed {
         step: String,

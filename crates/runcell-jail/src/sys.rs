@@ -644,14 +644,18 @@ pub fn reap_one() -> io::Result<Option<Reaped>> {
     }
 }
 
-/// Receive into `buf` from a unix socket, with the first descriptor attached to those bytes
-/// (`SCM_RIGHTS`, received close-on-exec); any other attached descriptor is closed.
-pub fn recv_with_fd(
+/// Most descriptors one message may carry ([`recv_with_fds`]; more are closed).
+pub const MAX_PASSED_FDS: usize = 16;
+
+/// Receive into `buf` from a unix socket, with the descriptors attached to those bytes
+/// (`SCM_RIGHTS`, received close-on-exec), at most [`MAX_PASSED_FDS`] of them.
+pub fn recv_with_fds(
     sock: &std::os::unix::net::UnixStream,
     buf: &mut [u8],
-) -> io::Result<(usize, Option<OwnedFd>)> {
+) -> io::Result<(usize, Vec<OwnedFd>)> {
     use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut space =
+        [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [io::IoSliceMut::new(buf)];
     let msg = loop {
@@ -660,17 +664,39 @@ pub fn recv_with_fd(
             r => break r?,
         }
     };
-    let mut first = None;
+    let mut got = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for fd in fds {
-                if first.is_none() {
-                    first = Some(fd);
-                }
-            }
+            got.extend(fds);
         }
     }
-    Ok((msg.bytes, first))
+    Ok((msg.bytes, got))
+}
+
+/// Receive into `buf` from a unix socket whose `SO_PASSCRED` is on, with the sender's pid as
+/// the kernel attached it (translated into our pid namespace; `None` if none came).
+pub fn recv_with_pid(
+    sock: &std::os::unix::net::UnixStream,
+    buf: &mut [u8],
+) -> io::Result<(usize, Option<i32>)> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit();
+        rustix::cmsg_space!(ScmCredentials(1), ScmRights(MAX_PASSED_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = loop {
+        match recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r?,
+        }
+    };
+    let mut pid = None;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmCredentials(c) = m {
+            pid = Some(c.pid.as_raw_nonzero().get());
+        }
+    }
+    Ok((msg.bytes, pid))
 }
 
 /// Send `bytes` on a unix socket with one descriptor attached (`SCM_RIGHTS`).
@@ -679,19 +705,57 @@ pub fn send_with_fd(
     bytes: &[u8],
     fd: BorrowedFd<'_>,
 ) -> io::Result<()> {
+    send_with_fds(sock, bytes, &[fd])
+}
+
+/// Send `bytes` on a unix socket with descriptors attached (`SCM_RIGHTS`, at most
+/// [`MAX_PASSED_FDS`]).
+pub fn send_with_fds(
+    sock: &std::os::unix::net::UnixStream,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
     use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    let fds = [fd];
-    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    if fds.len() > MAX_PASSED_FDS {
+        return Err(io::Error::other("too many descriptors"));
+    }
+    let mut space =
+        [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_PASSED_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for the descriptor"));
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("no room for the descriptors"));
     }
     let iov = [io::IoSlice::new(bytes)];
     let sent = sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL)?;
     if sent != bytes.len() {
-        return Err(io::Error::other("short send"));
+        // The rest goes without descriptors: the peer reads a stream.
+        use std::io::Write;
+        (&mut &*sock).write_all(&bytes[sent..])?;
     }
     Ok(())
+}
+
+/// `setns(2)`: join the namespace `fd` refers to (any type).
+pub fn setns(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: setns takes a descriptor and an integer and touches no memory of ours.
+    if unsafe { libc::setns(fd.as_raw_fd(), 0) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `pid` (of our pid namespace) is a live child of this process.
+pub fn is_child(pid: i32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return false;
+    };
+    rustix::process::waitid(
+        rustix::process::WaitId::Pid(p),
+        rustix::process::WaitIdOptions::EXITED
+            | rustix::process::WaitIdOptions::NOHANG
+            | rustix::process::WaitIdOptions::NOWAIT,
+    )
+    .is_ok()
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@
 #
 # Channel (fd 4, a unix socket to the sandbox's pid 1): this process writes "R\n" when ready;
 # pid 1 sends "C\n" or "K <source path>\n" with the cell's stdin attached as a descriptor; this
-# process answers "D <exit code>\n" when the cell is over. A one-shot cell's source file is
+# process answers "D <exit code>\n" when a session's cell is over (a one-shot cell closes the
+# channel before the program runs, and its end is the interpreter's exit). A one-shot cell's source file is
 # argv[1] (/workspace/main.py); argv[2:] are the modules to preload.
 import sys
 
@@ -65,6 +66,9 @@ def _one_shot(chan, me, path):
     import os
     import types
 
+    # The program sees only fds 0-2, as `python3 main.py` would: the channel is closed, and
+    # the cell's end is the interpreter's exit (pid 1 waits for it).
+    chan.close()
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__cached__ = None
@@ -95,13 +99,6 @@ def _one_shot(chan, me, path):
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(me, signal.SIGINT)
-    try:
-        chan.sendall(b"D %d\n" % (code & 0xFF))
-        # pid 1 ends the run now; wait for it.
-        while chan.recv(1):
-            pass
-    except OSError:
-        pass
     os._exit(code & 0xFF)
 
 

@@ -172,6 +172,11 @@ struct ServeArgs {
     /// own `import pandas` then finds it loaded. Each warm sandbox holds their memory.
     #[arg(long = "preload", value_name = "LANG=MODULES")]
     preload: Vec<String>,
+    /// Fork Python interpreters (the pool's, sessions', and one-shot runs' that find no warm
+    /// sandbox) from a prepared template that imported the preloads once, where the host
+    /// allows it: true or false [default: true; see docs/isolation.md, "Templates"].
+    #[arg(long, value_name = "BOOL")]
+    templates: Option<String>,
     /// This server's name among several behind one address (Kubernetes: the pod's name, from
     /// the downward API): session ids then name it, and any server forwards a session's
     /// requests to the one holding it. Needs RUNCELL_CLUSTER_KEY and RUNCELL_CLUSTER_PEER_URL
@@ -354,6 +359,11 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(runcell_core::HELPER_ARG.as_ref()) {
         runcell_core::helper_main();
     }
+    // So must the template's (a prepared interpreter that sandboxes' interpreters are forked
+    // from): `runcell __template`.
+    if std::env::args_os().nth(1).as_deref() == Some(runcell_core::TEMPLATE_ARG.as_ref()) {
+        runcell_core::template_main();
+    }
     let matches = match command().try_get_matches() {
         Ok(m) => m,
         Err(e) => return argument_error(e),
@@ -438,6 +448,8 @@ impl Ctx {
             .context("invalid configuration")?;
         if let Some(n) = concurrency {
             s.default_to("max_concurrent", n);
+            // One run at a time: a template would be started for it alone.
+            s.default_to("templates", "false");
         }
         s.resolve(self.host.clone())
             .context("invalid configuration")

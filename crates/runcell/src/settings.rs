@@ -125,6 +125,7 @@ pub const SETTINGS: &[Setting] = &[
         One,
     ),
     s("strict", "strict", "RUNCELL_STRICT", Bool),
+    s("templates", "templates", "RUNCELL_TEMPLATES", One),
     s("audit_log", "audit_log", "RUNCELL_AUDIT_LOG", One),
     s(
         "limits.default",
@@ -824,6 +825,10 @@ impl Settings {
             .resolve(&LimitOverrides::default())
             .map_err(|e| fail("limits.default", format!("the default {e}")))?;
         engine.strict = self.bool("strict")?.unwrap_or(false);
+        // Forked interpreters where the host allows them (docs/isolation.md, "Templates");
+        // the one-run commands default to off (a template started for one run costs more
+        // than it saves).
+        engine.templates = self.bool("templates")?.unwrap_or(true);
 
         let mut c = Policy::new(engine);
         if let Some((t, origin)) = self.text("listen")? {

@@ -15,6 +15,7 @@
 //! its layer when it is created, and holds it (the cache never evicts a layer in use) until
 //! it ends.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runcell_jail::{KillSwitch, OutputSink, Sandbox};
@@ -72,6 +73,10 @@ pub struct Session {
     /// A loss that happened outside a call (a file operation had to rebuild the sandbox): the
     /// next call's verdict reports it.
     pub(super) pending: Option<Lost>,
+    /// Where its interpreter is forked from, with the modules it imports first: `None` for a
+    /// session with an environment, packages or network of its own (its interpreter starts
+    /// the usual way).
+    templates: Option<(Arc<crate::templates::Templates>, Vec<String>)>,
 }
 
 impl Engine {
@@ -106,7 +111,15 @@ impl Engine {
         let base_runtime = runtime;
         let runtime =
             crate::engine::with_request_env(&base_runtime, v.env()).map_err(RunError::invalid)?;
-        let interpreter = runtime.interpreter(&[], true);
+        // A plain session forks its interpreter from the pool's template, preloads imported.
+        let plain = v.env().is_empty() && v.packages().is_empty() && v.network().is_empty();
+        let preload = match plain {
+            true => self.interpreter_preload(v.language()),
+            false => Vec::new(),
+        };
+        let interpreter = runtime.interpreter(&preload, true);
+        let templates =
+            (plain && self.templates().enabled()).then(|| (self.templates().clone(), preload));
         let mut s = Session {
             language: v.language(),
             interpreter,
@@ -126,6 +139,7 @@ impl Engine {
             cells: 0,
             executions: 0,
             pending: None,
+            templates,
         };
         s.start_sandbox(self)?;
         Ok(s)
@@ -294,7 +308,13 @@ impl Session {
             None,
         );
         program.wall_timeout = INTERPRETER_START_TIMEOUT;
-        match sandbox.start_interpreter(&program, &mut runcell_jail::NoSink) {
+        let started = match &self.templates {
+            Some((templates, preload)) => {
+                templates.start_interpreter(sandbox, &program, self.language, preload)
+            }
+            None => sandbox.start_interpreter(&program, &mut runcell_jail::NoSink),
+        };
+        match started {
             Ok(None) => Ok(()),
             Ok(Some(outcome)) => {
                 self.sandbox = None;

@@ -839,8 +839,8 @@ impl Cgroup {
     }
 
     /// Moves `pid` (the whole process, all threads) into the group. (The sandbox's helper
-    /// writes pid 1 into [`Cgroup::procs_files`] itself, from outside the supervisor.)
-    #[cfg(test)]
+    /// writes pid 1 into [`Cgroup::procs_files`] itself, from outside the supervisor; the
+    /// supervisor places templates and their forks with this.)
     pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
         for path in self.procs_files() {
             self.fs

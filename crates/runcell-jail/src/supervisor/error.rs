@@ -48,6 +48,9 @@ pub enum SandboxError {
     NoInterpreter,
     #[error("the program's files and stdin do not fit in the memory limit")]
     InputExceedsMemory,
+    /// An interpreter could not be forked from a template (the sandbox is as before).
+    #[error("template: {0}")]
+    Template(String),
 }
 
 impl SandboxError {

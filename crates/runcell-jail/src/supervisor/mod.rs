@@ -27,6 +27,13 @@ mod ownership;
 mod run;
 mod sandbox;
 
+/// What the template module needs of the supervisor's cgroup ownership.
+pub(crate) mod template_support {
+    pub(crate) use super::ownership::{
+        cgroup_manager as cgroup_manager_for_template, template_group_name,
+    };
+}
+
 pub use capture::{NoSink, OutputSink, Stream};
 pub use error::SandboxError;
 pub use kill::{KillOnDrop, KillSwitch};
@@ -38,7 +45,7 @@ use std::time::Duration;
 
 use rustix::event::Timespec;
 
-fn timespec(d: Duration) -> Timespec {
+pub(crate) fn timespec(d: Duration) -> Timespec {
     Timespec {
         tv_sec: d.as_secs() as _,
         tv_nsec: d.subsec_nanos() as _,

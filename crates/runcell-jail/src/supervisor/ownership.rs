@@ -19,7 +19,7 @@ pub(super) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const BASE_GROUP: &str = "runcell";
 
 /// The host's cgroup hierarchy, discovered once per process.
-pub(super) fn cgroup_manager() -> Option<&'static CgroupManager> {
+pub(crate) fn cgroup_manager() -> Option<&'static CgroupManager> {
     static MANAGER: OnceLock<Option<CgroupManager>> = OnceLock::new();
     MANAGER
         .get_or_init(|| {
@@ -62,6 +62,12 @@ pub(super) fn retry_pending_removals() {
     let mut pending = pending_removal().lock().unwrap_or_else(|p| p.into_inner());
     // Only the empty ones: destroy() on a busy group would wait for it.
     pending.retain_mut(|cg| !(cg.is_empty() && cg.destroy().is_ok()));
+}
+
+/// A fresh group name for a template of this supervisor (`template`): a sandbox's name with
+/// `-template` after it, so that the sweep of a dead supervisor's groups finds it too.
+pub(crate) fn template_group_name() -> String {
+    format!("{}-template", new_group_name())
 }
 
 /// A fresh group name for a sandbox of this supervisor.

@@ -11,6 +11,8 @@ use super::error::io_err;
 use super::{timespec, KillSwitch, OutputSink, Sandbox, SandboxError, Stream};
 use crate::config::{ExecStep, FileSpec, Rlimits};
 use crate::protocol::{self, CellStep, ExitStatus, LandlockStatus, Report, Request};
+use crate::template::Template;
+use std::os::fd::OwnedFd;
 
 /// Time allowed on top of a program's wall-clock limit before pid 1 reports `Started`: pid 1
 /// first writes the input files (up to the memory limit's worth, into tmpfs) and forks, and
@@ -36,6 +38,17 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
 /// How long pid 1 may take to write the files of a `Put` (up to the disk limit's worth).
+/// How long pid 1 may take to answer a `Graft` (it places the inputs first), and to give one
+/// up.
+const GRAFT_ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// The parent of host process `pid`, from `/proc/<pid>/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(1)?.parse().ok()
+}
+
 const PUT_ALLOWANCE: Duration = Duration::from_secs(30);
 
 /// A file to place in the sandbox before a program starts.
@@ -194,8 +207,15 @@ impl Sandbox {
     ) -> Result<Outcome, SandboxError> {
         let (step, blobs) = exec_step(program);
         let blobs: Vec<&[u8]> = blobs;
-        self.drive(&Request::Exec(step), &blobs, program, sink, cancel, false)
-            .map(|(o, _)| o)
+        self.drive(
+            Some(&Request::Exec(step)),
+            &blobs,
+            program,
+            sink,
+            cancel,
+            false,
+        )
+        .map(|(o, _)| o)
     }
 
     /// Start `program` as a warm interpreter that runs cells ([`Sandbox::run_cell`]), and wait
@@ -207,8 +227,112 @@ impl Sandbox {
         sink: &mut dyn OutputSink,
     ) -> Result<Option<Outcome>, SandboxError> {
         let (step, blobs) = exec_step(program);
-        let (outcome, ready) =
-            self.drive(&Request::Start(step), &blobs, program, sink, None, true)?;
+        let (outcome, ready) = self.drive(
+            Some(&Request::Start(step)),
+            &blobs,
+            program,
+            sink,
+            None,
+            true,
+        )?;
+        Ok((!ready).then_some(outcome))
+    }
+
+    /// As [`Sandbox::start_interpreter`], but the interpreter is forked from `template`
+    /// instead of started (docs/isolation.md, F1-F8): `program` must be the interpreter
+    /// `template` stands for (`[python, "-c", code, args...]` with its environment). On an
+    /// error the sandbox is as before (no interpreter), and the caller may start one the usual
+    /// way.
+    pub fn start_interpreter_forked(
+        &mut self,
+        template: &mut Template,
+        program: &Program,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Option<Outcome>, SandboxError> {
+        if !self.alive {
+            return Err(SandboxError::Dead);
+        }
+        if program.env != template.spec().env {
+            return Err(SandboxError::Template(
+                "the program's environment is not the template's".into(),
+            ));
+        }
+        let pid1 = self
+            .pid1
+            .ok_or_else(|| SandboxError::Protocol("no pid 1 to graft onto".into()))?;
+        // pid 1's namespaces, opened here (pid 1 is not dumpable: only the supervisor may),
+        // while pid 1 is alive (its helper has not exited: the pid is not reused).
+        let mut fds: Vec<OwnedFd> = Vec::with_capacity(12);
+        for ns in ["user", "mnt", "pid", "net", "ipc", "uts", "cgroup"] {
+            let path = format!("/proc/{pid1}/ns/{ns}");
+            let fd = rustix::fs::open(
+                path.as_str(),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| io_err("open a namespace of pid 1")(e.into()))?;
+            fds.push(fd);
+        }
+        if !self.is_ready() {
+            return Err(SandboxError::Dead);
+        }
+        let (step, blobs) = exec_step(program);
+        protocol::send(&self.ctrl, &Request::Graft(step.clone()), &blobs)
+            .map_err(io_err("send graft"))?;
+        match self.wait_report(Instant::now() + GRAFT_ANSWER_WITHIN)? {
+            Some(Report::GraftChannel) if self.graft_fds.len() == 4 => {}
+            Some(Report::Failed { step, path, error }) => {
+                return Err(SandboxError::Setup {
+                    step,
+                    path,
+                    source: error,
+                })
+            }
+            Some(other) => return Err(SandboxError::Protocol(format!("{other:?}"))),
+            None => {
+                self.kill();
+                return Err(SandboxError::Protocol("no answer to graft".into()));
+            }
+        }
+        fds.append(&mut self.graft_fds);
+        let (go_r, go_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| io_err("pipe")(e.into()))?;
+        fds.push(go_r);
+        let forked = template
+            .fork(
+                self.enforcement.host_uid,
+                self.host_gid,
+                &step,
+                &crate::template::borrow_all(&fds),
+            )
+            .map_err(|e| SandboxError::Template(crate::errno::error_chain(&e)));
+        drop(fds);
+        // The fork (C) goes into the sandbox's cgroup before it does anything, and only if it
+        // is the template's own child.
+        let placed = forked.and_then(|pid| {
+            if parent_of(pid) != Some(template.pid() as i32) {
+                return Err(SandboxError::Template(
+                    "the fork is not the template's child".into(),
+                ));
+            }
+            if let Some(cg) = &self.cgroup {
+                cg.add_process(pid as u32)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = placed {
+            // pid 1 is waiting for a hello that will not come: tell it, and read its answer.
+            drop(go_w);
+            let _ = protocol::send(&self.ctrl, &Request::Stop, &[]);
+            match self.wait_report(Instant::now() + GRAFT_ANSWER_WITHIN) {
+                Ok(Some(Report::Failed { .. })) => {}
+                _ => self.kill(),
+            }
+            return Err(e);
+        }
+        rustix::io::write(&go_w, b"g").map_err(|e| io_err("go")(e.into()))?;
+        drop(go_w);
+        let (outcome, ready) = self.drive(None, &[], program, sink, None, true)?;
         Ok((!ready).then_some(outcome))
     }
 
@@ -232,8 +356,15 @@ impl Sandbox {
             keep: self.persistent,
             source: source.map(PathBuf::from),
         };
-        self.drive(&Request::Cell(cell_step), &blobs, cell, sink, cancel, false)
-            .map(|(o, _)| o)
+        self.drive(
+            Some(&Request::Cell(cell_step)),
+            &blobs,
+            cell,
+            sink,
+            cancel,
+            false,
+        )
+        .map(|(o, _)| o)
     }
 
     /// Write files into the sandbox between programs (under /workspace or /tmp).
@@ -263,7 +394,7 @@ impl Sandbox {
     /// ends, is stopped, or (with `until_ready`) says it is ready: true in the second value.
     fn drive(
         &mut self,
-        request: &Request,
+        request: Option<&Request>,
         blobs: &[&[u8]],
         program: &Program,
         sink: &mut dyn OutputSink,
@@ -277,7 +408,9 @@ impl Sandbox {
         if let Some(cg) = &self.cgroup {
             cg.reset_peak();
         }
-        protocol::send(&self.ctrl, request, blobs).map_err(io_err("send program"))?;
+        if let Some(request) = request {
+            protocol::send(&self.ctrl, request, blobs).map_err(io_err("send program"))?;
+        }
         let mut ready = false;
 
         let started = Instant::now();

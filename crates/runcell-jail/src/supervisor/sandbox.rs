@@ -199,6 +199,13 @@ pub struct Sandbox {
     pub(super) persistent: bool,
     /// The listening socket in the sandbox's network namespace, for the egress proxy.
     proxy_listener: Option<OwnedFd>,
+    /// pid 1's host pid (from the helper's `Spawned`): whose namespaces a template's fork
+    /// joins.
+    pub(super) pid1: Option<i32>,
+    /// The descriptors of pid 1's last `GraftChannel`.
+    pub(super) graft_fds: Vec<OwnedFd>,
+    /// The host gid the sandbox's gid maps to.
+    pub(super) host_gid: u32,
 }
 
 /// The next sandbox host uid from `pool`: sequential within this process from a random start,
@@ -349,6 +356,9 @@ impl Sandbox {
             alive: true,
             persistent: false,
             proxy_listener: None,
+            pid1: None,
+            graft_fds: Vec::new(),
+            host_gid,
         };
         // S4. The sandbox description goes over the socket, never through argv or the
         //     environment (which /proc would show); then wait, bounded, for `Ready`.
@@ -374,7 +384,10 @@ impl Sandbox {
         let deadline = Instant::now() + spec.setup_timeout;
         loop {
             match sandbox.wait_report(deadline)? {
-                Some(Report::Spawned { .. }) => continue,
+                Some(Report::Spawned { pid }) => {
+                    sandbox.pid1 = Some(pid);
+                    continue;
+                }
                 Some(Report::Ready)
                     if spec.proxy_port.is_some() && sandbox.proxy_listener.is_none() =>
                 {
@@ -435,17 +448,19 @@ impl Sandbox {
     pub(super) fn read_report(&mut self) -> Result<Report, SandboxError> {
         let mut reader = FdCatcher {
             sock: &self.ctrl,
-            fd: None,
+            fds: Vec::new(),
             first: true,
         };
         let frame = protocol::recv_with::<Report>(&mut reader, protocol::FrameLimits::REPORT);
-        let fd = reader.fd.take();
+        let mut fds = std::mem::take(&mut reader.fds);
         match frame {
             Ok(Some(f)) => {
-                // Only `Ready` may carry a descriptor (the proxy's listener); any other is
-                // closed right here.
-                if matches!(f.message, Report::Ready) && fd.is_some() {
-                    self.proxy_listener = fd;
+                // Only `Ready` may carry a descriptor (the proxy's listener), and
+                // `GraftChannel` its four; any other is closed right here.
+                match f.message {
+                    Report::Ready if fds.len() == 1 => self.proxy_listener = fds.pop(),
+                    Report::GraftChannel => self.graft_fds = fds,
+                    _ => {}
                 }
                 Ok(f.message)
             }
@@ -638,15 +653,15 @@ impl Drop for Sandbox {
 /// bytes (`SCM_RIGHTS` arrives with the first byte read of the message it was sent with).
 struct FdCatcher<'a> {
     sock: &'a UnixStream,
-    fd: Option<OwnedFd>,
+    fds: Vec<OwnedFd>,
     first: bool,
 }
 
 impl io::Read for FdCatcher<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if std::mem::take(&mut self.first) {
-            let (n, fd) = crate::sys::recv_with_fd(self.sock, buf)?;
-            self.fd = fd;
+            let (n, fds) = crate::sys::recv_with_fds(self.sock, buf)?;
+            self.fds = fds;
             return Ok(n);
         }
         (&mut &*self.sock).read(buf)
