@@ -37,6 +37,7 @@ pub const ALL: &[&str] = &[
     "host_nsenter",
     "host_ipcmk",
     "host_python_stack",
+    "host_libpython",
     "host_go_cache",
     "host_mcp_client",
     "host_agent_clients",
@@ -88,6 +89,17 @@ fn probe(name: &str) -> bool {
         "host_nsenter" => any_file(&["/usr/bin/nsenter"]),
         "host_ipcmk" => any_file(&["/usr/bin/ipcmk"]),
         "host_python_stack" => complete_under(&data_dir().join("python"), "runcell/complete"),
+        // The shared library templates embed (docs/isolation.md, "Templates").
+        "host_libpython" => std::process::Command::new("/usr/bin/python3")
+            .args([
+                "-I",
+                "-c",
+                "import os, sysconfig as s; print(os.path.join(s.get_config_var('LIBDIR') or '', s.get_config_var('INSTSONAME') or ''))",
+            ])
+            .output()
+            .ok()
+            .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+            .is_some_and(|p| p.is_file()),
         "host_go_cache" => complete_under(&data_dir().join("go"), ".runcell-complete"),
         "host_mcp_client" => mcp_client(),
         "host_agent_clients" => venv_with("agent-venv", &["openai", "anthropic"]),

@@ -117,6 +117,12 @@ selection=(
   "runcell test egress --exact
     an_allowed_host_is_reached_by_python_and_curl_and_recorded
     with_one_destination_allowed_the_attacks_still_find_no_way_out"
+  "runcell test templates --exact
+    two_forked_sandboxes_share_no_file_process_descriptor_environment_or_random_state
+    a_run_cannot_reach_or_alter_the_template
+    a_dead_template_is_replaced_and_runs_go_on
+    with_templates_off_interpreters_start_as_before
+    session_interpreters_are_forked_with_the_preloads_imported"
 )
 
 # ---------------------------------------------------------------------------------------------

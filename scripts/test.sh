@@ -32,6 +32,15 @@ need=()
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 /usr/bin/python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 [ -x /usr/bin/node ] || need+=(nodejs)
+# Templates embed the runtime Python's shared library (docs/isolation.md, "Templates").
+if [ -x /usr/bin/python3 ]; then
+  libpython=$(/usr/bin/python3 -I -c 'import os, sysconfig as s; print(os.path.join(s.get_config_var("LIBDIR") or "", s.get_config_var("INSTSONAME") or ""))' 2>/dev/null || true)
+  case "$libpython" in
+    */libpython3.*.so*) [ -e "$libpython" ] || need+=("$(basename "$libpython" | sed 's/\.so.*//')") ;;
+  esac
+else
+  need+=(libpython3.11)
+fi
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v ip >/dev/null || need+=(iproute2)
 command -v promtool >/dev/null || need+=(prometheus)
@@ -138,6 +147,11 @@ phase_done k8s
 # the host does not have (on a v1 host, the v2 ones: the cgroup-v2-guest phase runs them).
 cargo test --workspace
 phase_done tests
+# The attack, limit and isolation tests again with every CLI Python run's interpreter forked
+# from a template (the server tests fork by default; docs/isolation.md, "Templates").
+RUNCELL_TEMPLATES=true cargo test -p runcell --test isolation --test syscalls --test limits \
+  --test network --test basics
+phase_done tests-forked
 # A short soak (docs/soak.md): 400 mixed requests through a real `runcell serve` at concurrency
 # 8, every answer checked, the server's memory flat after warm-up, nothing left on the host.
 # It soaks the debug build the tests above used (the full soak, `scripts/soak.py`, builds and

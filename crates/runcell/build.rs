@@ -19,6 +19,7 @@ fn main() {
         "host_nsenter",
         "host_ipcmk",
         "host_python_stack",
+        "host_libpython",
         "host_go_cache",
         "host_mcp_client",
         "host_agent_clients",

@@ -48,7 +48,7 @@ mkdir -p "$root"
 roots=(bash coreutils base-files ca-certificates)
 for l in $languages; do
   case $l in
-    python) pkgs=(python3-minimal python3.11-minimal libpython3.11-stdlib) ;;
+    python) pkgs=(python3-minimal python3.11-minimal libpython3.11-stdlib libpython3.11) ;;
     node) pkgs=(nodejs) ;;
     ruby) pkgs=(ruby) ;;
     go) pkgs=(golang-go) ;;

@@ -7,6 +7,12 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 skip() { echo "SKIP container matrix: $*"; exit 0; }
 [ "${RUNCELL_SKIP_CONTAINER:-}" = 1 ] && skip "RUNCELL_SKIP_CONTAINER=1"
+# The root filesystem (about 1.2 GiB) is copied into podman's storage as a layer and again as
+# a container: with less room than this the build fails half-way with ENOSPC.
+mkdir -p target
+free_kib=$(df -Pk target | awk 'NR == 2 { print $4 }')
+[ "${free_kib:-0}" -ge $((8 * 1024 * 1024)) ] ||
+  skip "only $((free_kib / 1024)) MiB free under target/ (the image needs about 8 GiB)"
 [ "$(id -u)" = 0 ] || skip "needs root"
 command -v dpkg-query >/dev/null || skip "the image is assembled from a Debian host's packages"
 need=()

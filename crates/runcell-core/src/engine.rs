@@ -376,6 +376,9 @@ impl Engine {
     /// interpreter started in them where it has one (Python), after importing `preload`.
     /// Languages this host cannot run get no pool. Replaces a pool started before.
     pub fn start_pool(&mut self, sizes: &PoolSizes, preload: &Preload) {
+        // Sessions' and cold one-shot runs' interpreters import these too when forked from a
+        // template, whether or not a pool is kept.
+        self.preload = preload.clone();
         let defaults = match self.config.policy.resolve(&LimitOverrides::default()) {
             Ok(l) => l,
             Err(e) => {
@@ -397,7 +400,6 @@ impl Engine {
         }
         let started = PoolSizes(slots.iter().map(|(k, n)| (k.language, *n)).collect());
         self.warm_reserve = crate::pool::warm_reserve_bytes(&started, preload);
-        self.preload = preload.clone();
         let config = self.config.clone();
         let preload = preload.clone();
         let templates = self.templates.clone();

@@ -46,6 +46,19 @@ pub struct TemplatesNow {
     pub failed: u64,
 }
 
+/// The templates' figures for `/metrics` (Python's: the one language with templates).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TemplatesReport {
+    pub now: TemplatesNow,
+    pub starts: u64,
+    pub start_failures: u64,
+    pub start_seconds: f64,
+    pub forks_ok: u64,
+    pub forks_failed: u64,
+    /// Seconds spent in forks that succeeded (over `forks_ok`: the mean fork time).
+    pub fork_seconds: f64,
+}
+
 #[derive(Default)]
 struct Slot {
     template: Option<Template>,
@@ -58,6 +71,8 @@ pub struct Templates {
     helper_exe: PathBuf,
     slots: Mutex<HashMap<TemplateSpec, Arc<Mutex<Slot>>>>,
     libraries: Mutex<HashMap<PathBuf, Option<PathBuf>>>,
+    /// Shut down ([`Templates::shutdown`]): no template starts any more.
+    closed: std::sync::atomic::AtomicBool,
     pub stats: TemplateStats,
 }
 
@@ -76,6 +91,7 @@ impl Templates {
             helper_exe: helper_exe.to_path_buf(),
             slots: Mutex::default(),
             libraries: Mutex::default(),
+            closed: Default::default(),
             stats: TemplateStats::default(),
         }
     }
@@ -176,7 +192,9 @@ impl Templates {
         program: &Program,
         preload: &[String],
     ) -> Option<Result<Option<Outcome>, SandboxError>> {
-        if program.argv.get(1).map(String::as_str) != Some("-c") {
+        if program.argv.get(1).map(String::as_str) != Some("-c")
+            || self.closed.load(Ordering::SeqCst)
+        {
             return None;
         }
         let python = PathBuf::from(program.argv.first()?);
@@ -189,6 +207,10 @@ impl Templates {
         };
         let slot = self.slot(&spec)?;
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            slot.template = None;
+            return None;
+        }
         if let Some(t) = slot.template.as_mut() {
             if t.age() > MAX_AGE || t.forks() >= MAX_FORKS || !t.is_healthy() {
                 slot.template = None;
@@ -234,6 +256,32 @@ impl Templates {
             }
         }
         Some(r)
+    }
+
+    /// Stop every template (their cgroups removed); later interpreters start the usual way.
+    pub fn shutdown(&self) {
+        let slots: Vec<_> = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.drain().map(|(_, s)| s).collect()
+        };
+        self.closed.store(true, Ordering::SeqCst);
+        for s in slots {
+            s.lock().unwrap_or_else(|e| e.into_inner()).template = None;
+        }
+    }
+
+    /// Every figure, read now.
+    pub fn report(&self) -> TemplatesReport {
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+        TemplatesReport {
+            now: self.now(),
+            starts: self.stats.starts.load(Ordering::Relaxed),
+            start_failures: self.stats.start_failures.load(Ordering::Relaxed),
+            start_seconds: secs(&self.stats.start_ns),
+            forks_ok: self.stats.forks_ok.load(Ordering::Relaxed),
+            forks_failed: self.stats.forks_failed.load(Ordering::Relaxed),
+            fork_seconds: secs(&self.stats.fork_ns),
+        }
     }
 
     /// How many templates are alive, and how many wait to be retried.

@@ -2170,6 +2170,7 @@ mod tests {
     /// The code that carries the labelled step comments.
     const INIT_RS: &str = include_str!("init.rs");
     const SANDBOX_RS: &str = include_str!("supervisor/sandbox.rs");
+    const ZYGOTE_RS: &str = include_str!("template/zygote.rs");
 
     /// `H4a`, `P17`, `X8`, `S2`: a step letter, a number, an optional lowercase suffix.
     fn is_label(s: &str, letters: &str) -> bool {
@@ -2226,6 +2227,13 @@ mod tests {
         assert_eq!(
             docs, code,
             "docs/isolation.md and supervisor/sandbox.rs disagree on the S steps"
+        );
+        let docs = documented("TF");
+        let code = in_code(ZYGOTE_RS, "TF");
+        assert!(docs.len() >= 15, "the template's steps: {docs:?}");
+        assert_eq!(
+            docs, code,
+            "docs/isolation.md and template/zygote.rs disagree on the T and F steps"
         );
     }
 

@@ -313,6 +313,7 @@ impl Metrics {
         queued: usize,
         pool: &[PoolStats],
         sessions: runcell_core::SessionStats,
+        templates: &runcell_core::templates::TemplatesReport,
     ) -> String {
         self.running.set(running as i64);
         self.queued.set(queued as i64);
@@ -325,6 +326,7 @@ impl Metrics {
         if let Some(body) = out.strip_suffix("# EOF\n") {
             let mut text = body.to_string();
             pool_families(&mut text, pool);
+            template_families(&mut text, templates);
             session_families(&mut text, sessions);
             build_family(&mut text, &self.build);
             process_families(&mut text, std::path::Path::new("/proc"));
@@ -516,6 +518,82 @@ fn session_families(out: &mut String, s: runcell_core::SessionStats) {
     }
 }
 
+/// The templates' families (docs/isolation.md, "Templates"), in the OpenMetrics text format.
+fn template_families(out: &mut String, t: &runcell_core::templates::TemplatesReport) {
+    use std::fmt::Write;
+    let l = "language=\"python\"";
+    let _ = writeln!(
+        out,
+        "# HELP runcell_templates Templates that Python interpreters are forked from, by state (live: serving forks; failed: waiting to be tried again)."
+    );
+    let _ = writeln!(out, "# TYPE runcell_templates gauge");
+    let _ = writeln!(
+        out,
+        "runcell_templates{{{l},state=\"live\"}} {}",
+        t.now.live
+    );
+    let _ = writeln!(
+        out,
+        "runcell_templates{{{l},state=\"failed\"}} {}",
+        t.now.failed
+    );
+    let _ = writeln!(
+        out,
+        "# HELP runcell_template_starts Templates started (their preloads imported)."
+    );
+    let _ = writeln!(out, "# TYPE runcell_template_starts counter");
+    let _ = writeln!(
+        out,
+        "runcell_template_starts_total{{{l},result=\"ok\"}} {}",
+        t.starts
+    );
+    let _ = writeln!(
+        out,
+        "runcell_template_starts_total{{{l},result=\"failed\"}} {}",
+        t.start_failures
+    );
+    let _ = writeln!(
+        out,
+        "# HELP runcell_template_start_seconds Seconds spent starting templates that became ready (divided by their starts: the mean start time)."
+    );
+    let _ = writeln!(out, "# TYPE runcell_template_start_seconds counter");
+    let _ = writeln!(
+        out,
+        "runcell_template_start_seconds_total{{{l}}} {}",
+        t.start_seconds
+    );
+    let _ = writeln!(
+        out,
+        "# HELP runcell_template_forks Interpreters forked from a template into a sandbox (failed: started the usual way instead)."
+    );
+    let _ = writeln!(out, "# TYPE runcell_template_forks counter");
+    let _ = writeln!(
+        out,
+        "runcell_template_forks_total{{{l},result=\"ok\"}} {}",
+        t.forks_ok
+    );
+    let _ = writeln!(
+        out,
+        "runcell_template_forks_total{{{l},result=\"failed\"}} {}",
+        t.forks_failed
+    );
+    let _ = writeln!(
+        out,
+        "# HELP runcell_template_fork_seconds Seconds from a fork's request to its interpreter's readiness, for forks that succeeded."
+    );
+    let _ = writeln!(out, "# TYPE runcell_template_fork_seconds summary");
+    let _ = writeln!(
+        out,
+        "runcell_template_fork_seconds_sum{{{l}}} {}",
+        t.fork_seconds
+    );
+    let _ = writeln!(
+        out,
+        "runcell_template_fork_seconds_count{{{l}}} {}",
+        t.forks_ok
+    );
+}
+
 /// The warm pool's families, in the OpenMetrics text format.
 fn pool_families(out: &mut String, pool: &[PoolStats]) {
     use std::fmt::Write;
@@ -606,7 +684,18 @@ mod tests {
             refill_seconds: 0.3,
             refill_failures: 2,
         }];
-        let text = m.render(1, 1, &pool, runcell_core::SessionStats::default());
+        let templates = runcell_core::templates::TemplatesReport {
+            forks_ok: 4,
+            fork_seconds: 0.1,
+            ..Default::default()
+        };
+        let text = m.render(
+            1,
+            1,
+            &pool,
+            runcell_core::SessionStats::default(),
+            &templates,
+        );
         for needle in [
             "runcell_executions_total{language=\"python\",category=\"timeout\",interface=\"http\"} 1",
             "runcell_executions_total{language=\"node\",category=\"ok\",interface=\"mcp-http\"} 1",
@@ -621,6 +710,8 @@ mod tests {
             "runcell_pool_ready{language=\"python\"} 1",
             "runcell_pool_refill_seconds_total{language=\"python\"} 0.3",
             "runcell_pool_refill_failures_total{language=\"python\"} 2",
+            "runcell_template_forks_total{language=\"python\",result=\"ok\"} 4",
+            "runcell_template_fork_seconds_count{language=\"python\"} 4",
             "# EOF",
         ] {
             assert!(text.contains(needle), "missing {needle} in:\n{text}");

@@ -179,10 +179,11 @@ fn a_dead_warm_interpreter_is_never_handed_out() {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            // Started by pid 1 or forked from a template, it is named python3; it lives in a
+            // run's group (a template's group ends in "-template").
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            String::from_utf8_lossy(&cmd).contains("runcell's warm Python interpreter")
-                && cg.contains(&group)
+            comm.trim() == "python3" && cg.contains(&group) && !cg.contains("-template")
         })
         .collect();
     assert_eq!(runner.len(), 1, "the warm interpreter: {runner:?}");

@@ -101,7 +101,11 @@ fn sandboxes_of(pid: u32) -> usize {
         .iter()
         .filter_map(|r| std::fs::read_dir(r).ok())
         .flat_map(|rd| rd.flatten())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // A template's group is no sandbox.
+            name.starts_with(&prefix) && !name.ends_with("-template")
+        })
         .count()
         / cgroup_roots().len().max(1)
 }

@@ -359,6 +359,8 @@ impl RunService {
         self.inner.admission.close();
         self.inner.runs.kill_all();
         self.inner.sessions.close_all();
+        // The templates go last: nothing forks from them any more.
+        self.inner.engine.templates().shutdown();
     }
 
     /// The intake of one request: checked against its target, merged with its session,

@@ -7,15 +7,21 @@ use std::path::Path;
 
 use super::TemplateError;
 
+type DecodeLocale = unsafe extern "C" fn(*const c_char, *mut usize) -> *mut c_void;
+type SetProgramName = unsafe extern "C" fn(*const c_void);
+type InitializeEx = unsafe extern "C" fn(c_int);
+type RunSimpleString = unsafe extern "C" fn(*const c_char) -> c_int;
+type Hook = unsafe extern "C" fn();
+
 /// The loaded library's entry points.
 pub(super) struct Python {
-    decode_locale: unsafe extern "C" fn(*const c_char, *mut usize) -> *mut c_void,
-    set_program_name: unsafe extern "C" fn(*const c_void),
-    initialize_ex: unsafe extern "C" fn(c_int),
-    run_simple_string: unsafe extern "C" fn(*const c_char) -> c_int,
-    before_fork: unsafe extern "C" fn(),
-    after_fork_parent: unsafe extern "C" fn(),
-    after_fork_child: unsafe extern "C" fn(),
+    decode_locale: DecodeLocale,
+    set_program_name: SetProgramName,
+    initialize_ex: InitializeEx,
+    run_simple_string: RunSimpleString,
+    before_fork: Hook,
+    after_fork_parent: Hook,
+    after_fork_child: Hook,
 }
 
 fn dl_error() -> String {
@@ -62,17 +68,23 @@ impl Python {
         // life of the process (it is never dlclosed).
         unsafe {
             Ok(Python {
-                decode_locale: std::mem::transmute::<*mut c_void, _>(sym(c"Py_DecodeLocale")?),
-                set_program_name: std::mem::transmute::<*mut c_void, _>(sym(c"Py_SetProgramName")?),
-                initialize_ex: std::mem::transmute::<*mut c_void, _>(sym(c"Py_InitializeEx")?),
-                run_simple_string: std::mem::transmute::<*mut c_void, _>(sym(
+                decode_locale: std::mem::transmute::<*mut c_void, DecodeLocale>(sym(
+                    c"Py_DecodeLocale",
+                )?),
+                set_program_name: std::mem::transmute::<*mut c_void, SetProgramName>(sym(
+                    c"Py_SetProgramName",
+                )?),
+                initialize_ex: std::mem::transmute::<*mut c_void, InitializeEx>(sym(
+                    c"Py_InitializeEx",
+                )?),
+                run_simple_string: std::mem::transmute::<*mut c_void, RunSimpleString>(sym(
                     c"PyRun_SimpleString",
                 )?),
-                before_fork: std::mem::transmute::<*mut c_void, _>(sym(c"PyOS_BeforeFork")?),
-                after_fork_parent: std::mem::transmute::<*mut c_void, _>(sym(
+                before_fork: std::mem::transmute::<*mut c_void, Hook>(sym(c"PyOS_BeforeFork")?),
+                after_fork_parent: std::mem::transmute::<*mut c_void, Hook>(sym(
                     c"PyOS_AfterFork_Parent",
                 )?),
-                after_fork_child: std::mem::transmute::<*mut c_void, _>(sym(
+                after_fork_child: std::mem::transmute::<*mut c_void, Hook>(sym(
                     c"PyOS_AfterFork_Child",
                 )?),
             })

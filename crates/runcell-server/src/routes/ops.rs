@@ -121,6 +121,7 @@ pub(crate) async fn metrics(
         state.service().admission().stats().waiting,
         &state.engine().pool_stats(),
         state.sessions().stats(),
+        &state.engine().templates().report(),
     );
     let accept = headers
         .get(axum::http::header::ACCEPT)

@@ -301,21 +301,40 @@ pub fn cgroup_roots() -> Vec<PathBuf> {
 /// Nothing of the run of supervisor `pid` remains: no cgroup (runcell names them
 /// "<pid>-<random>"), hence no process (a cgroup with processes cannot be removed), and no
 /// process anywhere that still claims such a cgroup.
+///
+/// A supervisor still running keeps its templates (their groups end in "-template": the
+/// processes sandboxes' interpreters are forked from); once it is gone, they must be too.
 pub fn assert_host_clean(pid: u32) {
     let prefix = format!("{pid}-");
     let deadline = Instant::now() + LOADED_MARGIN;
     loop {
+        let alive = Path::new(&format!("/proc/{pid}")).exists()
+            && !fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z');
+        let kept = |name: &str| alive && name.ends_with("-template");
         let mut left = Vec::new();
         for root in cgroup_roots() {
             if let Ok(rd) = fs::read_dir(&root) {
                 for e in rd.flatten() {
-                    if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(&prefix) && !kept(&name) {
                         left.push(e.path());
                     }
                 }
             }
         }
-        let procs = processes_in_cgroup_prefix(&format!("/runcell/{prefix}"));
+        let procs: Vec<u32> = processes_in_cgroup_prefix(&format!("/runcell/{prefix}"))
+            .into_iter()
+            .filter(|p| {
+                let cg = fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap_or_default();
+                !(alive && cg.contains("-template"))
+            })
+            .collect();
         if left.is_empty() && procs.is_empty() {
             return;
         }
@@ -470,14 +489,16 @@ pub fn assert_not_on_host(path: &str) {
     }
 }
 
-/// Cgroup directories named after supervisor `pid` that exist right now.
+/// Cgroup directories of supervisor `pid`'s sandboxes that exist right now (its templates'
+/// groups, "<...>-template", are not sandboxes: docs/isolation.md, "Templates").
 pub fn cgroups_of(pid: u32) -> Vec<PathBuf> {
     let prefix = format!("{pid}-");
     let mut found = Vec::new();
     for root in cgroup_roots() {
         if let Ok(rd) = fs::read_dir(&root) {
             for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix) && !name.ends_with("-template") {
                     found.push(e.path());
                 }
             }
