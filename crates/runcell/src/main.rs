@@ -1186,6 +1186,47 @@ fn memory_report(config: &EngineConfig) -> (Option<String>, String) {
     }
 }
 
+/// `doctor`'s templates check: fork one Python interpreter end to end from a template (the
+/// milliseconds the template took to start, and the fork), or why this host cannot.
+fn templates_check(
+    config: &EngineConfig,
+    runtimes: &[(Language, Option<runcell_runtimes::Runtime>, Option<String>)],
+) -> Result<(f64, f64), String> {
+    let python = runtimes
+        .iter()
+        .find(|(l, _, _)| *l == Language::Python)
+        .and_then(|(_, rt, _)| rt.as_ref())
+        .ok_or("no Python runtime on this host")?;
+    runcell_core::templates::Templates::available(&python.executable)?;
+    let mut config = config.clone();
+    config.templates = true;
+    let engine = Engine::new(config);
+    let v = engine.execute(
+        &ExecRequest::new("python", "import os; print(os.getpid())"),
+        &mut NoSink,
+        None,
+    );
+    let report = engine.templates().report();
+    engine.templates().shutdown();
+    if v.exit_code != Some(0) {
+        return Err(format!(
+            "the check's run failed: {}",
+            v.error.map(|e| e.message).unwrap_or_default()
+        ));
+    }
+    if report.forks_ok == 0 {
+        return Err(if report.start_failures > 0 {
+            "the template did not start (the log says why)".into()
+        } else {
+            "the fork failed (the log says why)".into()
+        });
+    }
+    Ok((
+        report.start_seconds * 1000.0,
+        report.fork_seconds * 1000.0 / report.forks_ok as f64,
+    ))
+}
+
 fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> {
     let layers = runcell_core::isolation_layers();
     let prepared = |rt: &runcell_runtimes::Runtime| -> Option<String> {
@@ -1228,6 +1269,7 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
         Ok(a) => a.to_string(),
         Err(e) => format!("oom_score_adj unreadable: {e}"),
     };
+    let template_check = templates_check(&config, &runtimes);
     let engine = Engine::new(config);
     let started = Instant::now();
     let probe = engine.execute(&ExecRequest::new("bash", "true"), &mut NoSink, None);
@@ -1291,6 +1333,12 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
                 "memory_source": memory_source,
                 "all_runs_memory_bytes": all_runs_memory,
                 "oom": oom,
+            },
+            "templates": {
+                "ok": template_check.is_ok(),
+                "template_start_milliseconds": template_check.as_ref().ok().map(|t| t.0),
+                "fork_milliseconds": template_check.as_ref().ok().map(|t| t.1),
+                "why_not": template_check.as_ref().err(),
             },
             "startup_hints": speed.iter().map(|h| serde_json::json!({
                 "setting": h.setting, "state": h.state, "recommended": h.recommended,
@@ -1385,6 +1433,19 @@ fn doctor(json: bool, host: runcell_runtimes::Host) -> anyhow::Result<ExitCode> 
             if let Some(fix) = &probe_fix {
                 println!("  {:<20}          fix: {fix}", "");
             }
+        }
+        println!("Templates (Python interpreters forked from a prepared one; `serve`)");
+        match &template_check {
+            Ok((start, fork)) => println!(
+                "  {:<20} {}  a template started in {start:.0} ms and forked an interpreter into a sandbox in {fork:.1} ms",
+                "fork",
+                mark(true)
+            ),
+            Err(why) => println!(
+                "  {:<20} {}  interpreters start the usual way: {why}",
+                "fork",
+                mark(false)
+            ),
         }
         println!("Start-up speed (host settings; optional, host-wide, runcell never sets them)");
         for h in &speed {
