@@ -1198,6 +1198,7 @@ pub(crate) fn sandbox_spec(
         overlays: runtime.overlays.clone(),
         all_runs_memory_bytes: config.all_runs_memory_bytes,
         proxy_port: None,
+        templated: config.templates && runtime.language == Language::Python,
     }
 }
 

@@ -116,7 +116,7 @@ pub fn identity_of(euid: u32, uid_map: &Path) -> Identity {
 
 /// A block of ids the supervisor may give its sandboxes, one each: `start..start+len`, mapped
 /// in both the uid and the gid map of the supervisor's namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdPool {
     pub start: u32,
     pub len: u32,
@@ -124,6 +124,30 @@ pub struct IdPool {
 
 /// The host root's pool: far above the ranges distributions hand out (system users, regular
 /// users, /etc/subuid), in no /etc/passwd.
+impl IdPool {
+    /// One half of the pool: the upper half for sandboxes whose interpreter may be forked from
+    /// a template (`templated`), the lower for all others. A template may switch only to ids
+    /// of its half (its seccomp filter, `template::filter`), so whatever the operator's
+    /// preload modules did in a template could never take the uid of a sandbox that does not
+    /// already run code from it. A pool of one id is not split.
+    pub fn half(self, templated: bool) -> IdPool {
+        if self.len < 2 {
+            return self;
+        }
+        let low = self.len / 2;
+        match templated {
+            false => IdPool {
+                start: self.start,
+                len: low,
+            },
+            true => IdPool {
+                start: self.start + low,
+                len: self.len - low,
+            },
+        }
+    }
+}
+
 pub const HOST_ROOT_POOL: IdPool = IdPool {
     start: 2_000_000_000,
     len: 1_000_000,

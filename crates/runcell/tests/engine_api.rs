@@ -33,6 +33,7 @@ fn spec() -> SandboxSpec {
         overlays: Vec::new(),
         all_runs_memory_bytes: None,
         proxy_port: None,
+        templated: false,
     }
 }
 

@@ -86,6 +86,8 @@ impl Job<'_> {
         let runtime = bash.with_proxy(runcell_proxy::SANDBOX_PROXY_PORT);
         let mut spec = sandbox_spec(config, &limits, &runtime);
         spec.proxy_port = Some(runcell_proxy::SANDBOX_PROXY_PORT);
+        // An installer's sandbox never gets a forked interpreter.
+        spec.templated = false;
         let mut sandbox = Sandbox::create(&spec)
             .map_err(|e| Box::new(sandbox_failure("could not be set up", &e)))?;
         if let Some(refused) = self.engine.strict_refusal(&sandbox) {

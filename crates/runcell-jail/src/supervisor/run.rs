@@ -252,6 +252,11 @@ impl Sandbox {
         if !self.alive {
             return Err(SandboxError::Dead);
         }
+        if !self.templated {
+            return Err(SandboxError::Template(
+                "the sandbox was not built for a forked interpreter".into(),
+            ));
+        }
         if program.env != template.spec().env {
             return Err(SandboxError::Template(
                 "the program's environment is not the template's".into(),

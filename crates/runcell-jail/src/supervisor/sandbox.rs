@@ -68,6 +68,9 @@ pub struct SandboxSpec {
     /// Network by permission: a port on the sandbox's loopback where its pid 1 listens for the
     /// run's egress proxy ([`Sandbox::take_proxy_listener`]). `None`: loopback only.
     pub proxy_port: Option<u16>,
+    /// Its interpreter may be forked from a template ([`Sandbox::start_interpreter_forked`]):
+    /// its host uid then comes from the pool's half for such sandboxes ([`IdPool::half`]).
+    pub templated: bool,
 }
 
 /// Which isolation layers a sandbox really has, for the verdict and `runcell doctor`.
@@ -206,6 +209,8 @@ pub struct Sandbox {
     pub(super) graft_fds: Vec<OwnedFd>,
     /// The host gid the sandbox's gid maps to.
     pub(super) host_gid: u32,
+    /// Built for a forked interpreter (its host uid from the templated half of the pool).
+    pub(super) templated: bool,
 }
 
 /// The next sandbox host uid from `pool`: sequential within this process from a random start,
@@ -229,7 +234,7 @@ impl Sandbox {
         let shape = Shape::current();
         let (host_uid, host_gid) = match (shape.powers.switch_ids, shape.pool) {
             (true, Some(pool)) => {
-                let id = next_host_id(pool);
+                let id = next_host_id(pool.half(spec.templated));
                 (id, id)
             }
             _ => (
@@ -359,6 +364,7 @@ impl Sandbox {
             pid1: None,
             graft_fds: Vec::new(),
             host_gid,
+            templated: spec.templated,
         };
         // S4. The sandbox description goes over the socket, never through argv or the
         //     environment (which /proc would show); then wait, bounded, for `Ready`.

@@ -8,6 +8,7 @@
 //! each fork. This side, the supervisor's, starts the template ([`Template::start`]) and hands
 //! it each fork's descriptors ([`Template::fork`]).
 
+mod filter;
 mod python;
 mod zygote;
 
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{Cgroup, CgroupLimits};
 use crate::config::Rlimits;
+use crate::identity::IdPool;
 use crate::protocol;
 use crate::supervisor::template_support::{cgroup_manager_for_template, template_group_name};
 
@@ -79,8 +81,9 @@ pub struct TemplateSpec {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 enum TemplateRequest {
-    /// First message: what to be.
-    Spec(TemplateSpec),
+    /// First message: what to be, and the ids its forks take (the templated half of the
+    /// supervisor's pool, for its seccomp filter).
+    Spec { spec: TemplateSpec, ids: IdPool },
     /// Fork one interpreter into a sandbox. Attached, in order: the sandbox's user, mnt, pid,
     /// net, ipc, uts and cgroup namespaces, the cell channel, stdin, stdout, stderr, and the
     /// read end of the "go" pipe.
@@ -171,6 +174,16 @@ impl Template {
         timeout: Duration,
     ) -> Result<Template, TemplateError> {
         let started = Instant::now();
+        // Forks take the sandboxes' host uids: only root with a pool of ids has templates.
+        let shape = crate::identity::Shape::current();
+        let ids = match (shape.identity, shape.powers.switch_ids, shape.pool) {
+            (crate::identity::Identity::HostRoot, true, Some(pool)) => pool,
+            _ => {
+                return Err(TemplateError::Failed(
+                    "templates need runcell to run as root on the host with a pool of ids".into(),
+                ))
+            }
+        };
         let (ours, theirs) = UnixStream::pair().map_err(io_err("socketpair"))?;
         let theirs_hi =
             rustix::io::fcntl_dupfd_cloexec(&theirs, 64).map_err(|e| io_err("dup")(e.into()))?;
@@ -222,8 +235,11 @@ impl Template {
             None => None,
         };
         let mut t = Template::wrap(spec, child, ours, cgroup, started);
-        protocol::send(&t.ctrl, &TemplateRequest::Spec(spec.clone()), &[])
-            .map_err(io_err("send the spec"))?;
+        let request = TemplateRequest::Spec {
+            spec: spec.clone(),
+            ids: ids.half(true),
+        };
+        protocol::send(&t.ctrl, &request, &[]).map_err(io_err("send the spec"))?;
         match t.answer(started + timeout)? {
             TemplateReport::Ready => {
                 t.start_time = started.elapsed();

@@ -31,6 +31,7 @@ use rustix::thread::{
 
 use super::python::Python;
 use super::{ForkOrder, TemplateError, TemplateReport, TemplateRequest, TemplateSpec, FORK_FDS};
+use crate::identity::IdPool;
 use crate::init::{confine, ChildFds, Then};
 use crate::protocol;
 use crate::seccomp::SeccompPolicy;
@@ -95,11 +96,11 @@ fn errno(step: &'static str) -> impl FnOnce(rustix::io::Errno) -> TemplateError 
 fn prepare(ctrl: &UnixStream) -> Result<Python, TemplateError> {
     // T1. What to be: the Python it stands for, its library, the preloads. Over the socket;
     //     its environment is already the runs' exact environment (the supervisor set it).
-    let spec: TemplateSpec = match protocol::recv::<TemplateRequest>(ctrl) {
+    let (spec, ids): (TemplateSpec, IdPool) = match protocol::recv::<TemplateRequest>(ctrl) {
         Ok(Some(protocol::Frame {
-            message: TemplateRequest::Spec(spec),
+            message: TemplateRequest::Spec { spec, ids },
             ..
-        })) => spec,
+        })) => (spec, ids),
         _ => return Err(TemplateError::Failed("no spec".into())),
     };
     // T2. Its own mount, network, IPC and UTS namespaces: no network at all, no System V
@@ -107,8 +108,12 @@ fn prepare(ctrl: &UnixStream) -> Result<Python, TemplateError> {
     //     the places of other programs' state and secrets hidden and a private /tmp.
     confine_template()?;
     // T3. Powers: only CAP_SETUID and CAP_SETGID (to take each sandbox's host uid, F3), none
-    //     in the bounding or ambient sets, and no_new_privs. Dropped before any Python runs.
+    //     in the bounding or ambient sets, and no_new_privs; then the template's seccomp
+    //     filter (`filter.rs`): ids only from the pool's templated half, no new namespaces,
+    //     mounts, tracing or kernel keys. Before any Python runs; every fork inherits it.
     keep_only_id_powers()?;
+    sys::install_seccomp_filter(&super::filter::program(ids))
+        .map_err(step("the template's seccomp filter"))?;
     // T4. CPython, from the runtime's own shared library, initialised as `spec.program` would
     //     start: its sys.executable, prefix and site-packages.
     let py = Python::load(&spec.library)?;
