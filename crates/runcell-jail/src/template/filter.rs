@@ -117,11 +117,11 @@ fn jump(code: u32, k: u32, jt: usize, jf: usize) -> sock_filter {
     }
 }
 
-const LD_W_ABS: u32 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u32;
-const JEQ: u32 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u32;
-const JGE: u32 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u32;
-const JSET: u32 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u32;
-const RET: u32 = (libc::BPF_RET | libc::BPF_K) as u32;
+const LD_W_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+const JEQ: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+const JGE: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+const JSET: u32 = libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K;
+const RET: u32 = libc::BPF_RET | libc::BPF_K;
 
 /// The filter for templates whose forks take host ids from `pool` (the templated half).
 pub(super) fn program(pool: IdPool) -> Vec<sock_filter> {
