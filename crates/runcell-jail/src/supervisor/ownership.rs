@@ -64,6 +64,11 @@ pub(super) fn retry_pending_removals() {
     pending.retain_mut(|cg| !(cg.is_empty() && cg.destroy().is_ok()));
 }
 
+/// Start paying cgroup v1's migration grace period now (`cgroup::warm_migrations`).
+pub(super) fn warm_cgroup_migrations() {
+    crate::cgroup::warm_migrations(SELF_CGROUP.as_ref(), CGROUP_ROOT.as_ref());
+}
+
 /// A fresh group name for a template of this supervisor (`template`): a sandbox's name with
 /// `-template` after it, so that the sweep of a dead supervisor's groups finds it too.
 pub(crate) fn template_group_name() -> String {

@@ -9,6 +9,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use super::capture::Capture;
 use super::error::io_err;
 use super::{timespec, KillSwitch, OutputSink, Sandbox, SandboxError, Stream};
+use crate::cgroup::CgroupVersion;
 use crate::config::{ExecStep, FileSpec, Rlimits};
 use crate::protocol::{self, CellStep, ExitStatus, LandlockStatus, Report, Request};
 use crate::template::Template;
@@ -280,6 +281,12 @@ impl Sandbox {
         }
         if !self.is_ready() {
             return Err(SandboxError::Dead);
+        }
+        // Cgroup v1: the fork's placement below waits for an RCU grace period unless one
+        // passed lately; start paying it now, beside the graft and the fork (as S2a does for
+        // pid 1's placement).
+        if self.cgroup.as_ref().map(crate::cgroup::Cgroup::version) == Some(CgroupVersion::V1) {
+            super::ownership::warm_cgroup_migrations();
         }
         let (step, blobs) = exec_step(program);
         protocol::send(&self.ctrl, &Request::Graft(step.clone()), &blobs)

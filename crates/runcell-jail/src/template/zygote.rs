@@ -213,6 +213,7 @@ fn preload_code(preload: &[String]) -> String {
 /// T6. Serve forks until the supervisor closes the socket. Exited forks (C) are reaped on
 /// the way.
 fn serve(ctrl: &UnixStream, py: &Python) -> ! {
+    let mut compiled = std::collections::HashSet::new();
     loop {
         reap_forks();
         let mut fds = [PollFd::new(ctrl, PollFlags::IN)];
@@ -235,7 +236,10 @@ fn serve(ctrl: &UnixStream, py: &Python) -> ! {
             Ok(Some(protocol::Frame {
                 message: TemplateRequest::Fork(order),
                 ..
-            })) if fds.len() == FORK_FDS => fork_one(py, ctrl, order, fds),
+            })) if fds.len() == FORK_FDS => {
+                precompile(py, &order, &mut compiled);
+                fork_one(py, ctrl, order, fds)
+            }
             Ok(Some(_)) => TemplateReport::Failed {
                 message: "not a fork with its descriptors".into(),
             },
@@ -245,6 +249,33 @@ fn serve(ctrl: &UnixStream, py: &Python) -> ! {
         if protocol::send(ctrl, &report, &[]).is_err() {
             sys::exit_now(1);
         }
+    }
+}
+
+/// Programs the template compiled once, for its forks (the runner: about 4 ms of each fork's
+/// time otherwise). A handful at most: the program is the runner and the operator's preloads.
+const MAX_COMPILED: usize = 4;
+
+/// Compile a fork's program (`argv[2]`, the code of `-c`) in the template before forking, once
+/// per distinct program: the fork finds the code object in `_runcell_compiled` (F8).
+fn precompile(py: &Python, order: &ForkOrder, compiled: &mut std::collections::HashSet<String>) {
+    let Some(code) = order.argv.get(2) else {
+        return;
+    };
+    if compiled.contains(code) || compiled.len() >= MAX_COMPILED {
+        return;
+    }
+    let hex = crate::hex::to_hex(code.as_bytes());
+    let ok = py.run(&format!(
+        "import sys\n\
+         _runcell_compiled = getattr(sys, '_runcell_compiled', {{}})\n\
+         _s = bytes.fromhex({hex:?}).decode()\n\
+         _runcell_compiled[_s] = compile(_s, '<string>', 'exec')\n\
+         sys._runcell_compiled = _runcell_compiled\n\
+         del _s, _runcell_compiled\n"
+    ));
+    if ok {
+        compiled.insert(code.clone());
     }
 }
 
@@ -335,7 +366,8 @@ fn fork_child(py: &Python, _ctrl: &UnixStream, order: ForkOrder, fds: Vec<OwnedF
         if Instant::now() > adopted_by {
             sys::exit_now(1);
         }
-        std::thread::sleep(Duration::from_millis(1));
+        // G exits right after its fork: this is a few polls at most.
+        std::thread::sleep(Duration::from_micros(50));
     }
     // F7. H: the program's stdout and stderr on fds 1 and 2, the name a `python3` has, then
     //     the same X1-X7 as a program pid 1 execs (stdin on 0, the channel on 4, everything
@@ -467,7 +499,11 @@ fn program_code(argv: &[String]) -> String {
          \x20   if np is not None:\n\
          \x20       np.random.seed()\n\
          \x20   main = {{'__name__': '__main__', '__builtins__': __builtins__, '__doc__': None}}\n\
-         \x20   code = compile(a[2], '<string>', 'exec')\n\
+         \x20   code = getattr(sys, '_runcell_compiled', {{}}).pop(a[2], None)\n\
+         \x20   if code is None:\n\
+         \x20       code = compile(a[2], '<string>', 'exec')\n\
+         \x20   if hasattr(sys, '_runcell_compiled'):\n\
+         \x20       del sys._runcell_compiled\n\
          \x20   del a, np, h\n\
          \x20   exec(code, main)\n\
          _runcell_fork({hex:?})\n"
