@@ -23,6 +23,11 @@ const MAX_FORKS: u64 = 1000;
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// After a template failed to start or to fork, interpreters start the usual way this long.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
+/// A fork passes through three processes in the sandbox's cgroup (C, G, H: docs/isolation.md,
+/// F2-F6) besides its pid 1: a run whose process limit is smaller (`pids` below 3, a process
+/// rlimit of pids + 2) starts its interpreter the usual way.
+const MIN_PROCESSES: u64 = 5;
+
 /// Templates alive at once, at most.
 const MAX_LIVE: usize = 8;
 
@@ -194,6 +199,7 @@ impl Templates {
     ) -> Option<Result<Option<Outcome>, SandboxError>> {
         if program.argv.get(1).map(String::as_str) != Some("-c")
             || self.closed.load(Ordering::SeqCst)
+            || program.rlimits.processes < MIN_PROCESSES
         {
             return None;
         }

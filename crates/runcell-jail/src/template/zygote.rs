@@ -214,13 +214,17 @@ fn preload_code(preload: &[String]) -> String {
 /// the way.
 fn serve(ctrl: &UnixStream, py: &Python) -> ! {
     let mut compiled = std::collections::HashSet::new();
+    // Forks (C) not reaped yet: each counts in its sandbox's pids limit until it is, so they
+    // are reaped within milliseconds of their exit (they exit as soon as H is born).
+    let mut outstanding = 0usize;
     loop {
-        reap_forks();
+        outstanding = outstanding.saturating_sub(reap_forks());
+        let wait = match outstanding {
+            0 => Duration::from_secs(1),
+            _ => Duration::from_millis(2),
+        };
         let mut fds = [PollFd::new(ctrl, PollFlags::IN)];
-        match poll(
-            &mut fds,
-            Some(&crate::supervisor::timespec(Duration::from_secs(1))),
-        ) {
+        match poll(&mut fds, Some(&crate::supervisor::timespec(wait))) {
             Ok(0) | Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
             Err(_) => sys::exit_now(1),
@@ -246,6 +250,9 @@ fn serve(ctrl: &UnixStream, py: &Python) -> ! {
             // The supervisor is gone: so is the template.
             _ => sys::exit_now(0),
         };
+        if matches!(report, TemplateReport::Forked { .. }) {
+            outstanding += 1;
+        }
         if protocol::send(ctrl, &report, &[]).is_err() {
             sys::exit_now(1);
         }
@@ -279,8 +286,13 @@ fn precompile(py: &Python, order: &ForkOrder, compiled: &mut std::collections::H
     }
 }
 
-fn reap_forks() {
-    while let Ok(Some(_)) = sys::reap_one() {}
+/// Reap every exited fork; how many there were.
+fn reap_forks() -> usize {
+    let mut n = 0;
+    while let Ok(Some(_)) = sys::reap_one() {
+        n += 1;
+    }
+    n
 }
 
 /// F1. Fork, with CPython's fork protocol around it (its locks, and the `os.register_at_fork`
