@@ -589,6 +589,38 @@ impl RunService {
             .set_ttl(caller.key_id.as_deref(), id, ttl)
     }
 
+    /// Pause one of the caller's sessions (its sandbox frozen; see [`Sessions::pause`]).
+    pub async fn pause_session(
+        &self,
+        caller: &Caller,
+        id: String,
+    ) -> Result<SessionInfo, RunError> {
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        let info = blocking(move || sessions.pause(owner.as_deref(), &id)).await?;
+        self.inner
+            .observer
+            .session_event(caller, "session_paused", &info.id, None);
+        Ok(info)
+    }
+
+    /// Resume one of the caller's sessions (a running one is left as it is).
+    pub async fn resume_session(
+        &self,
+        caller: &Caller,
+        id: String,
+    ) -> Result<(SessionInfo, crate::Resumed), RunError> {
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        let (info, resumed) = blocking(move || sessions.resume(owner.as_deref(), &id)).await?;
+        if resumed == crate::Resumed::Thawed {
+            self.inner
+                .observer
+                .session_event(caller, "session_resumed", &info.id, None);
+        }
+        Ok((info, resumed))
+    }
+
     /// End one of the caller's sessions (its sandbox torn down off the async threads).
     pub async fn delete_session(&self, caller: &Caller, id: String) -> Result<(), RunError> {
         let sessions = self.inner.sessions.clone();

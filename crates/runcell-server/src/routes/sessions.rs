@@ -108,6 +108,46 @@ pub(crate) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Pause a session: its processes are frozen (the cgroup freezer), its memory and files are
+/// kept, and it uses no CPU. Any call or file operation on it, or `resume`, runs it again.
+/// While paused, the server's `paused_ttl` replaces its idle TTL.
+#[utoipa::path(post, path = "/v1/sessions/{id}/pause", tag = "sessions",
+    operation_id = "pause_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The paused session (`state`: `paused`)", body = SessionInfo),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 404, description = "No such session for this key", body = ErrorBody),
+        (status = 409, description = "The session is paused already, is running a call, or \
+            cannot be paused on this host (no cgroup freezer)", body = ErrorBody),
+    ))]
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Requester(caller): Requester,
+) -> Result<Json<SessionInfo>, ApiError> {
+    Ok(Json(state.service().pause_session(&caller, id).await?))
+}
+
+/// Resume a paused session: its processes run again, and its idle TTL counts from now. A
+/// session that is running already is answered as it is (200, nothing done).
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
+    operation_id = "resume_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session (`state`: `running`)", body = SessionInfo),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 404, description = "No such session for this key", body = ErrorBody),
+    ))]
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Requester(caller): Requester,
+) -> Result<Json<SessionInfo>, ApiError> {
+    let (info, _) = state.service().resume_session(&caller, id).await?;
+    Ok(Json(info))
+}
+
 /// Run code in a session: the verdict of `/v1/execute`, plus `session_id`,
 /// `execution_count` and `state_lost`, and the cell's displayed `results` and `exception`
 /// (docs/results.md). With `Accept: text/event-stream`, events as for
