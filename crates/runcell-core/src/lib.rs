@@ -44,7 +44,7 @@ pub use service::{
     RunService, RunSummary, ServiceConfig, Ticket,
 };
 pub use session::{
-    Resumed, Session, SessionInfo, SessionPolicy, SessionState, SessionStats, Sessions,
+    ForkSource, Resumed, Session, SessionInfo, SessionPolicy, SessionState, SessionStats, Sessions,
     WorkspaceListing,
 };
 pub use verdict::{

@@ -510,6 +510,12 @@ fn session_families(out: &mut String, s: runcell_core::SessionStats) {
             s.deleted,
         ),
         (
+            "sessions_forked",
+            "counter",
+            "Sessions forked (a new session copied from another)",
+            s.forked,
+        ),
+        (
             "sessions_paused",
             "counter",
             "Sessions paused (their sandbox frozen)",

@@ -302,16 +302,16 @@ fn the_current_js_sdk_works_unchanged() {
     assert_host_clean(server.pid());
 }
 
-/// Pause, resume and connect with the current Python SDK: `pause()` freezes the sandbox
-/// (`True`, then `False` when it is paused already), get and list show `paused`, `connect`
-/// resumes it (201, then 200 once it runs) with its state kept, and a call on a paused
-/// sandbox resumes it too.
+/// Pause, resume, connect and fork with the current Python SDK: `pause()` freezes the
+/// sandbox (`True`, then `False` when it is paused already), get and list show `paused`,
+/// `connect` resumes it (201, then 200 once it runs) with its state kept, a call on a paused
+/// sandbox resumes it too, and `fork(count=1)` copies its state and files.
 #[test]
 #[cfg_attr(
     not(all(host_e2b_sdk, host_python_stack)),
     ignore = "needs the E2B SDKs (scripts/test.sh installs them in target/e2b-venv) and the Python data stack"
 )]
-fn the_python_sdk_pauses_and_resumes() {
+fn the_python_sdk_pauses_resumes_and_forks() {
     let mut client = Command::new(python("e2b-venv"));
     client.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/pause.py"));
     let (r, server) = drive(client);
@@ -336,6 +336,14 @@ fn the_python_sdk_pauses_and_resumes() {
     assert_eq!(r["connect_status"]["running"], 200, "{r:#}");
     assert_eq!(r["call_resumes"]["x"], "43\n", "{r:#}");
     assert_eq!(r["call_resumes"]["state"], "running", "{r:#}");
+    // fork(count=1): a new sandbox with the parent's state and files; independent after.
+    let forks = r["fork"]["forks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r:#}"));
+    assert_eq!(forks.len(), 1, "{r:#}");
+    assert_ne!(forks[0]["id"], r["id"], "{r:#}");
+    assert_eq!(forks[0]["child"], "41 [1, 2, 3] forked\n", "{r:#}");
+    assert_eq!(r["fork"]["parent"], "[1, 2]\n", "{r:#}");
     assert_eq!(r["kill"], true, "{r:#}");
     assert_host_clean(server.pid());
 }

@@ -360,3 +360,129 @@ fn a_paused_session_past_paused_ttl_is_reaped() {
     drop(s);
     assert_host_clean(pid);
 }
+
+fn fork(s: &ServeProcess, key: &str, id: &str) -> (u16, Value) {
+    call(
+        s,
+        key,
+        Method::POST,
+        &format!("/v1/sessions/{id}/fork"),
+        None,
+    )
+}
+
+#[test]
+#[cfg_attr(not(host_python_stack), ignore = "needs the Python data stack")]
+fn fork_copies_state_and_workspace_and_the_copies_are_independent() {
+    let s = server(&[]);
+    let parent = create(&s);
+    code(
+        &s,
+        &parent,
+        "import pandas as pd\n\
+         x = 41\n\
+         def f(a):\n    return a + x\n\
+         g = lambda y: y * 2\n\
+         def make(n):\n    def add(k):\n        return k + n\n    return add\n\
+         adder = make(5)\n\
+         class Pt:\n    def __init__(self, a):\n        self.a = a\n    def norm(self):\n        return self.a * 2\n\
+         p = Pt(3)\n\
+         df = pd.DataFrame({'v': [1, 2, 3]})\n\
+         gen = (i for i in range(3))\n\
+         open('data.txt', 'w').write('hello')",
+    );
+    let (st, v) = fork(&s, KEY_B, &parent);
+    assert_eq!(st, 404, "another key's fork: {v}");
+
+    let (st, v) = fork(&s, KEY_A, &parent);
+    assert_eq!(st, 201, "{v}");
+    let child = v["id"].as_str().unwrap().to_string();
+    assert_ne!(child, parent);
+    assert_eq!(v["parent_id"], json!(parent), "{v}");
+    assert_eq!(v["language"], "python", "{v}");
+    assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(
+        v["skipped"],
+        json!(["gen"]),
+        "a generator cannot be copied: {v}"
+    );
+    assert!(v["state_bytes"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["workspace_files"], 1, "{v}");
+
+    let check = "print(x, f(1), g(2), adder(1), p.norm(), isinstance(p, Pt), int(df.v.sum()), \
+                 open('data.txt').read(), pd.__name__)";
+    let out = code(&s, &child, check);
+    assert_eq!(out["stdout"], "41 42 4 6 6 True 6 hello pandas\n", "{out}");
+    assert!(!out["stdout"].as_str().unwrap().is_empty());
+    assert_eq!(out["execution_count"], 1, "the copy's own count: {out}");
+
+    // Independent from now on, both ways.
+    code(
+        &s,
+        &child,
+        "x = 100\ndf.loc[0, 'v'] = 10\np.a = 50\nopen('data.txt', 'w').write('child')",
+    );
+    let out = code(&s, &parent, check);
+    assert_eq!(out["stdout"], "41 42 4 6 6 True 6 hello pandas\n", "{out}");
+    code(&s, &parent, "x = 7");
+    let out = code(
+        &s,
+        &child,
+        "print(x, int(df.v.sum()), p.norm(), open('data.txt').read())",
+    );
+    assert_eq!(out["stdout"], "100 15 100 child\n", "{out}");
+
+    let (st, v) = call(
+        &s,
+        KEY_B,
+        Method::GET,
+        &format!("/v1/sessions/{child}"),
+        None,
+    );
+    assert_eq!(st, 404, "the copy is the same key's: {v}");
+    assert!(metrics(&s).contains("runcell_sessions_forked_total 1\n"));
+    for id in [&parent, &child] {
+        let (st, _) = call(
+            &s,
+            KEY_A,
+            Method::DELETE,
+            &format!("/v1/sessions/{id}"),
+            None,
+        );
+        assert_eq!(st, 204);
+    }
+    let pid = s.pid();
+    drop(s);
+    assert_host_clean(pid);
+}
+
+#[test]
+fn a_fork_past_the_caps_on_sessions_is_a_conflict_and_bash_copies_its_workspace() {
+    let s = server(&["--max-sessions-per-key", "2"]);
+    let (st, v) = call(
+        &s,
+        KEY_A,
+        Method::POST,
+        "/v1/sessions",
+        Some(json!({"language": "bash"})),
+    );
+    assert_eq!(st, 201, "{v}");
+    let parent = v["id"].as_str().unwrap().to_string();
+    code(&s, &parent, "echo kept > a.txt; X=1");
+    let (st, v) = fork(&s, KEY_A, &parent);
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(
+        (v["state_bytes"].as_u64(), v["workspace_files"].as_u64()),
+        (Some(0), Some(1)),
+        "{v}"
+    );
+    let child = v["id"].as_str().unwrap().to_string();
+    let out = code(&s, &child, "cat a.txt; echo \"X=${X:-unset}\"");
+    assert_eq!(out["stdout"], "kept\nX=unset\n", "{out}");
+    // The key holds two sessions, its maximum: a third is no room for a copy.
+    let (st, v) = fork(&s, KEY_A, &parent);
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(v["error"]["category"], "conflict", "{v}");
+    let (st, v) = fork(&s, KEY_A, "sesnosuchsession");
+    assert_eq!(st, 404, "{v}");
+}

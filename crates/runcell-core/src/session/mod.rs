@@ -16,6 +16,7 @@
 //! service's ([`crate::service`]).
 
 mod files;
+mod fork;
 mod info;
 mod policy;
 pub mod results;
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use runcell_jail::{KillSwitch, OutputSink};
 
+pub use fork::ForkSource;
 pub use info::{rfc3339, SessionInfo, SessionState, WorkspaceFile, WorkspaceListing};
 pub use policy::{owner_share, Holdings, SessionPolicy};
 pub use sandbox::Session;
@@ -119,6 +121,7 @@ pub struct SessionStats {
     pub deleted: u64,
     pub paused: u64,
     pub resumed: u64,
+    pub forked: u64,
 }
 
 /// What a resume did.
@@ -504,6 +507,30 @@ impl Sessions {
         } else {
             st.session = Some(session);
         }
+    }
+
+    /// What a fork of a session copies (its workspace and, for Python, its interpreter's
+    /// globals): the new session's creation request, and what could not be copied. Blocking;
+    /// `session_busy` while a call runs; a paused session is resumed first.
+    pub fn fork_source(&self, owner: Option<&str>, id: &str) -> Result<ForkSource, RunError> {
+        let settings = self.settings(owner, id)?;
+        self.with_session(owner, id, None, |s, engine| {
+            s.fork_source(engine, &settings)
+        })?
+    }
+
+    /// Load a fork's copied state into the new session `id` (Python), and count the fork.
+    pub fn finish_fork(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+        has_state: bool,
+    ) -> Result<(), RunError> {
+        if has_state {
+            self.with_session(owner, id, None, |s, engine| s.load_fork_state(engine))??;
+        }
+        lock(&self.stats).forked += 1;
+        Ok(())
     }
 
     /// Pause a session: its sandbox's processes are frozen (the cgroup freezer), its memory

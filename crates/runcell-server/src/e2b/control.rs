@@ -415,6 +415,82 @@ async fn resume_if_paused(
     })
 }
 
+/// `{"timeout": seconds, "count": n}` (fork).
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkBody {
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    #[serde(default)]
+    pub count: Option<u64>,
+}
+
+/// The most forks one request may ask for (the SDK's own bound).
+const MAX_FORKS: u64 = 20;
+
+/// `POST /sandboxes/{id}/fork`: 201 with one result per fork asked for (`count`, default 1),
+/// each `{"sandbox": <Sandbox>}` or `{"error": {"code", "message"}}`. Each fork is runcell's
+/// session fork (a new session with a copy of the parent's workspace and interpreter state,
+/// admitted like any new one); the parent runs on untouched. 404 when the parent is not the
+/// caller's.
+pub async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    mut req: Reserved,
+) -> Result<Response, E2bError> {
+    req.caller.interface = "e2b";
+    let bytes = req.read_json(Some(4096)).await?;
+    let body: ForkBody = parse(&bytes)?;
+    let count = body.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(E2bError::invalid(format!(
+            "count must be between 1 and {MAX_FORKS}."
+        )));
+    }
+    let (parent, _) = owned(&state, &req.caller, &id)?;
+    let mut results = Vec::new();
+    for _ in 0..count {
+        let forked = async {
+            let (info, _) = state
+                .service()
+                .fork_session(req.ticket.clone(), &req.caller, parent.session.clone())
+                .await?;
+            let (Some(envd), Some(traffic)) = (super::new_token(), super::new_token()) else {
+                let _ = state.service().delete_session(&req.caller, info.id).await;
+                return Err(E2bError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "No random token could be made.",
+                ));
+            };
+            if let Some(t) = body.timeout {
+                state
+                    .service()
+                    .set_session_ttl(&req.caller, &info.id, Some(t as f64))?;
+            }
+            let sandbox = Sandbox::new(
+                info.id.clone(),
+                req.caller.key_id.clone(),
+                parent.template.clone(),
+                parent.metadata.clone(),
+                &envd,
+                &traffic,
+            );
+            match state.inner.e2b.insert(sandbox) {
+                Ok(s) => Ok(s),
+                Err(e) => {
+                    let _ = state.service().delete_session(&req.caller, info.id).await;
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        results.push(match forked {
+            Ok(s) => json!({ "sandbox": answer(&s) }),
+            Err(e) => json!({ "error": { "code": e.status.as_u16(), "message": e.message } }),
+        });
+    }
+    Ok((StatusCode::CREATED, Json(results)).into_response())
+}
+
 /// `{"memory": bool, "requireHealthyGuest": bool}` (pause). A paused sandbox here always
 /// keeps its memory (its processes are frozen), so `memory: false` pauses it the same way.
 #[derive(Debug, Default, Deserialize)]
