@@ -601,18 +601,6 @@ impl Sessions {
         Ok((self.info(&slot), resumed))
     }
 
-    /// The CPU time a session's sandbox used so far (its cgroup's counter), for tests and
-    /// diagnostics; `None` while a call holds it, or where it cannot be read.
-    pub fn cpu_usage_ns(&self, owner: Option<&str>, id: &str) -> Result<Option<u64>, RunError> {
-        let slot = self.find(owner, id)?;
-        let st = lock(&slot.state);
-        Ok(st
-            .session
-            .as_ref()
-            .and_then(|s| s.sandbox.as_ref())
-            .and_then(|sb| sb.cpu_usage_ns()))
-    }
-
     /// Whether the session exists for `owner` and is free now (a file upload checks this
     /// before it reads its body).
     pub fn check_idle(&self, owner: Option<&str>, id: &str) -> Result<(), RunError> {

@@ -445,12 +445,6 @@ impl Sandbox {
         }
     }
 
-    /// The CPU time the sandbox's processes used so far (its cgroup's counter), when it can
-    /// be read.
-    pub fn cpu_usage_ns(&self) -> Option<u64> {
-        self.cgroup.as_ref().and_then(|c| c.stats().cpu_usage_ns)
-    }
-
     /// Wait for one report from the sandbox until `deadline`; `Ok(None)` on timeout.
     pub(super) fn wait_report(
         &mut self,
