@@ -43,7 +43,10 @@ pub use service::{
     AdmissionPolicy, Admitted, Call, Caller, Credential, Hold, Observer, RemoteSessions,
     RunService, RunSummary, ServiceConfig, Ticket,
 };
-pub use session::{Session, SessionInfo, SessionPolicy, SessionStats, Sessions, WorkspaceListing};
+pub use session::{
+    ForkSource, Resumed, Session, SessionInfo, SessionPolicy, SessionState, SessionStats, Sessions,
+    WorkspaceListing,
+};
 pub use verdict::{
     ErrorCategory, NetworkConnection, NetworkReport, PackagesReport, Verdict, VerdictError,
 };

@@ -190,6 +190,40 @@ impl AuditLog {
         }
     }
 
+    /// Log an operation on a session that runs no code (`session_paused`,
+    /// `session_resumed`, `session_forked`): which session, and for a fork, its parent.
+    pub fn session_event(
+        &self,
+        caller: &Caller,
+        event: &'static str,
+        session_id: &str,
+        parent_id: Option<&str>,
+    ) {
+        #[derive(Serialize)]
+        struct SessionLine<'a> {
+            time: String,
+            event: &'static str,
+            request_id: &'a str,
+            key_id: Option<&'a str>,
+            interface: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            peer: Option<String>,
+            session_id: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            parent_id: Option<&'a str>,
+        }
+        self.write(&SessionLine {
+            time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            event,
+            request_id: &caller.request_id,
+            key_id: caller.key_id.as_deref(),
+            interface: caller.interface,
+            peer: caller.peer.map(|p| p.to_string()),
+            session_id,
+            parent_id,
+        });
+    }
+
     fn write(&self, line: &impl Serialize) {
         let Ok(mut text) = serde_json::to_string(line) else {
             return;

@@ -509,6 +509,24 @@ fn session_families(out: &mut String, s: runcell_core::SessionStats) {
             "Sessions ended by DELETE",
             s.deleted,
         ),
+        (
+            "sessions_forked",
+            "counter",
+            "Sessions forked (a new session copied from another)",
+            s.forked,
+        ),
+        (
+            "sessions_paused",
+            "counter",
+            "Sessions paused (their sandbox frozen)",
+            s.paused,
+        ),
+        (
+            "sessions_resumed",
+            "counter",
+            "Paused sessions resumed (by resume, connect, or a call or file operation)",
+            s.resumed,
+        ),
     ];
     for (name, kind, help, value) in families {
         let _ = writeln!(out, "# HELP runcell_{name} {help}.");

@@ -67,6 +67,16 @@ impl runcell_core::Observer for Observe {
             self.audit.network(caller, net);
         }
     }
+
+    fn session_event(
+        &self,
+        caller: &Caller,
+        event: &'static str,
+        session: &str,
+        parent: Option<&str>,
+    ) {
+        self.audit.session_event(caller, event, session, parent);
+    }
 }
 
 impl AppState {

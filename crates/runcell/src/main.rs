@@ -199,6 +199,10 @@ struct ServeArgs {
     /// A session ends this long after its creation, however busy [default: 4h].
     #[arg(long, value_name = "DURATION")]
     session_lifetime: Option<String>,
+    /// Idle time after which a paused session ends (it replaces the session's idle TTL while
+    /// it is paused) [default: 1h].
+    #[arg(long, value_name = "DURATION")]
+    session_paused_ttl: Option<String>,
     /// The model API behind POST /v1/agents: anthropic (Messages) or openai (Chat
     /// Completions, also vLLM, Ollama, LM Studio).
     #[arg(long, value_name = "anthropic|openai")]

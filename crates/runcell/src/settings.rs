@@ -158,6 +158,12 @@ pub const SETTINGS: &[Setting] = &[
         One,
     ),
     s(
+        "sessions.paused_ttl",
+        "session_paused_ttl",
+        "RUNCELL_SESSION_PAUSED_TTL",
+        One,
+    ),
+    s(
         "agent.upstream",
         "agent_upstream",
         "RUNCELL_AGENT_UPSTREAM",
@@ -1126,6 +1132,9 @@ impl Settings {
         }
         if let Some(d) = self.duration("sessions.lifetime")? {
             sp.max_lifetime = d;
+        }
+        if let Some(d) = self.duration("sessions.paused_ttl")? {
+            sp.paused_ttl = d;
         }
         if sp.default_ttl > sp.max_ttl {
             sp.max_ttl = sp.default_ttl;

@@ -302,6 +302,52 @@ fn the_current_js_sdk_works_unchanged() {
     assert_host_clean(server.pid());
 }
 
+/// Pause, resume, connect and fork with the current Python SDK: `pause()` freezes the
+/// sandbox (`True`, then `False` when it is paused already), get and list show `paused`,
+/// `connect` resumes it (201, then 200 once it runs) with its state kept, a call on a paused
+/// sandbox resumes it too, and `fork(count=1)` copies its state and files.
+#[test]
+#[cfg_attr(
+    not(all(host_e2b_sdk, host_python_stack)),
+    ignore = "needs the E2B SDKs (scripts/test.sh installs them in target/e2b-venv) and the Python data stack"
+)]
+fn the_python_sdk_pauses_resumes_and_forks() {
+    let mut client = Command::new(python("e2b-venv"));
+    client.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2b/pause.py"));
+    let (r, server) = drive(client);
+    let id = r["id"].as_str().unwrap();
+    assert_eq!(r["set"], "set\n", "{r:#}");
+    assert_eq!(r["pause"], true, "{r:#}");
+    assert_eq!(r["pause_again"], false, "{r:#}");
+    assert_eq!(r["info_paused"], "paused", "{r:#}");
+    assert_eq!(r["listed_paused"], serde_json::json!([id]), "{r:#}");
+    assert_eq!(
+        r["listed_running_while_paused"],
+        serde_json::json!([]),
+        "{r:#}"
+    );
+    assert_eq!(
+        r["other_key_pause"]["raised"], "SandboxNotFoundException",
+        "{r:#}"
+    );
+    assert_eq!(r["connect"]["state"], "running", "{r:#}");
+    assert_eq!(r["connect"]["x"], "42\n", "{r:#}");
+    assert_eq!(r["connect_status"]["resumed"], 201, "{r:#}");
+    assert_eq!(r["connect_status"]["running"], 200, "{r:#}");
+    assert_eq!(r["call_resumes"]["x"], "43\n", "{r:#}");
+    assert_eq!(r["call_resumes"]["state"], "running", "{r:#}");
+    // fork(count=1): a new sandbox with the parent's state and files; independent after.
+    let forks = r["fork"]["forks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r:#}"));
+    assert_eq!(forks.len(), 1, "{r:#}");
+    assert_ne!(forks[0]["id"], r["id"], "{r:#}");
+    assert_eq!(forks[0]["child"], "41 [1, 2, 3] forked\n", "{r:#}");
+    assert_eq!(r["fork"]["parent"], "[1, 2]\n", "{r:#}");
+    assert_eq!(r["kill"], true, "{r:#}");
+    assert_host_clean(server.pid());
+}
+
 /// Data-plane requests need the sandbox's own token: none, a wrong one, or another
 /// sandbox's are refused; the API key is not one.
 #[test]

@@ -589,6 +589,86 @@ impl RunService {
             .set_ttl(caller.key_id.as_deref(), id, ttl)
     }
 
+    /// Fork one of the caller's sessions: a new session, created through admission like any
+    /// other (the caps per key, the memory ledger, an approval of its network), with a copy
+    /// of the parent's workspace and (Python) interpreter state. `ticket` is the request's
+    /// place in line. Refusals for want of room (the caps on sessions) are `conflict`: the
+    /// parent is fine, the fork is what does not fit.
+    pub async fn fork_session(
+        &self,
+        ticket: Ticket,
+        caller: &Caller,
+        id: String,
+    ) -> Result<(SessionInfo, crate::ForkSource), RunError> {
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        let parent = id.clone();
+        let (mut source, ttl) = blocking(move || {
+            let ttl = sessions.get(owner.as_deref(), &parent)?.ttl;
+            Ok((sessions.fork_source(owner.as_deref(), &parent)?, ttl))
+        })
+        .await?;
+        let mut request = source.request.clone();
+        request.ttl = Some(ttl);
+        // The copy's files are its creation's: no need to keep them twice.
+        source.request.files = Vec::new();
+        let as_conflict = |e: RunError| match e.kind {
+            ErrorKind::RateLimited => RunError::new(ErrorKind::Conflict, e.message),
+            _ => e,
+        };
+        let call = Call::new(caller.clone(), Source::Api, Target::CreateSession, request);
+        let admitted = self.admit(ticket, call).await.map_err(as_conflict)?;
+        let info = admitted.create().await.map_err(as_conflict)?;
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        let child = info.id.clone();
+        let has_state = source.has_state;
+        let loaded =
+            blocking(move || sessions.finish_fork(owner.as_deref(), &child, has_state)).await;
+        if let Err(e) = loaded {
+            // A copy without its state is not what was asked for: it goes.
+            let _ = self.delete_session(caller, info.id.clone()).await;
+            return Err(e);
+        }
+        self.inner
+            .observer
+            .session_event(caller, "session_forked", &info.id, Some(&id));
+        let info = self.session(caller, &info.id)?;
+        Ok((info, source))
+    }
+
+    /// Pause one of the caller's sessions (its sandbox frozen; see [`Sessions::pause`]).
+    pub async fn pause_session(
+        &self,
+        caller: &Caller,
+        id: String,
+    ) -> Result<SessionInfo, RunError> {
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        let info = blocking(move || sessions.pause(owner.as_deref(), &id)).await?;
+        self.inner
+            .observer
+            .session_event(caller, "session_paused", &info.id, None);
+        Ok(info)
+    }
+
+    /// Resume one of the caller's sessions (a running one is left as it is).
+    pub async fn resume_session(
+        &self,
+        caller: &Caller,
+        id: String,
+    ) -> Result<(SessionInfo, crate::Resumed), RunError> {
+        let sessions = self.inner.sessions.clone();
+        let owner = caller.key_id.clone();
+        let (info, resumed) = blocking(move || sessions.resume(owner.as_deref(), &id)).await?;
+        if resumed == crate::Resumed::Thawed {
+            self.inner
+                .observer
+                .session_event(caller, "session_resumed", &info.id, None);
+        }
+        Ok((info, resumed))
+    }
+
     /// End one of the caller's sessions (its sandbox torn down off the async threads).
     pub async fn delete_session(&self, caller: &Caller, id: String) -> Result<(), RunError> {
         let sessions = self.inner.sessions.clone();

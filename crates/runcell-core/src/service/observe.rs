@@ -93,6 +93,17 @@ pub trait Observer: Send + Sync + 'static {
     /// A run that ended with a verdict (whatever the verdict says), after `seconds` since it
     /// was admitted.
     fn finished(&self, _caller: &Caller, _run: &RunSummary, _verdict: &Verdict, _seconds: f64) {}
+
+    /// An operation on a session that runs no code (`session_paused`, `session_resumed`,
+    /// `session_forked` with its `parent`).
+    fn session_event(
+        &self,
+        _caller: &Caller,
+        _event: &'static str,
+        _session: &str,
+        _parent: Option<&str>,
+    ) {
+    }
 }
 
 /// Tells nobody (the command line).

@@ -22,6 +22,12 @@ pub struct SessionInfo {
     pub execution_count: u64,
     /// A call is running now.
     pub busy: bool,
+    /// `running`, or `paused` (its processes frozen, its memory kept: see
+    /// `POST /v1/sessions/{id}/pause`).
+    pub state: SessionState,
+    /// When it was paused (RFC 3339, UTC); absent while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<String>,
     pub limits: Limits,
     /// The destinations its code may reach through its egress proxy (set when it was
     /// created; empty: no network).
@@ -29,6 +35,14 @@ pub struct SessionInfo {
     /// The packages installed for it when it was created (normalised requirements; empty:
     /// none).
     pub packages: Vec<String>,
+}
+
+/// Whether a session's processes may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    Running,
+    Paused,
 }
 
 /// One file of a session's /workspace.

@@ -16,6 +16,7 @@
 //! service's ([`crate::service`]).
 
 mod files;
+mod fork;
 mod info;
 mod policy;
 pub mod results;
@@ -27,7 +28,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use runcell_jail::{KillSwitch, OutputSink};
 
-pub use info::{rfc3339, SessionInfo, WorkspaceFile, WorkspaceListing};
+pub use fork::ForkSource;
+pub use info::{rfc3339, SessionInfo, SessionState, WorkspaceFile, WorkspaceListing};
 pub use policy::{owner_share, Holdings, SessionPolicy};
 pub use sandbox::Session;
 
@@ -65,6 +67,19 @@ struct SlotState {
     limits: Limits,
     /// Idle time to live: changed by [`Sessions::set_ttl`] (E2B's `set_timeout`).
     ttl: Duration,
+    /// When it was paused (its sandbox frozen); `None` while it runs. While paused, the
+    /// policy's `paused_ttl` replaces `ttl`, counted from the pause.
+    paused_at: Option<SystemTime>,
+}
+
+impl SlotState {
+    /// The idle time to live that applies now.
+    fn idle_ttl(&self, policy: &SessionPolicy) -> Duration {
+        match self.paused_at {
+            Some(_) => policy.paused_ttl,
+            None => self.ttl,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -104,6 +119,18 @@ pub struct SessionStats {
     pub created: u64,
     pub expired: u64,
     pub deleted: u64,
+    pub paused: u64,
+    pub resumed: u64,
+    pub forked: u64,
+}
+
+/// What a resume did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumed {
+    /// The session was paused and runs again.
+    Thawed,
+    /// It was running already: nothing was done.
+    AlreadyRunning,
 }
 
 /// The live sessions of a server.
@@ -295,6 +322,7 @@ impl Sessions {
                     executions: 0,
                     limits: *v.limits(),
                     ttl,
+                    paused_at: None,
                 }),
             });
             t.slots.insert(slot.id.clone(), slot.clone());
@@ -398,7 +426,7 @@ impl Sessions {
 
     fn info(&self, slot: &Slot) -> SessionInfo {
         let st = lock(&slot.state);
-        let idle_end = st.last_used + st.ttl;
+        let idle_end = st.last_used + st.idle_ttl(&self.policy);
         let life_end = slot.created + self.policy.max_lifetime;
         let end = idle_end.min(life_end);
         let expires = SystemTime::now() + end.saturating_duration_since(Instant::now());
@@ -410,6 +438,11 @@ impl Sessions {
             ttl: st.ttl.as_secs_f64(),
             execution_count: st.executions,
             busy: st.running.is_some(),
+            state: match st.paused_at {
+                Some(_) => SessionState::Paused,
+                None => SessionState::Running,
+            },
+            paused_at: st.paused_at.map(rfc3339),
             limits: st.limits,
             network: slot.settings.network.clone(),
             packages: slot.settings.packages.clone(),
@@ -443,9 +476,17 @@ impl Sessions {
         if st.closed {
             return Err(not_found(id));
         }
-        let Some(session) = st.session.take() else {
+        let Some(mut session) = st.session.take() else {
             return Err(busy());
         };
+        // A call or file operation on a paused session resumes it first (as E2B's connect).
+        if st.paused_at.take().is_some() {
+            if let Some(sb) = session.sandbox.as_mut() {
+                sb.thaw();
+            }
+            lock(&self.stats).resumed += 1;
+            tracing::info!(session = %slot.id, "session resumed by a call");
+        }
         st.running = Some(match cancel {
             Some(k) => k.clone(),
             None => KillSwitch::new().map_err(|_| busy())?,
@@ -466,6 +507,98 @@ impl Sessions {
         } else {
             st.session = Some(session);
         }
+    }
+
+    /// What a fork of a session copies (its workspace and, for Python, its interpreter's
+    /// globals): the new session's creation request, and what could not be copied. Blocking;
+    /// `session_busy` while a call runs; a paused session is resumed first.
+    pub fn fork_source(&self, owner: Option<&str>, id: &str) -> Result<ForkSource, RunError> {
+        let settings = self.settings(owner, id)?;
+        self.with_session(owner, id, None, |s, engine| {
+            s.fork_source(engine, &settings)
+        })?
+    }
+
+    /// Load a fork's copied state into the new session `id` (Python), and count the fork.
+    pub fn finish_fork(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+        has_state: bool,
+    ) -> Result<(), RunError> {
+        if has_state {
+            self.with_session(owner, id, None, |s, engine| s.load_fork_state(engine))??;
+        }
+        lock(&self.stats).forked += 1;
+        Ok(())
+    }
+
+    /// Pause a session: its sandbox's processes are frozen (the cgroup freezer), its memory
+    /// kept, and it uses no CPU until it is resumed ([`Sessions::resume`], or any call or
+    /// file operation). While paused, the policy's `paused_ttl` replaces its idle TTL.
+    /// `conflict` if it is paused already, `session_busy` while a call runs.
+    pub fn pause(&self, owner: Option<&str>, id: &str) -> Result<SessionInfo, RunError> {
+        let slot = self.find(owner, id)?;
+        {
+            let mut st = lock(&slot.state);
+            if st.closed {
+                return Err(not_found(id));
+            }
+            if st.paused_at.is_some() {
+                return Err(RunError::new(
+                    ErrorKind::Conflict,
+                    format!("Session {id} is paused already; resume it first."),
+                ));
+            }
+            let Some(session) = st.session.as_mut() else {
+                return Err(busy());
+            };
+            // Frozen under the slot's lock: no call can take the session meanwhile.
+            let frozen = session.sandbox.as_mut().is_some_and(|sb| sb.freeze());
+            if !frozen {
+                if let Some(sb) = session.sandbox.as_mut() {
+                    sb.thaw();
+                }
+                return Err(RunError::new(
+                    ErrorKind::Conflict,
+                    "This session cannot be paused: its sandbox has no cgroup freezer on this                      host (cgroup v1 without the freezer controller, or cgroup v2 before Linux                      5.2; see `runcell doctor`).",
+                ));
+            }
+            st.paused_at = Some(SystemTime::now());
+            st.last_used = Instant::now();
+        }
+        lock(&self.stats).paused += 1;
+        Ok(self.info(&slot))
+    }
+
+    /// Resume a paused session (its processes thawed; its idle TTL counts from now). A
+    /// session that runs already is left as it is ([`Resumed::AlreadyRunning`]).
+    pub fn resume(
+        &self,
+        owner: Option<&str>,
+        id: &str,
+    ) -> Result<(SessionInfo, Resumed), RunError> {
+        let slot = self.find(owner, id)?;
+        let resumed = {
+            let mut st = lock(&slot.state);
+            if st.closed {
+                return Err(not_found(id));
+            }
+            if st.paused_at.take().is_some() {
+                // A paused session is never checked out (a checkout resumes it), so it is here.
+                if let Some(sb) = st.session.as_mut().and_then(|s| s.sandbox.as_mut()) {
+                    sb.thaw();
+                }
+                st.last_used = Instant::now();
+                Resumed::Thawed
+            } else {
+                Resumed::AlreadyRunning
+            }
+        };
+        if resumed == Resumed::Thawed {
+            lock(&self.stats).resumed += 1;
+        }
+        Ok((self.info(&slot), resumed))
     }
 
     /// Whether the session exists for `owner` and is free now (a file upload checks this
@@ -559,7 +692,8 @@ impl Sessions {
                 .values()
                 .filter(|s| {
                     let st = lock(&s.state);
-                    let idle = st.running.is_none() && now >= st.last_used + st.ttl;
+                    let idle =
+                        st.running.is_none() && now >= st.last_used + st.idle_ttl(&self.policy);
                     let old = now >= s.created + self.policy.max_lifetime;
                     idle || old
                 })
@@ -591,7 +725,13 @@ fn end(slot: &Slot) {
     if let Some(k) = &st.running {
         k.trigger();
     }
-    let session = st.session.take();
+    let mut session = st.session.take();
+    // A paused session is thawed first: its teardown talks to its pid 1.
+    if st.paused_at.take().is_some() {
+        if let Some(sb) = session.as_mut().and_then(|s| s.sandbox.as_mut()) {
+            sb.thaw();
+        }
+    }
     drop(st);
     if let Some(s) = session {
         s.close();
@@ -633,6 +773,7 @@ mod tests {
                 executions: 0,
                 limits: Limits::DEFAULT,
                 ttl: Duration::from_secs(60),
+                paused_at: None,
             }),
         })
     }

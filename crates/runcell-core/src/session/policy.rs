@@ -16,6 +16,9 @@ pub struct SessionPolicy {
     pub max_ttl: Duration,
     /// A session ends this long after it was created, however busy.
     pub max_lifetime: Duration,
+    /// Idle time after which a paused session ends (it replaces the session's idle TTL while
+    /// it is paused; the maximum lifetime still applies).
+    pub paused_ttl: Duration,
     /// Live sessions at most, in total and per API key (429 beyond).
     pub max_total: usize,
     pub max_per_owner: usize,
@@ -30,6 +33,7 @@ impl Default for SessionPolicy {
             default_ttl: Duration::from_secs(600),
             max_ttl: Duration::from_secs(3600),
             max_lifetime: Duration::from_secs(4 * 3600),
+            paused_ttl: Duration::from_secs(3600),
             max_total: 32,
             max_per_owner: 8,
             keys: 1,

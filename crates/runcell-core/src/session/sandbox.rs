@@ -43,10 +43,10 @@ pub struct Session {
     language: Language,
     /// The runtime with the session's environment variables, and without them (a call's own
     /// are checked against, and added over, the session's).
-    runtime: Runtime,
+    pub(super) runtime: Runtime,
     base_runtime: Runtime,
     /// The session's environment (its interpreter's, and the commands' run beside it).
-    env: Vec<(String, String)>,
+    pub(super) env: Vec<(String, String)>,
     /// The session's limits as asked, and as resolved; and the policy's defaults (to tell a
     /// limit the request lowered from one it left alone).
     overrides: LimitOverrides,
@@ -68,7 +68,7 @@ pub struct Session {
     interpreter: Option<Invocation>,
     /// How long the interpreter may live: its CPU rlimit covers that much time.
     lifetime: Duration,
-    cells: u64,
+    pub(super) cells: u64,
     executions: u64,
     /// A loss that happened outside a call (a file operation had to rebuild the sandbox): the
     /// next call's verdict reports it.

@@ -954,6 +954,18 @@ impl Cgroup {
         }
     }
 
+    /// Freezes the whole group (a paused session): its tasks stay in memory and get no CPU
+    /// until [`Cgroup::thaw_group`]. False when no freezer is available (v1 without the
+    /// `freezer` controller, v2 before 5.2), or the write failed.
+    pub fn freeze_group(&self) -> bool {
+        self.freeze()
+    }
+
+    /// Thaws a group frozen by [`Cgroup::freeze_group`].
+    pub fn thaw_group(&self) {
+        self.thaw()
+    }
+
     /// Freezes the group if a freezer is available; true when it must be thawed later.
     fn freeze(&self) -> bool {
         match self.version {

@@ -431,6 +431,20 @@ impl Sandbox {
         &self.enforcement
     }
 
+    /// Freeze every process of the sandbox (its cgroup's freezer): memory kept, no CPU used
+    /// until [`Sandbox::thaw`]. False when the sandbox has no cgroup or no freezer. Nothing
+    /// may be asked of a frozen sandbox's pid 1 (it would not answer): thaw first.
+    pub fn freeze(&mut self) -> bool {
+        self.cgroup.as_ref().is_some_and(Cgroup::freeze_group)
+    }
+
+    /// Thaw a sandbox frozen by [`Sandbox::freeze`].
+    pub fn thaw(&mut self) {
+        if let Some(c) = &self.cgroup {
+            c.thaw_group();
+        }
+    }
+
     /// Wait for one report from the sandbox until `deadline`; `Ok(None)` on timeout.
     pub(super) fn wait_report(
         &mut self,

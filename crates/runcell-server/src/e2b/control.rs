@@ -211,7 +211,10 @@ fn detail(s: &Sandbox, info: &SessionInfo, with_token: bool) -> SandboxDetail {
         cpu_count: info.limits.cpus.0.div_ceil(1000).max(1),
         memory_mb: info.limits.memory.0 / MB,
         disk_size_mb: info.limits.disk.0 / MB,
-        state: "running",
+        state: match info.state {
+            runcell_core::SessionState::Paused => "paused",
+            runcell_core::SessionState::Running => "running",
+        },
         metadata: s.metadata.clone(),
         envd_access_token: with_token.then(|| s.envd_token().to_string()),
     }
@@ -377,15 +380,161 @@ async fn with_timeout(
     Ok(found)
 }
 
-/// `POST [/v2]/sandboxes/{id}/connect`: the sandbox's answer again (200: it is running).
-/// A `timeout`, when sent, restarts its TTL.
+/// `POST [/v2]/sandboxes/{id}/connect`: the sandbox's answer again, 200 when it was running,
+/// 201 when it was paused and this resumed it (as E2B's control plane answers). A `timeout`,
+/// when sent, restarts its TTL.
 pub async fn connect(
     State(state): State<AppState>,
     Path(id): Path<String>,
     mut req: Reserved,
 ) -> Result<Response, E2bError> {
+    req.caller.interface = "e2b";
+    let (s, info) = owned(&state, &req.caller, &id)?;
+    let status = resume_if_paused(&state, &req.caller, &s, &info).await?;
+    with_timeout(&state, &mut req, &id, false).await?;
+    Ok((status, Json(answer(&s))).into_response())
+}
+
+/// Resume the sandbox's session when it is paused: 201 then, 200 when it was running.
+async fn resume_if_paused(
+    state: &AppState,
+    caller: &runcell_core::Caller,
+    s: &Sandbox,
+    info: &SessionInfo,
+) -> Result<StatusCode, E2bError> {
+    if info.state != runcell_core::SessionState::Paused {
+        return Ok(StatusCode::OK);
+    }
+    let (_, resumed) = state
+        .service()
+        .resume_session(caller, s.session.clone())
+        .await?;
+    Ok(match resumed {
+        runcell_core::Resumed::Thawed => StatusCode::CREATED,
+        runcell_core::Resumed::AlreadyRunning => StatusCode::OK,
+    })
+}
+
+/// `{"timeout": seconds, "count": n}` (fork).
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkBody {
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    #[serde(default)]
+    pub count: Option<u64>,
+}
+
+/// The most forks one request may ask for (the SDK's own bound).
+const MAX_FORKS: u64 = 20;
+
+/// `POST /sandboxes/{id}/fork`: 201 with one result per fork asked for (`count`, default 1),
+/// each `{"sandbox": <Sandbox>}` or `{"error": {"code", "message"}}`. Each fork is runcell's
+/// session fork (a new session with a copy of the parent's workspace and interpreter state,
+/// admitted like any new one); the parent runs on untouched. 404 when the parent is not the
+/// caller's.
+pub async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    mut req: Reserved,
+) -> Result<Response, E2bError> {
+    req.caller.interface = "e2b";
+    let bytes = req.read_json(Some(4096)).await?;
+    let body: ForkBody = parse(&bytes)?;
+    let count = body.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(E2bError::invalid(format!(
+            "count must be between 1 and {MAX_FORKS}."
+        )));
+    }
+    let (parent, _) = owned(&state, &req.caller, &id)?;
+    let mut results = Vec::new();
+    for _ in 0..count {
+        let forked = async {
+            let (info, _) = state
+                .service()
+                .fork_session(req.ticket.clone(), &req.caller, parent.session.clone())
+                .await?;
+            let (Some(envd), Some(traffic)) = (super::new_token(), super::new_token()) else {
+                let _ = state.service().delete_session(&req.caller, info.id).await;
+                return Err(E2bError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "No random token could be made.",
+                ));
+            };
+            if let Some(t) = body.timeout {
+                state
+                    .service()
+                    .set_session_ttl(&req.caller, &info.id, Some(t as f64))?;
+            }
+            let sandbox = Sandbox::new(
+                info.id.clone(),
+                req.caller.key_id.clone(),
+                parent.template.clone(),
+                parent.metadata.clone(),
+                &envd,
+                &traffic,
+            );
+            match state.inner.e2b.insert(sandbox) {
+                Ok(s) => Ok(s),
+                Err(e) => {
+                    let _ = state.service().delete_session(&req.caller, info.id).await;
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        results.push(match forked {
+            Ok(s) => json!({ "sandbox": answer(&s) }),
+            Err(e) => json!({ "error": { "code": e.status.as_u16(), "message": e.message } }),
+        });
+    }
+    Ok((StatusCode::CREATED, Json(results)).into_response())
+}
+
+/// `{"memory": bool, "requireHealthyGuest": bool}` (pause). A paused sandbox here always
+/// keeps its memory (its processes are frozen), so `memory: false` pauses it the same way.
+#[derive(Debug, Default, Deserialize)]
+#[allow(dead_code)]
+pub struct PauseBody {
+    #[serde(default)]
+    pub memory: Option<bool>,
+    #[serde(default, rename = "requireHealthyGuest")]
+    pub require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: 204, its processes frozen with their memory kept; 409 when
+/// it is paused already (the SDK's `pause()` then says `False`).
+pub async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    mut req: Reserved,
+) -> Result<StatusCode, E2bError> {
+    req.caller.interface = "e2b";
+    let bytes = req.read_json(Some(4096)).await?;
+    let _body: PauseBody = parse(&bytes)?;
+    let (s, _) = owned(&state, &req.caller, &id)?;
+    state
+        .service()
+        .pause_session(&req.caller, s.session.clone())
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/resume` (`{"timeout": seconds, "autoPause": bool}`): 201 with the
+/// sandbox's answer, its processes running again; a running sandbox is answered 201 too
+/// (nothing to do). A `timeout` restarts its TTL.
+pub async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    mut req: Reserved,
+) -> Result<Response, E2bError> {
+    req.caller.interface = "e2b";
     let (s, _) = with_timeout(&state, &mut req, &id, false).await?;
-    Ok(Json(answer(&s)).into_response())
+    state
+        .service()
+        .resume_session(&req.caller, s.session.clone())
+        .await?;
+    Ok((StatusCode::CREATED, Json(answer(&s))).into_response())
 }
 
 /// `DELETE /sandboxes/{id}`: 204, its processes and sandbox gone; 404 if there is none.
@@ -440,7 +589,7 @@ pub struct ListQuery {
     /// `k=v&k2=v2`: sandboxes whose metadata has all of them.
     #[serde(default)]
     pub metadata: Option<String>,
-    /// `running,paused`: only running sandboxes exist here.
+    /// `running,paused`: the states wanted (both when absent).
     #[serde(default)]
     pub state: Option<String>,
 }
@@ -453,12 +602,11 @@ fn listing(
     q: &ListQuery,
 ) -> (Vec<SandboxDetail>, Option<String>) {
     prune(state);
-    if q.state
+    // `running,paused` (form, not exploded): the states asked for; none asked, both.
+    let states: Option<Vec<&str>> = q
+        .state
         .as_deref()
-        .is_some_and(|s| !s.split(',').any(|x| x.trim() == "running"))
-    {
-        return (Vec::new(), None);
-    }
+        .map(|s| s.split(',').map(str::trim).collect());
     let wanted: Vec<(&str, &str)> = q
         .metadata
         .as_deref()
@@ -481,6 +629,7 @@ fn listing(
             let info = state.service().session(caller, &s.session).ok()?;
             Some(detail(&s, &info, false))
         })
+        .filter(|d| states.as_ref().is_none_or(|w| w.contains(&d.state)))
         .collect();
     all.sort_by(|a, b| {
         (a.started_at.as_str(), a.sandbox_id.as_str())

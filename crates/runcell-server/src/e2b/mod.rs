@@ -382,6 +382,9 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/sandboxes/{id}/connect", post(control::connect))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/resume", post(control::resume))
+        .route("/sandboxes/{id}/fork", post(control::fork))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::auth::require_key,

@@ -24,6 +24,9 @@ pub(crate) fn authenticated() -> OpenApiRouter<AppState> {
         .routes(routes!(sessions::create, sessions::list))
         .routes(routes!(sessions::get, sessions::delete))
         .routes(routes!(sessions::execute))
+        .routes(routes!(sessions::pause))
+        .routes(routes!(sessions::fork))
+        .routes(routes!(sessions::resume))
         .routes(routes!(sessions::list_files))
         .routes(routes!(sessions::get_file, sessions::put_file))
         .route(

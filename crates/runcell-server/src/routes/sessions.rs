@@ -108,6 +108,103 @@ pub(crate) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A fork's answer: the new session, as its creation answers, and what was copied.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct ForkedSession {
+    #[serde(flatten)]
+    session: SessionInfo,
+    /// The session it was forked from.
+    parent_id: String,
+    /// What could not be copied: the names of globals (a generator, an open file, a lock, a
+    /// thread...) and `/workspace/...` files past the caps. Never dropped silently.
+    skipped: Vec<String>,
+    /// The size of the interpreter state copied (pickled); 0 for a language whose state is
+    /// not copied (every language but Python: its workspace only).
+    state_bytes: u64,
+    /// The workspace files copied.
+    workspace_files: u64,
+}
+
+/// Fork a session: a new session of the same key and language, admitted like any new one
+/// (the caps per key, the memory ledger), with a copy of the parent's /workspace and, for
+/// Python, of its interpreter's globals (variables, functions, lambdas, closures, classes
+/// and their instances, DataFrames; modules re-imported by name). Other languages' forks copy
+/// the workspace only. The two sessions are independent from then on.
+#[utoipa::path(post, path = "/v1/sessions/{id}/fork", tag = "sessions",
+    operation_id = "fork_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 201, description = "The new session, with `parent_id`, `skipped`, `state_bytes` and `workspace_files`", body = ForkedSession),
+        (status = 400, description = "The copy is not a valid creation (its files past the input caps)", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 403, description = "An operator denied the copy's network access", body = ErrorBody),
+        (status = 404, description = "No such session for this key", body = ErrorBody),
+        (status = 409, description = "The session is running a call, its interpreter is gone, \
+            its state cannot be copied, or the caps on sessions leave no room for the copy", body = ErrorBody),
+        (status = 429, description = "At capacity", body = ErrorBody),
+        (status = 500, description = "The new sandbox could not be built", body = ErrorBody),
+        (status = 503, description = "The server is draining or shutting down", body = ErrorBody),
+        (status = 504, description = "No operator approved the copy's network access in time", body = ErrorBody),
+    ))]
+pub(crate) async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    req: Reserved,
+) -> Result<Response, ApiError> {
+    let (session, source) = state
+        .service()
+        .fork_session(req.ticket.clone(), &req.caller, id.clone())
+        .await?;
+    let answer = ForkedSession {
+        session,
+        parent_id: id,
+        skipped: source.skipped,
+        state_bytes: source.state_bytes,
+        workspace_files: source.workspace_files,
+    };
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// Pause a session: its processes are frozen (the cgroup freezer), its memory and files are
+/// kept, and it uses no CPU. Any call or file operation on it, or `resume`, runs it again.
+/// While paused, the server's `paused_ttl` replaces its idle TTL.
+#[utoipa::path(post, path = "/v1/sessions/{id}/pause", tag = "sessions",
+    operation_id = "pause_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The paused session (`state`: `paused`)", body = SessionInfo),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 404, description = "No such session for this key", body = ErrorBody),
+        (status = 409, description = "The session is paused already, is running a call, or \
+            cannot be paused on this host (no cgroup freezer)", body = ErrorBody),
+    ))]
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Requester(caller): Requester,
+) -> Result<Json<SessionInfo>, ApiError> {
+    Ok(Json(state.service().pause_session(&caller, id).await?))
+}
+
+/// Resume a paused session: its processes run again, and its idle TTL counts from now. A
+/// session that is running already is answered as it is (200, nothing done).
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
+    operation_id = "resume_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session (`state`: `running`)", body = SessionInfo),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 404, description = "No such session for this key", body = ErrorBody),
+    ))]
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Requester(caller): Requester,
+) -> Result<Json<SessionInfo>, ApiError> {
+    let (info, _) = state.service().resume_session(&caller, id).await?;
+    Ok(Json(info))
+}
+
 /// Run code in a session: the verdict of `/v1/execute`, plus `session_id`,
 /// `execution_count` and `state_lost`, and the cell's displayed `results` and `exception`
 /// (docs/results.md). With `Accept: text/event-stream`, events as for
