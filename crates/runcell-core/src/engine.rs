@@ -13,7 +13,7 @@ use runcell_jail::{
 use runcell_runtimes::{Host, Invocation, Language, Runtime, WORKSPACE};
 
 use crate::limits::{FileTableError, Limit, LimitError, LimitOverrides, LimitPolicy, Limits};
-use crate::pool::{Pool, PoolSizes, PoolStats, Preload, SandboxKey, Warm};
+use crate::pool::{Held, Pool, PoolSizes, PoolStats, Preload, SandboxKey, Warm};
 use crate::request::{workspace_path, ExecRequest, PathError};
 use crate::units::format_size;
 use crate::verdict::{classify, lossy, EnforcementReport, ErrorCategory, Phase, Usage, Verdict};
@@ -680,6 +680,20 @@ impl Engine {
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
     ) -> Verdict {
+        self.execute_valid_holding(v, sink, cancel, Box::new(()))
+    }
+
+    /// [`execute_valid`](Self::execute_valid), keeping `held` (a run's admission slot and
+    /// its memory on the ledger) until the run's sandbox is torn down, which a server does
+    /// after the verdict, off the request's path: the slot must not admit the next run
+    /// while this run's sandbox still holds its memory and cgroup.
+    pub fn execute_valid_holding(
+        &self,
+        v: &ValidRequest,
+        sink: &mut dyn OutputSink,
+        cancel: Option<&KillSwitch>,
+        held: Held,
+    ) -> Verdict {
         let mut runtime = match self.locate(v.language) {
             Ok(r) => r,
             Err(e) => {
@@ -723,7 +737,7 @@ impl Engine {
                 );
             }
         }
-        let mut verdict = self.run(v, &runtime, sink, cancel);
+        let mut verdict = self.run(v, &runtime, sink, cancel, held);
         verdict.language = Some(v.language.name().into());
         verdict.limits = Some(v.limits);
         verdict.packages = layer.map(|l| l.report().clone());
@@ -775,6 +789,7 @@ impl Engine {
         runtime: &Runtime,
         sink: &mut dyn OutputSink,
         cancel: Option<&KillSwitch>,
+        held: Held,
     ) -> Verdict {
         let limits = &v.limits;
         // Network by permission: a fresh sandbox with the proxy's listener on its loopback,
@@ -865,12 +880,12 @@ impl Engine {
         // A server (which has a pool) tears sandboxes down off the request's path: every
         // process of the run is dead already; what is left is pid 1, the helper and the
         // cgroup. A teardown failure is then in the log only.
-        let sandbox = match &self.pool {
-            Some(p) => match p.dispose(sandbox) {
+        let (sandbox, held) = match &self.pool {
+            Some(p) => match p.dispose(sandbox, held) {
                 None => return verdict,
                 Some(s) => s,
             },
-            None => sandbox,
+            None => (sandbox, held),
         };
         if let Err(e) = sandbox.destroy() {
             tracing::warn!(error = %crate::error::chain(&e), "sandbox teardown failed");
@@ -880,6 +895,8 @@ impl Engine {
                 .warnings
                 .push(format!("teardown: {}", crate::error::chain(&e)));
         }
+        // The slot goes back after the teardown, not with the verdict.
+        drop(held);
         verdict
     }
 

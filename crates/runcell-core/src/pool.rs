@@ -252,7 +252,7 @@ pub struct Pool {
     thread: Option<JoinHandle<()>>,
     /// Sandboxes whose run is over, torn down off the request's path (a bounded queue: past
     /// it, the caller tears down itself, so finished sandboxes never pile up).
-    disposal: Option<std::sync::mpsc::SyncSender<Sandbox>>,
+    disposal: Option<std::sync::mpsc::SyncSender<(Sandbox, Held)>>,
     disposer: Option<JoinHandle<()>>,
 }
 
@@ -263,6 +263,11 @@ impl std::fmt::Debug for Pool {
             .finish()
     }
 }
+
+/// What a finished run holds until its sandbox is torn down (its admission slot and its
+/// memory on the ledger): dropped only after the sandbox's teardown, so that the next run
+/// is not admitted beside a sandbox that still holds its processes, memory and cgroup.
+pub type Held = Box<dyn Send>;
 
 /// Finished sandboxes waiting for the teardown thread at most.
 const TEARDOWN_QUEUE: usize = 4;
@@ -314,16 +319,18 @@ impl Pool {
         if thread.is_none() {
             tracing::warn!("could not start the warm pool's thread: every run starts cold");
         }
-        let (disposal, rx) = std::sync::mpsc::sync_channel::<Sandbox>(TEARDOWN_QUEUE);
+        let (disposal, rx) = std::sync::mpsc::sync_channel::<(Sandbox, Held)>(TEARDOWN_QUEUE);
         let span = tracing::Span::current();
         let disposer = std::thread::Builder::new()
             .name("runcell-teardown".into())
             .spawn(move || {
                 let _g = span.enter();
-                for sandbox in rx {
+                for (sandbox, held) in rx {
                     if let Err(e) = sandbox.destroy() {
                         tracing::warn!(error = %crate::error::chain(&e), "sandbox teardown failed");
                     }
+                    // Only now is the run's slot given back.
+                    drop(held);
                 }
             })
             .ok();
@@ -337,19 +344,20 @@ impl Pool {
 
     /// Tear down a sandbox whose run is over (every process of the run already killed and
     /// reaped by its pid 1) on the pool's teardown thread, so that the verdict need not wait
-    /// for pid 1's exit and the cgroup's removal. Gives it back when there is no such
-    /// thread: the caller destroys it.
+    /// for pid 1's exit and the cgroup's removal; `held` is dropped once it is torn down.
+    /// Gives both back when there is no such thread: the caller destroys the sandbox, then
+    /// drops `held`.
     #[must_use]
-    pub fn dispose(&self, sandbox: Sandbox) -> Option<Sandbox> {
+    pub fn dispose(&self, sandbox: Sandbox, held: Held) -> Option<(Sandbox, Held)> {
         match &self.disposal {
-            Some(tx) => match tx.try_send(sandbox) {
+            Some(tx) => match tx.try_send((sandbox, held)) {
                 Ok(()) => None,
                 Err(
                     std::sync::mpsc::TrySendError::Full(s)
                     | std::sync::mpsc::TrySendError::Disconnected(s),
                 ) => Some(s),
             },
-            None => Some(sandbox),
+            None => Some((sandbox, held)),
         }
     }
 
@@ -396,7 +404,7 @@ impl Pool {
         drop(slots);
         for warm in discarded {
             tracing::debug!("a warm sandbox died or aged while it waited; discarded");
-            if let Some(s) = self.dispose(warm.sandbox) {
+            if let Some(s) = self.dispose(warm.sandbox, Box::new(())) {
                 drop(s);
             }
         }

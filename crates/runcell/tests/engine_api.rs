@@ -374,3 +374,98 @@ fn the_proxy_listener_is_in_the_sandbox_and_served_from_outside() {
     );
     assert!(host.is_err(), "the host's 127.0.0.1:3128 answered");
 }
+
+/// Whether any process on the host still has `/workspace/NAME` under its root: the
+/// sandbox that wrote it is not torn down yet.
+fn a_sandbox_still_has(name: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .any(|e| e.path().join("root/workspace").join(name).exists())
+}
+
+/// Regression (issue 24, the cold path): a server's one-shot run gave its admission slot
+/// and its memory on the ledger back with the verdict, while the pool's teardown thread
+/// still held its sandbox, so the next run was admitted beside a sandbox that still held
+/// its memory and cgroup. What the run holds must go only once its sandbox is gone.
+#[test]
+fn a_one_shot_run_holds_its_slot_until_its_sandbox_is_torn_down() {
+    struct Probe {
+        name: String,
+        seen: std::sync::mpsc::Sender<bool>,
+    }
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            let _ = self.seen.send(a_sandbox_still_has(&self.name));
+        }
+    }
+    let mut c = EngineConfig::for_host();
+    c.helper_exe = common::runcell_bin();
+    let mut e = Engine::new(c);
+    // A server's pool, and with it its teardown thread; the request sets a variable, so it
+    // runs in a fresh sandbox (not a warm one), which the teardown thread takes after it.
+    e.start_pool(
+        &runcell_core::PoolSizes([(runcell_core::Language::Python, 1)].into()),
+        &runcell_core::Preload::default(),
+    );
+    let name = format!("probe-{}-{}", std::process::id(), rand_suffix());
+    let mut r = ExecRequest::new(
+        "python",
+        format!("open({name:?}, 'w').close(); print(1, flush=True)"),
+    );
+    r.env.insert("PROBE".into(), "1".into());
+    let v = e.validate(&r).expect("valid");
+    // The probe itself is checked: while the run is live, the file is seen.
+    struct Live {
+        name: String,
+        seen: Option<bool>,
+    }
+    impl runcell_jail::OutputSink for Live {
+        fn output(&mut self, _: runcell_jail::Stream, _: &[u8]) {
+            if self.seen.is_none() {
+                self.seen = Some(a_sandbox_still_has(&self.name));
+            }
+        }
+    }
+    let mut live = Live {
+        name: name.clone(),
+        seen: None,
+    };
+    let (seen, rx) = std::sync::mpsc::channel();
+    let verdict = e.execute_valid_holding(
+        &v,
+        &mut live,
+        None,
+        Box::new(Probe {
+            name: name.clone(),
+            seen,
+        }),
+    );
+    assert_eq!(verdict.exit_code, Some(0), "{verdict:?}");
+    assert_eq!(
+        live.seen,
+        Some(true),
+        "the probe sees a live sandbox's file"
+    );
+    let still_there = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("what the run held was dropped");
+    assert!(
+        !still_there,
+        "the run's slot was given back while its sandbox was still up"
+    );
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}

@@ -344,8 +344,14 @@ impl RunService {
         let mut guard = kill.kill_on_drop();
         let engine = s.engine.clone();
         let verdict = tokio::task::spawn_blocking(move || {
-            let _held = (slot, entry, ticket);
-            engine.execute_valid(&valid, &mut runcell_jail::NoSink, Some(&kill))
+            let _held = (entry, ticket);
+            // The slot goes back once the sandbox is torn down, not with the verdict.
+            engine.execute_valid_holding(
+                &valid,
+                &mut runcell_jail::NoSink,
+                Some(&kill),
+                Box::new(slot),
+            )
         })
         .await
         .map_err(|_| RunError::internal("The execution failed unexpectedly."));
@@ -878,10 +884,18 @@ impl Admitted {
         let (made, mut waiting) = NewSessions::watch(&s.sessions, owner.clone());
         let result = tokio::task::spawn_blocking(move || {
             let _span = span.enter();
-            let _held = (slot, entry, ticket);
+            let _held = (entry, ticket);
+            let mut slot = Some(slot);
             let mut sink = sink;
             let r = match target {
-                Target::OneShot => Ok(s.engine.execute_valid(&valid, &mut *sink, Some(&kill))),
+                // A one-shot run's slot (and its memory on the ledger) goes back once its
+                // sandbox is torn down, which may be after the verdict.
+                Target::OneShot => Ok(s.engine.execute_valid_holding(
+                    &valid,
+                    &mut *sink,
+                    Some(&kill),
+                    Box::new(slot.take()),
+                )),
                 Target::Session(id) => {
                     s.sessions
                         .execute(owner.as_deref(), &id, &valid, &mut *sink, Some(&kill))

@@ -498,6 +498,33 @@ mod tests {
     }
 
     #[test]
+    fn destroy_of_an_empty_group_skips_the_freezer_and_kill_sweeps() {
+        let s = setup(&STANDARD, true);
+        let mut group = s
+            .manager
+            .create("1-x", &CgroupLimits::default())
+            .expect("create");
+        let path = group.path().to_path_buf();
+        group.destroy().expect("destroy");
+        assert!(s.fake.writes_to("freezer.state").is_empty());
+        assert!(s.fake.killed().is_empty());
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn destroy_of_a_busy_group_still_freezes_and_kills() {
+        let s = setup(&STANDARD, true);
+        let mut group = s
+            .manager
+            .create("1-x", &CgroupLimits::default())
+            .expect("create");
+        group.add_process(4242).expect("add");
+        group.destroy().expect("destroy");
+        assert!(!s.fake.writes_to("freezer.state").is_empty());
+        assert_eq!(s.fake.killed(), vec![4242]);
+    }
+
+    #[test]
     fn kill_all_freezes_signals_every_pid_then_thaws() {
         let s = setup(&STANDARD, true);
         let group = s

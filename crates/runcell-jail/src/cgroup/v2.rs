@@ -736,6 +736,44 @@ mod tests {
     }
 
     #[test]
+    fn destroy_of_an_empty_group_skips_the_freezer_and_kill_sweeps() {
+        for kill in [true, false] {
+            let features = V2Features {
+                kill,
+                ..V2Features::MODERN
+            };
+            let s = setup(ALL, features);
+            let mut group = s
+                .manager
+                .create("1-x", &CgroupLimits::default())
+                .expect("create");
+            let path = group.path().to_path_buf();
+            group.destroy().expect("destroy");
+            assert!(s.fake.writes_to("cgroup.kill").is_empty());
+            assert!(s.fake.writes_to("cgroup.freeze").is_empty());
+            assert!(s.fake.killed().is_empty());
+            assert!(!path.exists());
+        }
+    }
+
+    #[test]
+    fn destroy_of_a_busy_group_without_cgroup_kill_still_freezes_and_kills() {
+        let features = V2Features {
+            kill: false,
+            ..V2Features::MODERN
+        };
+        let s = setup(ALL, features);
+        let mut group = s
+            .manager
+            .create("1-x", &CgroupLimits::default())
+            .expect("create");
+        group.add_process(101).expect("add");
+        group.destroy().expect("destroy");
+        assert!(!s.fake.writes_to("cgroup.freeze").is_empty());
+        assert_eq!(s.fake.killed(), vec![101]);
+    }
+
+    #[test]
     fn kill_all_without_cgroup_kill_freezes_signals_and_thaws() {
         let features = V2Features {
             kill: false,
