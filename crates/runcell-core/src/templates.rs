@@ -21,7 +21,7 @@ const MAX_AGE: Duration = Duration::from_secs(600);
 const MAX_FORKS: u64 = 1000;
 /// How long a template may take to start and import its preloads.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-/// After a template failed to start or to fork, interpreters start the usual way this long.
+/// After a template failed to start, interpreters start the usual way this long.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// A fork passes through three processes in the sandbox's cgroup (C, G, H: docs/isolation.md,
 /// F2-F6) besides its pid 1: a run whose process limit is smaller (`pids` below 3, a process
@@ -254,11 +254,12 @@ impl Templates {
                     .fork_ns
                     .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
-            Err(_) => {
+            Err(e) => {
                 self.stats.forks_failed.fetch_add(1, Ordering::Relaxed);
-                // A template that failed a fork is not trusted with the next one.
+                // A template that failed a fork is not trusted with the next one: the next
+                // fork starts a new one (only a template that fails to start waits RETRY_AFTER).
+                tracing::warn!(error = %crate::error::chain(e), forks = template.forks(), "a fork from a template failed; the template is retired");
                 slot.template = None;
-                slot.retry_after = Some(Instant::now() + RETRY_AFTER);
             }
         }
         Some(r)
