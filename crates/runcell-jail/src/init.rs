@@ -1093,6 +1093,9 @@ fn start_interpreter(
     }
 }
 
+/// The hello's length: `H L` and the Landlock level's letter, and a newline.
+const HELLO_LEN: usize = 5;
+
 /// How long pid 1 waits for a forked interpreter's hello after handing out its channel.
 const GRAFT_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -1155,14 +1158,28 @@ fn graft_interpreter(
             }
         }
         if on_chan {
-            let mut buf = [0u8; CHANNEL_LINE_MAX];
+            // Exactly the hello's five bytes: the runner's "R" may follow at once on the
+            // stream, and is read by `wait_for` below.
+            let mut buf = [0u8; HELLO_LEN];
             let (n, sender) = sys::recv_with_pid(&ours, &mut buf).step("read hello")?;
             let hello = &buf[..n];
             let landlock = match hello {
                 b"H Lf\n" => LandlockStatus::Full,
                 b"H Lp\n" => LandlockStatus::Partial,
                 b"H Ln\n" => LandlockStatus::None,
-                _ => return Err(invalid("graft", "no hello from the forked interpreter")),
+                _ => {
+                    // What became of it, for the log: a fork that died before its hello was
+                    // re-parented here and is reaped now.
+                    let mut died = Vec::new();
+                    while let Ok(Some(r)) = sys::reap_one() {
+                        died.push(format!("{:?}/{:?}", r.code(), r.signal()));
+                    }
+                    let msg = format!(
+                        "no hello from the forked interpreter ({} bytes; exited: {died:?})",
+                        hello.len()
+                    );
+                    return Err(invalid("graft", &msg));
+                }
             };
             // Only our own child may be adopted: the process the template forked, re-parented
             // to us when its parent in this namespace exited (F6).
