@@ -430,6 +430,9 @@ async fn the_openapi_document_covers_every_route() {
         ("/v1/sessions/{id}/execute", "post"),
         ("/v1/sessions/{id}/files", "get"),
         ("/v1/sessions/{id}/files/{path}", "put"),
+        ("/v1/sessions/{id}/fork", "post"),
+        ("/v1/sessions/{id}/pause", "post"),
+        ("/v1/sessions/{id}/resume", "post"),
     ];
     for (path, method) in expected {
         assert!(
