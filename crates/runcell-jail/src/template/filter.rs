@@ -7,8 +7,8 @@
 //! * the id calls (`setuid` ... `setfsgid`) take only ids of the pool's half that sandboxes
 //!   forked from templates get ([`crate::identity::IdPool::half`]), the sandbox's own view id
 //!   (1000, so that a program in a forked sandbox can still pass its own id, a no-op the kernel
-//!   allows), or -1; anything else is `EPERM`, what the kernel answers a caller without the
-//!   power. `setgroups` only empties the list.
+//!   allows), or -1; anything else is `EINVAL`, what the kernel answers in a sandbox, whose
+//!   user namespace maps no other id. `setgroups` only empties the list.
 //! * no new namespaces: `unshare`, `clone` with a namespace flag (`EPERM`), `clone3` (`ENOSYS`,
 //!   its flags are behind a pointer; glibc falls back to `clone`).
 //! * no mounts, no tracing or reading of other processes, no descriptors taken from them, no
@@ -173,7 +173,9 @@ pub(super) fn program(pool: IdPool) -> Vec<sock_filter> {
             p.push(jump(JGE, lo, 0, deny - (at + 4) - 1));
         }
         p.push(stmt(RET, RET_ALLOW));
-        p.push(stmt(RET, ret_errno(libc::EPERM)));
+        // EINVAL: what the kernel answers in the sandbox, whose user namespace maps no id
+        // but 1000 (a fork's program sees no difference).
+        p.push(stmt(RET, ret_errno(libc::EINVAL)));
     }
     p.push(stmt(RET, RET_ALLOW));
     p
@@ -220,19 +222,20 @@ mod tests {
     fn ids_only_from_the_templated_half_the_sandbox_view_or_unchanged() {
         let p = program(POOL);
         let eperm = ret_errno(libc::EPERM);
+        let einval = ret_errno(libc::EINVAL);
         let id = |v: u32| v as u64;
         for nr in [libc::SYS_setresuid, libc::SYS_setresgid] {
             let ok = [id(POOL.start), id(POOL.start + 7), id(u32::MAX)];
             assert_eq!(run(&p, nr, [ok[0], ok[1], ok[2], 0, 0, 0]), RET_ALLOW);
             assert_eq!(run(&p, nr, [1000, 1000, 1000, 0, 0, 0]), RET_ALLOW);
             for bad in [0, 1, 999, 2_000_000_000, 2_000_499_999, 2_001_000_000] {
-                assert_eq!(run(&p, nr, [ok[0], bad, ok[2], 0, 0, 0]), eperm, "{bad}");
-                assert_eq!(run(&p, nr, [bad, ok[0], ok[0], 0, 0, 0]), eperm, "{bad}");
-                assert_eq!(run(&p, nr, [ok[0], ok[0], bad, 0, 0, 0]), eperm, "{bad}");
+                assert_eq!(run(&p, nr, [ok[0], bad, ok[2], 0, 0, 0]), einval, "{bad}");
+                assert_eq!(run(&p, nr, [bad, ok[0], ok[0], 0, 0, 0]), einval, "{bad}");
+                assert_eq!(run(&p, nr, [ok[0], ok[0], bad, 0, 0, 0]), einval, "{bad}");
             }
         }
-        assert_eq!(run(&p, libc::SYS_setuid, [0, 0, 0, 0, 0, 0]), eperm);
-        assert_eq!(run(&p, libc::SYS_setfsuid, [0, 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(run(&p, libc::SYS_setuid, [0, 0, 0, 0, 0, 0]), einval);
+        assert_eq!(run(&p, libc::SYS_setfsuid, [0, 0, 0, 0, 0, 0]), einval);
         assert_eq!(
             run(
                 &p,
