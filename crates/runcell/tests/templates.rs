@@ -110,6 +110,12 @@ fn templates_of(server: u32) -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
+            // A killed template the server has not reaped yet is dead already.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            if state.starts_with('Z') || state.starts_with('X') {
+                return false;
+            }
             let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
             cg.lines()
                 .any(|l| l.contains(&needle) && l.trim_end().ends_with("-template"))
