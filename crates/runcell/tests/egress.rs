@@ -578,6 +578,17 @@ fn over_http_a_networked_run_waits_for_an_admin_to_approve_or_deny_it() {
                 .contains(&srv.entry()));
         }
     }
+    // An admin key's own run: it may not approve it (another admin must), it may deny it.
+    let (s2, b2) = (s.clone(), body.clone());
+    let run = std::thread::spawn(move || post(&s2, BOSS, b2));
+    let pending = waiting();
+    assert_eq!(pending["key_id"], "boss");
+    let id = pending["id"].as_str().unwrap();
+    assert_eq!(decide(id, BOSS, "approve"), 403, "a key approves its own run");
+    assert_eq!(decide(id, BOSS, "deny"), 200);
+    let (status, v) = run.join().unwrap();
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(v["error"]["category"], "approval_denied", "{v}");
     // Nobody decides: refused at the deadline, and no longer listed.
     let (status, v) = post(&s, KEY_A, body.clone());
     assert_eq!(status, 504, "{v}");

@@ -1,7 +1,8 @@
 //! `GET /v1/approvals` and `POST /v1/approvals/{id}`: the runs waiting for network approval
 //! (`--net-approval`), and an operator's decision. Both need an admin key (`admin = true` in
 //! the TOML key entry, or `--admin-key`); a server without keys (loopback only) has no one to
-//! tell apart, and lets any caller decide.
+//! tell apart, and lets any caller decide. No key approves its own run: the key that asked for
+//! network is the party the approval guards against, admin or not (it may still deny it).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -77,7 +78,7 @@ pub(crate) async fn list(
         (status = 200, description = "Decided: the run goes on or is refused", body = DecisionBody),
         (status = 400, description = "Invalid body", body = ErrorBody),
         (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 403, description = "Not an admin key", body = ErrorBody),
+        (status = 403, description = "Not an admin key, or the key that asked for the run approving it", body = ErrorBody),
         (status = 404, description = "No run waits under this id (decided, expired or gone)", body = ErrorBody),
     ))]
 pub(crate) async fn decide(
@@ -89,6 +90,21 @@ pub(crate) async fn decide(
     require_admin(&state, caller)?;
     let bytes = req.read_json(Some(4096)).await?;
     let d: DecisionBody = super::execute::parse_body(&bytes)?;
+    if d.decision == DecisionKind::Approve && req.caller.key_id.is_some() {
+        let own = state
+            .service()
+            .approvals()
+            .list()
+            .into_iter()
+            .any(|p| p.id == id && p.key_id == req.caller.key_id);
+        if own {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "A key cannot approve its own run: another admin key must (it may deny it).",
+            ));
+        }
+    }
     if state
         .service()
         .approvals()
