@@ -705,6 +705,12 @@ fn flag_layer(m: &ArgMatches) -> Result<Layer, SettingsError> {
 
 /// Where to listen: `ADDR:PORT` (`127.0.0.1:8080`, `[::1]:8080`, `0.0.0.0:8080`), a host
 /// name and port (`localhost:8080`, resolved now; IPv4 first), or `:PORT` (loopback).
+/// A key left as the example manifests ship it (`replace-me-with-openssl-rand-hex-32`): long
+/// enough to pass for a key, and public.
+fn is_placeholder(key: &str) -> bool {
+    key.to_ascii_lowercase().contains("replace-me")
+}
+
 pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     let t = s.trim();
     if let Ok(a) = t.parse::<SocketAddr>() {
@@ -998,6 +1004,14 @@ impl Settings {
                  session ids",
             ));
         };
+        if is_placeholder(&key) {
+            return Err(err(
+                "cluster.key",
+                pod_origin,
+                "cluster.key is an example's placeholder ('replace-me...'): replace it with a \
+                 long random key (e.g. `openssl rand -hex 32`)",
+            ));
+        }
         let settings = ClusterSettings {
             pod: pod.trim().to_string(),
             key: key.into_bytes(),
@@ -1070,6 +1084,13 @@ impl Settings {
         for k in &c.api_keys {
             if k.key().is_empty() {
                 return Err(bad(format!("API key '{}' is empty", k.id)));
+            }
+            if is_placeholder(k.key()) {
+                return Err(bad(format!(
+                    "API key '{}' is an example's placeholder ('replace-me...'): replace it \
+                     with a long random key (e.g. `openssl rand -hex 32`)",
+                    k.id
+                )));
             }
             if k.key().len() < 16 {
                 return Err(bad(format!(
@@ -1543,7 +1564,7 @@ mod tests {
             &'a [&'a str],
             &'a [&'a str],
         );
-        let cases: [Case; 12] = [
+        let cases: [Case; 14] = [
             (None, &[], &["--max-concurrent", "99999999"],
              &["max_concurrent", "--max-concurrent", "between 1 and"]),
             (Some("max_queue = 9999999999\n"), &[], &[],
@@ -1555,6 +1576,10 @@ mod tests {
             (None, &[("RUNCELL_CAPS", "cod=1")], &[],
              &["unknown cap", "RUNCELL_CAPS"]),
             (None, &[], &["--api-key", "short"], &["shorter than 16", "--api-key"]),
+            (None, &[("RUNCELL_API_KEY", "replace-me-with-openssl-rand-hex-32")], &[],
+             &["placeholder", "RUNCELL_API_KEY"]),
+            (None, &[("RUNCELL_CLUSTER_KEY", "replace-me-with-another-openssl-rand-hex-32")],
+             &["--cluster-pod", "runcell-0"], &["placeholder", "cluster.key"]),
             (Some("[limits.max]\ntimeout = \"1s\"\n"), &[], &[],
              &["the default timeout is 30 s, above the maximum of 1 s"]),
             (Some("[[api_keys]]\nid = \"a\"\nkey = \"0123456789abcdef0\"\n[[api_keys]]\nid = \"a\"\nkey = \"0123456789abcdef1\"\n"),
