@@ -584,7 +584,11 @@ fn over_http_a_networked_run_waits_for_an_admin_to_approve_or_deny_it() {
     let pending = waiting();
     assert_eq!(pending["key_id"], "boss");
     let id = pending["id"].as_str().unwrap();
-    assert_eq!(decide(id, BOSS, "approve"), 403, "a key approves its own run");
+    assert_eq!(
+        decide(id, BOSS, "approve"),
+        403,
+        "a key approves its own run"
+    );
     assert_eq!(decide(id, BOSS, "deny"), 200);
     let (status, v) = run.join().unwrap();
     assert_eq!(status, 403, "{v}");

@@ -389,7 +389,8 @@ fn fork_copies_state_and_workspace_and_the_copies_are_independent() {
          p = Pt(3)\n\
          df = pd.DataFrame({'v': [1, 2, 3]})\n\
          gen = (i for i in range(3))\n\
-         open('data.txt', 'w').write('hello')",
+         open('data.txt', 'w').write('hello')\n\
+         open('.runcell-fork-state', 'w').write('a file of the same name as the fork state')",
     );
     let (st, v) = fork(&s, KEY_B, &parent);
     assert_eq!(st, 404, "another key's fork: {v}");
@@ -403,8 +404,11 @@ fn fork_copies_state_and_workspace_and_the_copies_are_independent() {
     assert_eq!(v["state"], "running", "{v}");
     assert_eq!(
         v["skipped"],
-        json!(["gen"]),
-        "a generator cannot be copied: {v}"
+        json!([
+            "gen",
+            "/workspace/.runcell-fork-state (the name of the fork's state)"
+        ]),
+        "a generator cannot be copied, nor a file under the state's name: {v}"
     );
     assert!(v["state_bytes"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["workspace_files"], 1, "{v}");

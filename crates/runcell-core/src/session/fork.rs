@@ -261,6 +261,13 @@ impl Session {
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut files = Vec::new();
         for f in &c.files {
+            if state.is_some() && f.path == STATE_FILE {
+                // The name the state travels under: the user's file cannot take it too.
+                skipped.push(format!(
+                    "/workspace/{STATE_FILE} (the name of the fork's state)"
+                ));
+                continue;
+            }
             match f.blob {
                 Some(i) if i < c.blobs.len() => files.push(InputFile {
                     path: f.path.clone(),
