@@ -14,17 +14,20 @@ Which blocks run (README.md, SECURITY.md and docs/**/*.md, except docs/reference
   allowed) skips it; the reason is printed and must not be empty.
   `<!-- expect-fail -->` there says the block shows a failure on purpose: it must exit non-zero
   or get an HTTP error (>= 400) from curl, and fails if it does neither. A marker anywhere else
-  (before a block that would not run, or before no block) is an error.
+  (before a block that would not run, or before no block) is an error; `not-run` may also
+  spare a `json` block its check.
 
 What a block sees: `runcell serve` (this script starts it, with an API key, an admin key and an
 agent upstream that is a scripted OpenAI-compatible model in this process) reachable at
 `localhost:8080`: `localhost:8080` and `127.0.0.1:8080` in the block's text are rewritten to
 the server's own port. `PATH` starts with a `curl` that fails (exit 22, the status on stderr)
-on an HTTP status >= 400 unless the block is expect-fail, then the runcell binary's
-directory. Environment: RUNCELL_API_KEY (`e2b_` + 40 hex, so E2B SDKs take it), ADMIN_KEY,
+on an HTTP status >= 400 unless the block is expect-fail, and (exit 26) on a file to upload
+(`-d @FILE`, `--data-binary @FILE`, `-F name=@FILE`, `-T FILE`) that is not there, where curl
+itself would send an empty body; then the runcell binary's directory. Environment: RUNCELL_API_KEY (`e2b_` + 40 hex, so E2B SDKs take it), ADMIN_KEY,
 RUNCELL_URL, E2B_API_URL and E2B_SANDBOX_URL (RUNCELL_URL/e2b), E2B_API_KEY and
 OPENAI_API_KEY (the API key), and RUNCELL_AGENT_UPSTREAM, _BASE_URL, _API_KEY and _MODEL
-(the scripted model, for `runcell agent`); HOME, and nothing else of the caller's environment.
+(the scripted model, for `runcell agent`); LANG=C.UTF-8, TMPDIR (the runner's), and of the
+caller's environment only PATH (after the two directories above), HOME, USER and LOGNAME.
 
 Usage: scripts/docs-examples.py [--runcell PATH] [--file PATH]... [--list] [--self-test]
 Python 3.11 standard library only.
@@ -187,16 +190,13 @@ OTHER_TOOLS = {
 
 def model_program(question: str, tool: str) -> str:
     """A program for the tool that computes something of the question: a statistic (the sum
-    unless it names one) of the numbers in its first [...] list, else 6 * 7."""
+    unless it names one) of the numbers in its first [...] list, or of all its numbers when
+    it has several, else 6 * 7."""
     if tool != "code_exec_python":
         return OTHER_TOOLS.get(tool, "print(42)")
-    data = []
-    if m := re.search(r"\[([^\]]*)\]", question):
-        for x in m.group(1).split(","):
-            try:
-                data.append(repr(float(x)) if "." in x else repr(int(x)))
-            except ValueError:
-                pass
+    m = re.search(r"\[([^\]]*)\]", question)
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", m.group(1) if m else question)
+    data = numbers if m or len(numbers) > 1 else []
     if not data:
         return "print(6 * 7)"
     q = question.lower()
