@@ -664,6 +664,49 @@ Some prose.
 """
 
 
+def fake_model_problems() -> list[str]:
+    """The scripted model's two turns in both wire formats (the server uses the OpenAI one)."""
+    model, problems = FakeModel(), []
+
+    def post(path, body):
+        req = urllib.request.Request(model.base_url.removesuffix("/v1") + path, json.dumps(body).encode(),
+                                     {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.load(r)
+
+    question = "the median of [1, 5, 9]"
+    result = "exit code 0, 0.010 s\n--- stdout ---\n5\n"
+    try:
+        tools = [{"type": "function", "function": {"name": "code_exec_python", "parameters": {}}}]
+        first = post("/v1/chat/completions", {"model": "m", "tools": tools,
+                                              "messages": [{"role": "user", "content": question}]})
+        call = first["choices"][0]["message"]["tool_calls"][0]
+        if "statistics.median(data)" not in json.loads(call["function"]["arguments"])["code"]:
+            problems.append(f"openai tool call: {call}")
+        second = post("/v1/chat/completions", {"model": "m", "tools": tools, "messages": [
+            {"role": "user", "content": question}, first["choices"][0]["message"],
+            {"role": "tool", "tool_call_id": call["id"], "content": result}]})
+        if second["choices"][0]["message"]["content"] != "The result is 5.":
+            problems.append(f"openai answer: {second}")
+        tools = [{"name": "code_exec_python", "input_schema": {"type": "object"}}]
+        first = post("/v1/messages", {"model": "m", "max_tokens": 100, "tools": tools,
+                                      "messages": [{"role": "user", "content": question}]})
+        use = first["content"][0]
+        if first["stop_reason"] != "tool_use" or "statistics.median" not in use["input"]["code"]:
+            problems.append(f"anthropic tool use: {first}")
+        second = post("/v1/messages", {"model": "m", "max_tokens": 100, "tools": tools, "messages": [
+            {"role": "user", "content": question}, {"role": "assistant", "content": first["content"]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": result}]}]})
+        if second["content"] != [{"type": "text", "text": "The result is 5."}]:
+            problems.append(f"anthropic answer: {second}")
+    except (OSError, KeyError, IndexError, ValueError) as e:
+        problems.append(f"the scripted model: {type(e).__name__}: {e}")
+    finally:
+        model.shutdown()
+        model.server_close()
+    return problems
+
+
 def self_test(runcell: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="docs-examples-self-test.") as d:
         root = Path(d)
@@ -681,6 +724,7 @@ def self_test(runcell: Path) -> int:
                 "docs/markers.md:11: not-run is not directly before"]
         if len(errors) != len(want) or not all(e.startswith(w) for e, w in zip(errors, want)):
             problems.append(f"marker errors: {errors}")
+        problems += fake_model_problems()
         harness = Harness(runcell, root, timeout=5)
         try:
             harness.start()
@@ -699,7 +743,8 @@ def self_test(runcell: Path) -> int:
     if problems:
         print("docs-examples self-test FAILED:\n  " + "\n  ".join(problems))
         return 1
-    print(f"docs-examples self-test: ok ({len(SELF_TEST_EXPECT)} blocks, 3 marker errors as expected)")
+    print(f"docs-examples self-test: ok ({len(SELF_TEST_EXPECT)} blocks, 3 marker errors as expected, "
+          "the scripted model in both wire formats)")
     return 0
 
 
