@@ -42,6 +42,10 @@ else
   need+=(libpython3.11)
 fi
 command -v setpriv >/dev/null || need+=(util-linux)
+# The documentation's examples (the docs phase) use curl, jq and openssl.
+command -v curl >/dev/null || need+=(curl)
+command -v jq >/dev/null || need+=(jq)
+command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
 command -v promtool >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
@@ -152,6 +156,14 @@ phase_done tests
 RUNCELL_TEMPLATES=true cargo test -p runcell --test isolation --test syscalls --test limits \
   --test network --test basics
 phase_done tests-forked
+# The documentation's examples: every shell and Python block of README.md, SECURITY.md and
+# docs/ (not docs/reference/) runs against a live `runcell serve` of the debug build, and every
+# JSON block must parse; `<!-- not-run: REASON -->` and `<!-- expect-fail -->` mark the
+# exceptions (scripts/docs-examples.py's header has the rules). The runner checks itself on
+# synthetic pages first.
+/usr/bin/python3 scripts/docs-examples.py --self-test
+/usr/bin/python3 scripts/docs-examples.py
+phase_done docs
 # A short soak (docs/soak.md): 400 mixed requests through a real `runcell serve` at concurrency
 # 8, every answer checked, the server's memory flat after warm-up, nothing left on the host.
 # It soaks the debug build the tests above used (the full soak, `scripts/soak.py`, builds and
