@@ -596,11 +596,15 @@ pub fn root_entries_in(host_root: &Path) -> Vec<RootEntry> {
         }
     }
     // The dynamic loader's cache, the alternatives symlinks that /usr/bin entries point into,
-    // and fontconfig's configuration (read by matplotlib).
+    // fontconfig's configuration (read by matplotlib), and the public CA certificates that
+    // TLS clients verify servers with (OpenSSL's default paths lead there; Debian's pip uses
+    // its bundle): without them a run allowed a destination, or a package install, could not
+    // speak HTTPS. Only certificates: private keys live in /etc/ssl/private, never shown.
     for (path, dir) in [
         ("/etc/ld.so.cache", false),
         ("/etc/alternatives", true),
         ("/etc/fonts", true),
+        ("/etc/ssl/certs", true),
     ] {
         let host = host_root.join(&path[1..]);
         let exists = fs::symlink_metadata(&host)

@@ -118,6 +118,9 @@ fn root_directory_has_only_the_expected_entries() {
 import os, json
 print("root=" + json.dumps(sorted(os.listdir("/"))))
 print("etc=" + json.dumps(sorted(os.listdir("/etc"))))
+print("ssl=" + json.dumps(sorted(os.listdir("/etc/ssl"))))
+import ssl
+print("tls_cas=" + str(ssl.create_default_context().cert_store_stats()["x509_ca"]))
 for l in ["/bin", "/lib", "/lib64", "/sbin"]:
     print(f"link{l}=" + (os.readlink(l) if os.path.islink(l) else "NOT_A_LINK"))
 "#,
@@ -157,9 +160,20 @@ for l in ["/bin", "/lib", "/lib64", "/sbin"]:
             "hosts",
             "ld.so.cache",
             "nsswitch.conf",
-            "passwd"
+            "passwd",
+            // Only its certs/: the public CA certificates TLS clients verify with.
+            "ssl"
         ],
         "ls /etc in the sandbox"
+    );
+    assert!(
+        r.out("tls_cas").parse::<u64>().unwrap() > 0,
+        "the sandbox's TLS clients find the host's CA certificates"
+    );
+    assert_eq!(
+        r.out("ssl"),
+        "[\"certs\"]",
+        "only the certificates of /etc/ssl"
     );
     for l in ["/bin", "/lib", "/lib64", "/sbin"] {
         let host = fs::read_link(l)
@@ -525,6 +539,7 @@ print("mounts=" + json.dumps(mps))
         "/etc/ld.so.cache",
         "/etc/alternatives",
         "/etc/fonts",
+        "/etc/ssl/certs",
         "/dev",
         "/dev/null",
         "/dev/zero",
