@@ -443,7 +443,11 @@ impl Sessions {
                 let idle = lock(&s.state).last_used.elapsed();
                 OwnedSession {
                     owner: s.owner.clone(),
-                    last_used_at: rfc3339(SystemTime::now() - idle),
+                    last_used_at: rfc3339(
+                        SystemTime::now()
+                            .checked_sub(idle)
+                            .unwrap_or(SystemTime::UNIX_EPOCH),
+                    ),
                     info: self.info(s),
                 }
             })
