@@ -446,10 +446,13 @@ fn the_console_approves_and_denies_runs_and_shows_runs_sessions_and_sandboxes() 
     assert!(text.contains("python"), "{text}");
     b.screenshot("04-sessions");
 
-    // Sandboxes: a run that sleeps shows while it runs; its client then goes away, which
-    // kills it.
+    // Sandboxes: a run that sleeps shows while it runs; when its client goes away, its
+    // sandbox is killed (docs/serve.md, "Shutdown and disconnects"): it leaves the list and
+    // shows in the recent runs as cancelled.
+    // Long enough for any machine to show it: the disconnect ends it.
+    let sleeper_code = "import time\ntime.sleep(600)";
     let mut sleeper = std::net::TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
-    let body = json!({"language": "python", "code": "import time\ntime.sleep(20)"}).to_string();
+    let body = json!({"language": "python", "code": sleeper_code, "timeout": 900}).to_string();
     write!(
         sleeper,
         "POST /v1/execute HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY_A}\r\n\
@@ -464,6 +467,15 @@ fn the_console_approves_and_denies_runs_and_shows_runs_sessions_and_sandboxes() 
     });
     b.screenshot("05-sandboxes");
     drop(sleeper);
+    b.wait_for("p[data-empty-for=\"sandboxes\"]", "no sandbox left", |t| {
+        t.contains("No sandbox is running")
+    });
+    b.tab("recent");
+    b.wait_for(
+        &format!("#recent tbody tr[data-sha256=\"{}\"]", sha256(sleeper_code)),
+        "the sleeping run, cancelled",
+        |t| t.contains("cancelled") && t.contains("team-a"),
+    );
 
     b.tab("pool");
     b.wait_for("#templates", "the templates", |t| t.contains("Forks"));
@@ -482,6 +494,24 @@ fn the_console_approves_and_denies_runs_and_shows_runs_sessions_and_sandboxes() 
             .is_some_and(|n| n >= 3)
     });
     b.screenshot("07-metrics");
+    // The same in a dark colour scheme (Chromium's DevTools emulation; no screenshot where
+    // the driver does not offer it).
+    let dark = b.call(
+        "POST",
+        "/goog/cdp/execute",
+        json!({"cmd": "Emulation.setEmulatedMedia", "params": {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}}),
+    );
+    if dark.is_ok() {
+        b.tab("approvals");
+        b.wait_for("p[data-empty-for=\"approvals\"]", "an empty queue", |t| {
+            t.contains("No run is waiting")
+        });
+        b.tab("recent");
+        b.wait_for("#recent tbody tr", "the recent runs", |t| {
+            t.contains("team-a")
+        });
+        b.screenshot("08-recent-runs-dark");
+    }
 
     // Signing out forgets the key.
     b.click("#logout");
