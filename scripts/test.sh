@@ -48,11 +48,16 @@ command -v jq >/dev/null || need+=(jq)
 command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
 command -v promtool >/dev/null || need+=(prometheus)
+# The console's browser test (crates/runcell/tests/console.rs) drives headless chromium.
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# Installed above: the browser test must run, not skip.
+export RUNCELL_REQUIRE_BROWSER=1
 phase_done install
 
 cargo fmt --all -- --check

@@ -44,8 +44,8 @@ pub use service::{
     RunService, RunSummary, ServiceConfig, Ticket,
 };
 pub use session::{
-    ForkSource, Resumed, Session, SessionInfo, SessionPolicy, SessionState, SessionStats, Sessions,
-    WorkspaceListing,
+    ForkSource, OwnedSession, Resumed, Session, SessionInfo, SessionPolicy, SessionState,
+    SessionStats, Sessions, WorkspaceListing,
 };
 pub use verdict::{
     ErrorCategory, NetworkConnection, NetworkReport, PackagesReport, Verdict, VerdictError,

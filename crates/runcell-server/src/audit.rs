@@ -4,7 +4,11 @@
 //! the interface and peer, the language, the sha256 and size of the code, the number of input
 //! files, the limits, the verdict's category, the exit code and the duration. The code itself
 //! and its output are not logged: they may hold the user's data.
+//!
+//! The last [`RECENT_RUNS`] run lines are also kept in memory, for the operator's console
+//! (`GET /v1/admin/overview`), whatever the log's target.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -28,6 +32,30 @@ enum Out {
 /// so lines of concurrent runs never interleave.
 pub struct AuditLog {
     out: Mutex<Out>,
+    recent: Mutex<VecDeque<RecentRun>>,
+}
+
+/// How many run records the console's "recent runs" keeps.
+pub const RECENT_RUNS: usize = 200;
+
+/// A run's audit record as the console shows it: who, which language, how it ended, and the
+/// code's digest. Never the code or its output.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct RecentRun {
+    /// RFC 3339, UTC, when the run ended or was refused.
+    pub time: String,
+    pub request_id: String,
+    /// The API key's id (never the key); absent without keys.
+    pub key_id: Option<String>,
+    /// The door: `http`, `mcp-http`, `agent`, ...
+    pub interface: String,
+    pub language: String,
+    pub session_id: Option<String>,
+    /// `ok`, a verdict's error category, or the API category of a refusal.
+    pub category: String,
+    pub exit_code: Option<i32>,
+    pub duration_seconds: f64,
+    pub code_sha256: String,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -92,13 +120,41 @@ impl AuditLog {
         };
         Ok(AuditLog {
             out: Mutex::new(out),
+            recent: Mutex::default(),
         })
     }
 
     pub fn off() -> AuditLog {
         AuditLog {
             out: Mutex::new(Out::Off),
+            recent: Mutex::default(),
         }
+    }
+
+    /// The last [`RECENT_RUNS`] runs recorded, newest first.
+    pub fn recent(&self) -> Vec<RecentRun> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.iter().rev().cloned().collect()
+    }
+
+    fn remember(&self, line: &Line<'_>) {
+        let run = RecentRun {
+            time: line.time.clone(),
+            request_id: line.request_id.to_string(),
+            key_id: line.key_id.map(str::to_string),
+            interface: line.interface.to_string(),
+            language: line.language.to_string(),
+            session_id: line.session_id.map(str::to_string),
+            category: line.category.to_string(),
+            exit_code: line.exit_code,
+            duration_seconds: line.duration_seconds,
+            code_sha256: line.code_sha256.to_string(),
+        };
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if recent.len() == RECENT_RUNS {
+            recent.pop_front();
+        }
+        recent.push_back(run);
     }
 
     /// Log one execution: its verdict, or the API category it was refused with.
@@ -136,6 +192,7 @@ impl AuditLog {
             exit_code,
             duration_seconds: (duration_seconds * 1000.0).round() / 1000.0,
         };
+        self.remember(&line);
         self.write(&line);
     }
 
@@ -356,6 +413,39 @@ mod tests {
         assert_eq!(l["outcome"], "upstream_rate_limited");
         assert_eq!(l["duration_seconds"], 1.5);
         assert!(l.get("peer").is_none());
+    }
+
+    #[test]
+    fn the_last_runs_are_kept_newest_first_without_code() {
+        let log = AuditLog::off();
+        let caller = Caller {
+            request_id: "r".into(),
+            key_id: Some("team-a".into()),
+            interface: "http",
+            peer: None,
+            credential: None,
+        };
+        for i in 0..RECENT_RUNS + 5 {
+            let req = ExecRequest::new("python", format!("print({i})"));
+            log.record(
+                &caller,
+                &AuditRequest::from(&req),
+                Err("invalid_request"),
+                0.0,
+            );
+        }
+        let recent = log.recent();
+        assert_eq!(recent.len(), RECENT_RUNS);
+        assert_eq!(
+            recent[0].code_sha256,
+            runcell_core::to_hex(&Sha256::digest(
+                format!("print({})", RECENT_RUNS + 4).as_bytes()
+            ))
+        );
+        assert_eq!(recent[0].key_id.as_deref(), Some("team-a"));
+        assert_eq!(recent[0].category, "invalid_request");
+        let text = serde_json::to_string(&recent).unwrap();
+        assert!(!text.contains("print("));
     }
 
     #[test]

@@ -172,8 +172,9 @@ pub async fn json_errors(res: Response) -> Response {
             status,
             "not_found",
             "No such endpoint. The API has POST /v1/execute, GET /v1/runtimes, /v1/sessions, \
-             POST /v1/agents, /v1/approvals, GET /healthz, GET /readyz, GET /metrics, \
-             GET /openapi.json and /mcp (see /openapi.json).",
+             POST /v1/agents, /v1/approvals, GET /v1/admin/overview, GET /healthz, \
+             GET /readyz, GET /metrics, GET /openapi.json, /mcp (see /openapi.json) and the \
+             operator's console, GET /console.",
         ),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
             status,

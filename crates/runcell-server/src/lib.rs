@@ -5,6 +5,8 @@
 //! * `GET /v1/runtimes`: languages, versions, availability, default and maximum limits.
 //! * `GET /healthz`: liveness, and `GET /readyz`: readiness, without authentication.
 //! * `/mcp`: the MCP server (Streamable HTTP), behind the same keys and admission.
+//! * `GET /console`: the operator's console ([`console`]), a page over
+//!   `GET /v1/admin/overview` and the approvals, for admin keys.
 //! * On a second address, when the operator names one: agent-sandbox's runtime contract
 //!   ([`agent_sandbox`]).
 //!
@@ -23,6 +25,7 @@ pub mod audit;
 pub mod auth;
 pub mod cluster;
 pub mod connections;
+pub mod console;
 pub mod deliver;
 pub mod e2b;
 pub mod error;
@@ -111,6 +114,8 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(open)
         .merge(keyed)
+        // A page and its assets, not API: they are not in the OpenAPI document.
+        .merge(console::router())
         .nest("/e2b", e2b::router(&state))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -88,6 +88,24 @@ pub struct Metrics {
     draining: Gauge,
     /// `runcell_build_info`'s version and commit.
     build: (String, String),
+    /// The same counts as some families above, summed over their other labels, for the
+    /// operator's console (prometheus-client cannot list a family's series).
+    totals: Mutex<Totals>,
+    max_concurrent: usize,
+    max_queue: usize,
+}
+
+/// Counters since the server started, for the console's [`Metrics::snapshot`].
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct Totals {
+    /// `runcell_executions_total` by category (`ok` or the verdict's error category).
+    pub executions: std::collections::BTreeMap<String, u64>,
+    /// `runcell_rejections_total` by reason.
+    pub rejections: std::collections::BTreeMap<String, u64>,
+    /// `runcell_network_connections_total` with `decision="allowed"`.
+    pub network_connections_allowed: u64,
+    /// `runcell_network_connections_total` with `decision="refused"`.
+    pub network_connections_refused: u64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -226,7 +244,29 @@ impl Metrics {
             running,
             queued,
             build: (env!("CARGO_PKG_VERSION").into(), "unknown".into()),
+            totals: Mutex::default(),
+            max_concurrent,
+            max_queue,
         }
+    }
+
+    fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
+        self.totals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The counters since the server started, summed as the console shows them.
+    pub fn totals_now(&self) -> Totals {
+        self.totals().clone()
+    }
+
+    /// `runcell_max_concurrent` and `runcell_max_queue`.
+    pub fn capacity(&self) -> (usize, usize) {
+        (self.max_concurrent, self.max_queue)
+    }
+
+    /// This server's version and the commit it was built from.
+    pub fn build(&self) -> (&str, &str) {
+        (&self.build.0, &self.build.1)
     }
 
     /// One request forwarded to the server holding its session.
@@ -257,6 +297,11 @@ impl Metrics {
                 interface,
             })
             .inc();
+        *self
+            .totals()
+            .executions
+            .entry(category.to_string())
+            .or_default() += 1;
         self.latency
             .get_or_create(&LanguageLabel { language })
             .observe(seconds);
@@ -289,6 +334,14 @@ impl Metrics {
     pub fn network(&self, report: &runcell_core::NetworkReport) {
         for c in &report.connections {
             let decision = if c.allowed { "allowed" } else { "refused" };
+            {
+                let mut t = self.totals();
+                if c.allowed {
+                    t.network_connections_allowed += 1;
+                } else {
+                    t.network_connections_refused += 1;
+                }
+            }
             self.network_connections
                 .get_or_create(&DecisionLabel { decision })
                 .inc();
@@ -304,6 +357,11 @@ impl Metrics {
     /// A request refused before it ran; `reason` is the API error category.
     pub fn rejected(&self, reason: &'static str) {
         self.rejections.get_or_create(&ReasonLabel { reason }).inc();
+        *self
+            .totals()
+            .rejections
+            .entry(reason.to_string())
+            .or_default() += 1;
     }
 
     /// The text exposition, with the gauges and the warm pool's figures read now.

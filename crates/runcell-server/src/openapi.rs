@@ -21,7 +21,8 @@ use crate::state::AppState;
     tags(
         (name = "execute", description = "Running code"),
         (name = "operations", description = "Health, metrics and this document"),
-        (name = "mcp", description = "The MCP server")
+        (name = "mcp", description = "The MCP server"),
+        (name = "admin", description = "The operator's view (admin keys): GET /console is its page")
     )
 )]
 struct ApiDoc;

@@ -406,6 +406,64 @@ async fn metrics_count_rejections_and_show_capacity() {
 
 /// Every route the server answers is in the OpenAPI document, and every path in the
 /// document is served.
+/// The operator's console: a page without data, behind a strict content security policy, over
+/// an overview that only admin keys read (and anyone on a server without keys, which answers
+/// loopback only).
+#[tokio::test]
+async fn the_console_page_is_locked_down_and_its_overview_needs_an_admin_key() {
+    let mut c = config(&["k1", "boss"]);
+    c.api_keys[1].admin = true;
+    let r = router(&c);
+    for (path, kind) in [
+        ("/console", "text/html"),
+        ("/console/app.js", "text/javascript"),
+        ("/console/style.css", "text/css"),
+    ] {
+        let res = r.clone().oneshot(get(path)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        let h = res.headers();
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(csp.starts_with("default-src 'none'; script-src 'self'; style-src 'self';"));
+        assert!(csp.contains("frame-ancestors 'none'") && csp.contains("form-action 'none'"));
+        assert!(!csp.contains("unsafe"));
+        assert!(
+            h["content-type"].to_str().unwrap().starts_with(kind),
+            "{path}"
+        );
+        assert_eq!(h["x-content-type-options"], "nosniff");
+        assert_eq!(h["referrer-policy"], "no-referrer");
+        assert_eq!(h["cache-control"], "no-store");
+    }
+    let overview = |key: Option<&'static str>| {
+        let mut req = Request::get("/v1/admin/overview");
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        req.body(Body::empty()).unwrap()
+    };
+    let (s, _, j) = send(&r, overview(None)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_error(&j, "unauthorized");
+    let (s, _, j) = send(&r, overview(Some("k1"))).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert!(assert_error(&j, "forbidden").contains("admin key"));
+    let (s, _, j) = send(&r, overview(Some("boss"))).await;
+    assert_eq!(s, StatusCode::OK, "{j}");
+    for field in ["runs", "sessions", "recent_runs", "approvals", "pool"] {
+        assert!(j[field].is_array(), "{field}: {j}");
+    }
+    assert_eq!(j["metrics"]["sandboxes_running"], 0);
+    assert!(j["metrics"]["executions"].is_object(), "{j}");
+    assert!(
+        j["metrics"]["rejections"]["unauthorized"].as_u64() >= Some(1),
+        "{j}"
+    );
+    assert!(j["templates"]["live"].is_u64(), "{j}");
+    // Without keys (loopback only), any local caller reads it.
+    let (s, _, j) = send(&router(&config(&[])), overview(None)).await;
+    assert_eq!(s, StatusCode::OK, "{j}");
+}
+
 #[tokio::test]
 async fn the_openapi_document_covers_every_route() {
     let r = router(&config(&["k1"]));
@@ -426,6 +484,7 @@ async fn the_openapi_document_covers_every_route() {
         ("/v1/agents/chat/completions", "post"),
         ("/v1/approvals", "get"),
         ("/v1/approvals/{id}", "post"),
+        ("/v1/admin/overview", "get"),
         ("/v1/sessions/{id}", "get"),
         ("/v1/sessions/{id}/execute", "post"),
         ("/v1/sessions/{id}/files", "get"),

@@ -43,16 +43,64 @@ use crate::request::ExecRequest;
 use crate::session::{SessionInfo, SessionPolicy, Sessions, WorkspaceListing};
 use crate::verdict::{ErrorCategory, Verdict};
 
-/// The kill switches of the runs whose sandboxes exist right now.
+/// The kill switches of the runs whose sandboxes exist right now, with what an operator sees
+/// of each (`GET /v1/admin/overview`).
 #[derive(Clone, Default)]
 pub struct RunRegistry(Arc<Mutex<Registry>>);
 
 #[derive(Default)]
 struct Registry {
     next: u64,
-    runs: HashMap<u64, KillSwitch>,
+    runs: HashMap<u64, (KillSwitch, LiveRun)>,
     /// Set once the grace period is over: runs registered afterwards are killed at once.
     killing: bool,
+}
+
+/// What kind of run holds a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKind {
+    /// A run in a fresh sandbox.
+    OneShot,
+    /// A call in a session (or a new session's first call).
+    Session,
+    /// The server's own readiness probe.
+    Probe,
+}
+
+impl RunKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunKind::OneShot => "one-shot",
+            RunKind::Session => "session",
+            RunKind::Probe => "probe",
+        }
+    }
+}
+
+/// A run whose sandbox exists now: who asked, what, since when. Never its code.
+#[derive(Debug, Clone)]
+pub struct LiveRun {
+    pub kind: RunKind,
+    pub language: &'static str,
+    pub key_id: Option<String>,
+    pub request_id: String,
+    pub session_id: Option<String>,
+    pub started_at: std::time::SystemTime,
+    pub started: Instant,
+}
+
+impl LiveRun {
+    fn new(kind: RunKind, language: &'static str, caller: Option<&Caller>) -> LiveRun {
+        LiveRun {
+            kind,
+            language,
+            key_id: caller.and_then(|c| c.key_id.clone()),
+            request_id: caller.map(|c| c.request_id.clone()).unwrap_or_default(),
+            session_id: None,
+            started_at: std::time::SystemTime::now(),
+            started: Instant::now(),
+        }
+    }
 }
 
 /// A registered run; leaves the registry when dropped (when its blocking task ends).
@@ -72,14 +120,14 @@ impl RunRegistry {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn register(&self, ks: KillSwitch) -> RunEntry {
+    fn register(&self, ks: KillSwitch, run: LiveRun) -> RunEntry {
         let mut r = self.lock();
         if r.killing {
             ks.trigger();
         }
         r.next += 1;
         let id = r.next;
-        r.runs.insert(id, ks);
+        r.runs.insert(id, (ks, run));
         RunEntry {
             registry: self.clone(),
             id,
@@ -90,7 +138,7 @@ impl RunRegistry {
     pub fn kill_all(&self) -> usize {
         let mut r = self.lock();
         r.killing = true;
-        for ks in r.runs.values() {
+        for (ks, _) in r.runs.values() {
             ks.trigger();
         }
         r.runs.len()
@@ -99,6 +147,18 @@ impl RunRegistry {
     /// Sandboxes running now.
     pub fn active(&self) -> usize {
         self.lock().runs.len()
+    }
+
+    /// The runs whose sandboxes exist now, oldest first.
+    pub fn list(&self) -> Vec<LiveRun> {
+        let mut runs: Vec<(u64, LiveRun)> = self
+            .lock()
+            .runs
+            .iter()
+            .map(|(id, (_, run))| (*id, run.clone()))
+            .collect();
+        runs.sort_by_key(|(id, _)| *id);
+        runs.into_iter().map(|(_, run)| run).collect()
     }
 }
 
@@ -340,7 +400,10 @@ impl RunService {
             tracing::error!(error = %e, "cannot create a kill switch");
             RunError::unavailable("The server cannot start a run right now. Retry shortly.")
         })?;
-        let entry = s.runs.register(kill.clone());
+        let entry = s.runs.register(
+            kill.clone(),
+            LiveRun::new(RunKind::Probe, valid.language().name(), None),
+        );
         let mut guard = kill.kill_on_drop();
         let engine = s.engine.clone();
         let verdict = tokio::task::spawn_blocking(move || {
@@ -876,7 +939,21 @@ impl Admitted {
             .slot_with_memory(memory)
             .await
             .inspect_err(|e| s.observer.refused(&caller, &summary, e))?;
-        let entry = s.runs.register(ks.clone());
+        let live = LiveRun {
+            session_id: match &target {
+                Target::Session(id) => Some(id.clone()),
+                _ => None,
+            },
+            ..LiveRun::new(
+                match target {
+                    Target::OneShot => RunKind::OneShot,
+                    _ => RunKind::Session,
+                },
+                summary.language,
+                Some(&caller),
+            )
+        };
+        let entry = s.runs.register(ks.clone(), live);
         let mut guard = ks.kill_on_drop();
         let owner = caller.key_id.clone();
         let span = tracing::Span::current();
@@ -1095,6 +1172,50 @@ mod tests {
             e.lock().unwrap().push(id.to_owned());
         });
         (maker, waiting, ended)
+    }
+
+    /// The registry lists its runs oldest first, with who asked, and forgets each when its
+    /// entry is dropped; killing all of them kills those registered afterwards too.
+    #[test]
+    fn the_registry_lists_live_runs_and_forgets_ended_ones() {
+        let runs = RunRegistry::default();
+        let caller = Caller {
+            request_id: "r1".into(),
+            key_id: Some("team-a".into()),
+            ..Caller::default()
+        };
+        let first = runs.register(
+            KillSwitch::new().unwrap(),
+            LiveRun::new(RunKind::OneShot, "python", Some(&caller)),
+        );
+        let second = runs.register(
+            KillSwitch::new().unwrap(),
+            LiveRun::new(RunKind::Probe, "bash", None),
+        );
+        let list = runs.list();
+        assert_eq!(list.len(), 2);
+        assert_eq!(
+            (
+                list[0].kind.as_str(),
+                list[0].language,
+                list[0].key_id.as_deref()
+            ),
+            ("one-shot", "python", Some("team-a"))
+        );
+        assert_eq!(list[0].request_id, "r1");
+        assert_eq!(
+            (list[1].kind.as_str(), list[1].key_id.as_deref()),
+            ("probe", None)
+        );
+        drop(first);
+        assert_eq!(runs.list().len(), 1);
+        assert_eq!(runs.active(), 1);
+        drop(second);
+        assert!(runs.list().is_empty());
+        assert_eq!(runs.kill_all(), 0);
+        let late = KillSwitch::new().unwrap();
+        let _entry = runs.register(late.clone(), LiveRun::new(RunKind::Session, "python", None));
+        assert!(late.is_triggered());
     }
 
     /// The server's own run (the readiness probe) is admitted like any run: with the only

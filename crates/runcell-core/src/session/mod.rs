@@ -124,6 +124,15 @@ pub struct SessionStats {
     pub forked: u64,
 }
 
+/// A live session, its owner (the API key's id; `None` without keys) and when it was last
+/// used (RFC 3339, UTC).
+#[derive(Debug, Clone)]
+pub struct OwnedSession {
+    pub owner: Option<String>,
+    pub last_used_at: String,
+    pub info: SessionInfo,
+}
+
 /// What a resume did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resumed {
@@ -421,6 +430,32 @@ impl Sessions {
             .collect();
         let mut out: Vec<SessionInfo> = slots.iter().map(|s| self.info(s)).collect();
         out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    /// Every live session with its owner and its last use, for the operator's console
+    /// (`GET /v1/admin/overview`), oldest first.
+    pub fn list_all(&self) -> Vec<OwnedSession> {
+        let slots: Vec<Arc<Slot>> = lock(&self.table).slots.values().cloned().collect();
+        let mut out: Vec<OwnedSession> = slots
+            .iter()
+            .map(|s| {
+                let idle = lock(&s.state).last_used.elapsed();
+                OwnedSession {
+                    owner: s.owner.clone(),
+                    last_used_at: rfc3339(
+                        SystemTime::now()
+                            .checked_sub(idle)
+                            .unwrap_or(SystemTime::UNIX_EPOCH),
+                    ),
+                    info: self.info(s),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (a.info.created_at.as_str(), a.info.id.as_str())
+                .cmp(&(b.info.created_at.as_str(), b.info.id.as_str()))
+        });
         out
     }
 

@@ -37,7 +37,9 @@ pub enum DecisionKind {
     Deny,
 }
 
-fn require_admin(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+/// Refuses (403) a caller whose key is not an admin key, on a server with keys; `what` says
+/// what needed it ("Approving runs").
+pub(crate) fn require_admin(state: &AppState, caller: &Caller, what: &str) -> Result<(), ApiError> {
     let admin = caller
         .key_id
         .as_ref()
@@ -46,8 +48,10 @@ fn require_admin(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "Approving runs needs an admin key (admin = true in its [[api_keys]] entry, or \
-             --admin-key).",
+            format!(
+                "{what} needs an admin key (admin = true in its [[api_keys]] entry, or \
+                 --admin-key)."
+            ),
         ));
     }
     Ok(())
@@ -64,7 +68,7 @@ pub(crate) async fn list(
     State(state): State<AppState>,
     Requester(caller): Requester,
 ) -> Result<Json<PendingRuns>, ApiError> {
-    require_admin(&state, &caller)?;
+    require_admin(&state, &caller, "Approving runs")?;
     Ok(Json(PendingRuns {
         approvals: state.service().approvals().list(),
     }))
@@ -87,7 +91,7 @@ pub(crate) async fn decide(
     Unlined(mut req): Unlined,
 ) -> Result<Json<DecisionBody>, ApiError> {
     let caller = &req.caller;
-    require_admin(&state, caller)?;
+    require_admin(&state, caller, "Approving runs")?;
     let bytes = req.read_json(Some(4096)).await?;
     let d: DecisionBody = super::execute::parse_body(&bytes)?;
     if d.decision == DecisionKind::Approve && req.caller.key_id.is_some() {

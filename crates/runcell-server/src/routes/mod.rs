@@ -1,5 +1,6 @@
 //! The API's routes, one module per resource, each handler with its OpenAPI description.
 
+pub mod admin;
 pub mod agents;
 pub mod approvals;
 pub mod execute;
@@ -21,6 +22,7 @@ pub(crate) fn authenticated() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::run_chat_completions))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::decide))
+        .routes(routes!(admin::overview))
         .routes(routes!(sessions::create, sessions::list))
         .routes(routes!(sessions::get, sessions::delete))
         .routes(routes!(sessions::execute))
