@@ -261,6 +261,15 @@ impl Session {
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut files = Vec::new();
         for f in &c.files {
+            if f.path == self.language().source_file() {
+                // Where a call's code is written: not an input file (the next call writes its
+                // own), and the creation would refuse it.
+                skipped.push(format!(
+                    "/workspace/{} (where a call's code is written)",
+                    f.path
+                ));
+                continue;
+            }
             if state.is_some() && f.path == STATE_FILE {
                 // The name the state travels under: the user's file cannot take it too.
                 skipped.push(format!(
