@@ -195,6 +195,19 @@ pub struct AgentError {
     pub model_calls: u32,
 }
 
+impl AgentError {
+    /// Every category a failed loop has: the model errors' and the loop's own.
+    pub const CATEGORIES: &'static [&'static str] = &[
+        "upstream_unavailable",
+        "upstream_rate_limited",
+        "upstream_timeout",
+        "upstream_malformed",
+        "upstream_refused",
+        "timeout",
+        "conversation_too_large",
+    ];
+}
+
 /// Run the loop over `conv` with `tools` offered, reporting to `events` as it goes.
 pub async fn run_agent(
     model: &dyn Model,
@@ -427,6 +440,22 @@ mod tests {
     use super::*;
     use runcell_core::{ErrorCategory, VerdictError};
     use serde_json::json;
+
+    #[test]
+    fn every_model_error_category_is_listed() {
+        let s = String::new;
+        for e in [
+            ModelError::Unavailable(s()),
+            ModelError::RateLimited(s()),
+            ModelError::Timeout(s()),
+            ModelError::Malformed(s()),
+            ModelError::Refused(s()),
+        ] {
+            assert!(AgentError::CATEGORIES.contains(&e.category()), "{e:?}");
+        }
+        let bounds = Bounds::default();
+        assert!(AgentError::CATEGORIES.contains(&timeout(&bounds, 0).category));
+    }
     use std::sync::Mutex;
 
     /// A model that replays turns and records what it was sent.

@@ -801,21 +801,44 @@ async fn trusted(req: Request, next: axum::middleware::Next) -> Response {
     next.run(req).await
 }
 
+/// The contract's routes: each path, its methods and their handlers. The router is built
+/// from this table, and the generated reference (`runcell __reference names`) lists it.
+fn contract_routes() -> [(
+    &'static str,
+    &'static str,
+    axum::routing::MethodRouter<Door>,
+); 12] {
+    [
+        ("/", "GET", get(health)),
+        ("/execute", "POST", post(execute)),
+        ("/upload", "POST", post(upload)),
+        ("/download", "GET", get(download)),
+        ("/download/", "GET", get(download)),
+        ("/download/{*path}", "GET", get(download)),
+        ("/list", "GET", get(list)),
+        ("/list/", "GET", get(list)),
+        ("/list/{*path}", "GET", get(list)),
+        ("/exists", "GET", get(exists)),
+        ("/exists/", "GET", get(exists)),
+        ("/exists/{*path}", "GET", get(exists)),
+    ]
+}
+
+/// Every route of the contract (on its own address), with its method.
+pub fn routes() -> Vec<(&'static str, &'static str)> {
+    contract_routes()
+        .into_iter()
+        .map(|(path, method, _)| (path, method))
+        .collect()
+}
+
 /// The contract's routes, over the server's state, for a listener of their own.
 pub fn router(door: Door) -> Router {
-    Router::new()
-        .route("/", get(health))
-        .route("/execute", post(execute))
-        .route("/upload", post(upload))
-        .route("/download", get(download))
-        .route("/download/", get(download))
-        .route("/download/{*path}", get(download))
-        .route("/list", get(list))
-        .route("/list/", get(list))
-        .route("/list/{*path}", get(list))
-        .route("/exists", get(exists))
-        .route("/exists/", get(exists))
-        .route("/exists/{*path}", get(exists))
+    contract_routes()
+        .into_iter()
+        .fold(Router::new(), |r, (path, _, handler)| {
+            r.route(path, handler)
+        })
         .with_state(door)
         .layer(axum::middleware::from_fn(trusted))
         .layer(axum::middleware::from_fn(crate::middleware::request_meta))

@@ -43,8 +43,39 @@ pub struct ApiError {
     pub retry_after: Option<u32>,
 }
 
+/// The categories of the server's own errors, beside the run service's
+/// ([`runcell_core::ErrorKind`]) and the agent loop's ([`runcell_agent::AgentError`]).
+pub const SERVER_CATEGORIES: &[&str] = &[
+    "unauthorized",
+    "forbidden",
+    "method_not_allowed",
+    "not_acceptable",
+    "unsupported_media_type",
+    "agent_unconfigured",
+];
+
+/// Every category an error body of the API may carry, sorted: the run service's, the agent
+/// loop's and the server's own.
+pub fn categories() -> Vec<&'static str> {
+    let mut all: Vec<&'static str> = runcell_core::ErrorKind::ALL
+        .iter()
+        .map(|k| k.category())
+        .chain(runcell_agent::AgentError::CATEGORIES.iter().copied())
+        .chain(SERVER_CATEGORIES.iter().copied())
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
 impl ApiError {
     pub fn new(status: StatusCode, category: &'static str, message: impl Into<String>) -> Self {
+        // A category is one of the listed ones, so that the generated reference and the
+        // docs know it (a test that meets an unlisted one fails here).
+        debug_assert!(
+            categories().contains(&category),
+            "the API error category {category:?} is not listed: add it to SERVER_CATEGORIES"
+        );
         ApiError {
             status,
             category,

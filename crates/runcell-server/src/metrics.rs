@@ -93,6 +93,9 @@ pub struct Metrics {
     totals: Mutex<Totals>,
     max_concurrent: usize,
     max_queue: usize,
+    /// The names of the registry's families (without the prefix): a family without series
+    /// yet is not in the exposition, but it is in the reference.
+    registered: Vec<&'static str>,
 }
 
 /// Counters since the server started, for the console's [`Metrics::snapshot`].
@@ -106,6 +109,18 @@ pub struct Totals {
     pub network_connections_allowed: u64,
     /// `runcell_network_connections_total` with `decision="refused"`.
     pub network_connections_refused: u64,
+}
+
+/// Register a family, and note its name.
+fn register(
+    registry: &mut Registry,
+    registered: &mut Vec<&'static str>,
+    name: &'static str,
+    help: &str,
+    metric: impl prometheus_client::registry::Metric,
+) {
+    registered.push(name);
+    registry.register(name, help, metric);
 }
 
 impl std::fmt::Debug for Metrics {
@@ -122,8 +137,11 @@ pub fn language_label(requested: &str) -> &'static str {
 impl Metrics {
     pub fn new(max_concurrent: usize, max_queue: usize) -> Metrics {
         let mut registry = Registry::with_prefix("runcell");
+        let mut registered = Vec::new();
         let executions = Family::<ExecLabels, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "executions",
             "Executions that ran (or were refused by the policy), by language, outcome and interface",
             executions.clone(),
@@ -131,13 +149,17 @@ impl Metrics {
         let latency = Family::<LanguageLabel, Histogram>::new_with_constructor(|| {
             Histogram::new(LATENCY_BUCKETS)
         });
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "execution_duration_seconds",
             "Time from admission to verdict (queueing, sandbox set-up, compile and run)",
             latency.clone(),
         );
         let rejections = Family::<ReasonLabel, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "rejections",
             "Requests refused before running: rate_limited (429), payload_too_large (413), \
              invalid_request (400), request_timeout (408), unauthorized (401), forbidden (403), \
@@ -145,13 +167,17 @@ impl Metrics {
             rejections.clone(),
         );
         let agent_requests = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "agent_requests",
             "Agent requests (POST /v1/agents) by outcome: ok, or the loop's error category",
             agent_requests.clone(),
         );
         let agent_model_calls = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "agent_model_calls",
             "Calls to the agent loop's model by outcome: ok, or upstream_unavailable, \
              upstream_rate_limited, upstream_timeout, upstream_malformed, upstream_refused \
@@ -159,76 +185,99 @@ impl Metrics {
             agent_model_calls.clone(),
         );
         let agent_model_seconds = Histogram::new(LATENCY_BUCKETS);
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "agent_model_call_duration_seconds",
             "Time of one call to the agent loop's model, retries included",
             agent_model_seconds.clone(),
         );
         let agent_runs = Histogram::new([0.0, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0]);
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "agent_runs_per_request",
             "Code runs of one agent request (each run is also in executions)",
             agent_runs.clone(),
         );
         let agent_tokens = Family::<TokenLabel, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "agent_tokens",
             "Tokens the agent loop's model calls used, by kind (prompt, completion)",
             agent_tokens.clone(),
         );
         let network_connections = Family::<DecisionLabel, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "network_connections",
             "Connections runs made (allowed) or tried (refused) through their egress proxy",
             network_connections.clone(),
         );
         let network_bytes = Family::<DirectionLabel, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "network_bytes",
             "Bytes through the egress proxies, by direction: out (from runs), in (to runs)",
             network_bytes.clone(),
         );
         let running = Gauge::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "sandboxes_running",
             "Sandboxes running now",
             running.clone(),
         );
         let queued = Gauge::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "queue_depth",
             "Admitted executions waiting for a sandbox slot",
             queued.clone(),
         );
         let capacity: Gauge = Gauge::default();
         capacity.set(max_concurrent as i64);
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "max_concurrent",
             "Sandboxes allowed to run at once",
             capacity,
         );
         let queue_capacity: Gauge = Gauge::default();
         queue_capacity.set(max_queue as i64);
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "max_queue",
             "Executions allowed to wait beyond those",
             queue_capacity,
         );
         let forwards = Family::<ResultLabel, Counter>::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "forwards",
             "Requests for another server's session forwarded to it, by result: ok (it \
              answered), peer_unavailable (it could not be reached)",
             forwards.clone(),
         );
         let draining = Gauge::default();
-        registry.register(
+        register(
+            &mut registry,
+            &mut registered,
             "draining",
             "1 while the server drains (stopping: no new sessions, calls in flight go on)",
             draining.clone(),
         );
         Metrics {
             registry: Mutex::new(registry),
+            registered,
             forwards,
             draining,
             executions,
@@ -393,6 +442,31 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The name of every metric family the server exposes (as `# TYPE` names it in the
+/// OpenMetrics text: a counter without its `_total`), sorted: the registry's families and
+/// the exposition of a fresh server, so that the list cannot differ from what `/metrics`
+/// writes.
+pub fn family_names() -> Vec<String> {
+    let metrics = Metrics::new(1, 1);
+    let text = metrics.render(
+        0,
+        0,
+        &[],
+        runcell_core::SessionStats::default(),
+        &runcell_core::templates::TemplatesReport::default(),
+    );
+    let mut names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .chain(metrics.registered.iter().map(|n| format!("runcell_{n}")))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// What was built: `runcell_build_info{version, commit} 1`.

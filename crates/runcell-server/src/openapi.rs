@@ -246,7 +246,7 @@ pub type CellRequest = RequestBody<2>;
 /// is one this server accepts. Where a policy cannot be said exactly, the schema is the
 /// stricter side (numbers without the string forms, the policy's own entries), and the
 /// description says what else is accepted.
-pub(crate) fn served(
+pub fn served(
     engine: &runcell_core::EngineConfig,
     sessions: &runcell_core::SessionPolicy,
     agent: Option<&runcell_agent::api::AgentPolicy>,

@@ -372,36 +372,110 @@ pub fn home_path(rel: &str) -> String {
     }
 }
 
+/// A route of the door: its path (under `/e2b`), its methods, and their handlers.
+type Route = (
+    &'static str,
+    &'static [&'static str],
+    axum::routing::MethodRouter<AppState>,
+);
+
+/// The control plane (E2B's API), behind the API keys. The router is built from this table,
+/// and the generated reference (`runcell __reference names`) lists it.
+fn control_routes() -> [Route; 9] {
+    [
+        (
+            "/sandboxes",
+            &["GET", "POST"],
+            post(control::create).get(control::list_v1),
+        ),
+        (
+            "/v2/sandboxes",
+            &["GET", "POST"],
+            post(control::create).get(control::list),
+        ),
+        (
+            "/sandboxes/{id}",
+            &["DELETE", "GET"],
+            get(control::info).delete(control::kill),
+        ),
+        ("/sandboxes/{id}/connect", &["POST"], post(control::connect)),
+        (
+            "/v2/sandboxes/{id}/connect",
+            &["POST"],
+            post(control::connect),
+        ),
+        (
+            "/sandboxes/{id}/timeout",
+            &["POST"],
+            post(control::set_timeout),
+        ),
+        ("/sandboxes/{id}/pause", &["POST"], post(control::pause)),
+        ("/sandboxes/{id}/resume", &["POST"], post(control::resume)),
+        ("/sandboxes/{id}/fork", &["POST"], post(control::fork)),
+    ]
+}
+
+/// The data plane (envd and the code interpreter), behind the sandboxes' tokens.
+fn data_routes() -> [Route; 8] {
+    [
+        ("/health", &["GET"], get(envd::health)),
+        (
+            "/files",
+            &["GET", "POST"],
+            get(envd::read_file).post(envd::write_file),
+        ),
+        (
+            "/filesystem.Filesystem/{method}",
+            &["POST"],
+            post(envd::filesystem),
+        ),
+        ("/process.Process/{method}", &["POST"], post(envd::process)),
+        ("/execute", &["POST"], post(interpreter::execute)),
+        (
+            "/contexts",
+            &["GET", "POST"],
+            get(interpreter::list_contexts).post(interpreter::create_context),
+        ),
+        (
+            "/contexts/{id}",
+            &["DELETE"],
+            delete(interpreter::delete_context),
+        ),
+        (
+            "/contexts/{id}/restart",
+            &["POST"],
+            post(interpreter::restart_context),
+        ),
+    ]
+}
+
+/// Every route of the door, as `/e2b/...` paths with their methods.
+pub fn routes() -> Vec<(String, Vec<&'static str>)> {
+    control_routes()
+        .into_iter()
+        .chain(data_routes())
+        .map(|(path, methods, _)| (format!("/e2b{path}"), methods.to_vec()))
+        .collect()
+}
+
 /// The door's routes, mounted at `/e2b`: the control plane behind the API keys, the data
 /// plane behind the sandboxes' tokens.
 pub fn router(state: &AppState) -> Router<AppState> {
-    let control = Router::new()
-        .route("/sandboxes", post(control::create).get(control::list_v1))
-        .route("/v2/sandboxes", post(control::create).get(control::list))
-        .route("/sandboxes/{id}", get(control::info).delete(control::kill))
-        .route("/sandboxes/{id}/connect", post(control::connect))
-        .route("/v2/sandboxes/{id}/connect", post(control::connect))
-        .route("/sandboxes/{id}/timeout", post(control::set_timeout))
-        .route("/sandboxes/{id}/pause", post(control::pause))
-        .route("/sandboxes/{id}/resume", post(control::resume))
-        .route("/sandboxes/{id}/fork", post(control::fork))
+    let control = control_routes()
+        .into_iter()
+        .fold(Router::new(), |r, (path, _, handlers)| {
+            r.route(path, handlers)
+        })
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::auth::require_key,
         ))
         .layer(axum::middleware::map_response(control::e2b_errors));
-    let data = Router::new()
-        .route("/health", get(envd::health))
-        .route("/files", get(envd::read_file).post(envd::write_file))
-        .route("/filesystem.Filesystem/{method}", post(envd::filesystem))
-        .route("/process.Process/{method}", post(envd::process))
-        .route("/execute", post(interpreter::execute))
-        .route(
-            "/contexts",
-            get(interpreter::list_contexts).post(interpreter::create_context),
-        )
-        .route("/contexts/{id}", delete(interpreter::delete_context))
-        .route("/contexts/{id}/restart", post(interpreter::restart_context));
+    let data = data_routes()
+        .into_iter()
+        .fold(Router::new(), |r, (path, _, handlers)| {
+            r.route(path, handlers)
+        });
     Router::new().merge(control).merge(data)
 }
 
