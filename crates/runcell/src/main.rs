@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 mod agent;
+mod reference;
 mod repl;
 mod settings;
 
@@ -84,6 +85,12 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print the generated reference under docs/reference/ (scripts/gen-reference.sh).
+    #[command(name = "__reference", hide = true)]
+    Reference {
+        #[arg(value_enum)]
+        what: reference::Reference,
+    },
 }
 
 #[derive(Args)]
@@ -95,7 +102,7 @@ struct ServeArgs {
     /// Also serve kubernetes-sigs/agent-sandbox's runtime contract (`GET /`, `POST /execute`,
     /// `/upload`, `/download/`, `/list/`, `/exists/`) on this address, e.g. 0.0.0.0:8888:
     /// one session for the whole pod, WITHOUT authentication (the contract has none; only the
-    /// sandbox router may reach it). Off by default. See docs/agent-sandbox.md.
+    /// sandbox router may reach it) [default: off]. See docs/agent-sandbox.md.
     #[arg(long, value_name = "ADDR", value_parser = settings::parse_listen)]
     agent_sandbox_listen: Option<std::net::SocketAddr>,
     /// An API key clients must send (`Authorization: Bearer KEY` or `X-API-Key: KEY`), at
@@ -138,7 +145,7 @@ struct ServeArgs {
     /// environment variable takes a comma-separated list); values as in a request (10s, 256M,
     /// 0.5).
     #[arg(
-        long_help = limit_help("Default limit of a request that does not ask, as NAME=VALUE (repeatable; the environment variable takes a comma-separated list); values as in a request (10s, 256M, 0.5)."),
+        long_help = limit_help("Default limit of a request that does not ask, as NAME=VALUE (repeatable; the environment variable takes a comma-separated list); values as in a request (10s, 256M, 0.5) [default: runcell's defaults: see GET /v1/runtimes]."),
         long = "default-limit",
         value_delimiter = ',',
         value_name = "NAME=VALUE"
@@ -155,7 +162,7 @@ struct ServeArgs {
     max_limits: Vec<String>,
     /// Caps on what a request carries and gets back, as NAME=VALUE (repeatable).
     #[arg(
-        long_help = format!("Caps on what a request carries and gets back, as NAME=VALUE (repeatable). Names: {}.", runcell_core::limits::CAP_NAMES.join(", ")),
+        long_help = format!("Caps on what a request carries and gets back, as NAME=VALUE (repeatable). Names: {} [default: runcell's: GET /v1/runtimes shows them in `policy`].", runcell_core::limits::CAP_NAMES.join(", ")),
         long = "cap",
         value_delimiter = ',',
         value_name = "NAME=VALUE"
@@ -169,7 +176,8 @@ struct ServeArgs {
     pool: Vec<String>,
     /// Modules the warm Python interpreters import before a request arrives, as
     /// LANG=MODULE,MODULE (repeatable; e.g. python=numpy,pandas,matplotlib.pyplot): a request's
-    /// own `import pandas` then finds it loaded. Each warm sandbox holds their memory.
+    /// own `import pandas` then finds it loaded. Each warm sandbox holds their memory
+    /// [default: none].
     #[arg(long = "preload", value_name = "LANG=MODULES")]
     preload: Vec<String>,
     /// Fork Python interpreters (the pool's, sessions', and one-shot runs' that find no warm
@@ -416,6 +424,7 @@ fn main() -> ExitCode {
         Command::Serve(_) => serve(&ctx),
         Command::Mcp(_) => mcp(&ctx),
         Command::Tools(args) => tools(args, &ctx),
+        Command::Reference { what } => reference::print(what).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -505,7 +514,8 @@ fn init_logging() {
     use tracing_subscriber::prelude::*;
     const DEFAULT: &str =
         "warn,runcell=info,runcell_core=info,runcell_server=info,runcell_mcp=info";
-    let filter = EnvFilter::try_from_env("RUNCELL_LOG").unwrap_or_else(|_| EnvFilter::new(DEFAULT));
+    let filter =
+        EnvFilter::try_from_env(reference::LOG_ENV).unwrap_or_else(|_| EnvFilter::new(DEFAULT));
     let ours_or_quiet = filter_fn(|meta| {
         meta.target().starts_with("runcell") || *meta.level() <= tracing::Level::INFO
     });

@@ -54,6 +54,10 @@ pub struct Setting {
     /// Its environment variable.
     pub env: Option<&'static str>,
     pub shape: Shape,
+    /// What it does, for a setting without a flag (a flag's help says it otherwise); for one
+    /// with a flag, what the file form adds. The generated reference
+    /// (`runcell __reference settings`) refuses a setting with neither.
+    pub help: Option<&'static str>,
 }
 
 const fn s(key: &'static str, arg: &'static str, env: &'static str, shape: Shape) -> Setting {
@@ -62,25 +66,42 @@ const fn s(key: &'static str, arg: &'static str, env: &'static str, shape: Shape
         arg: Some(arg),
         env: Some(env),
         shape,
+        help: None,
     }
 }
 
 /// A setting without a flag: a secret (flags show in `ps`) or one an orchestrator sets.
-const fn no_flag(key: &'static str, env: &'static str, shape: Shape) -> Setting {
+const fn no_flag(
+    key: &'static str,
+    env: &'static str,
+    shape: Shape,
+    help: &'static str,
+) -> Setting {
     Setting {
         key,
         arg: None,
         env: Some(env),
         shape,
+        help: Some(help),
     }
 }
 
-const fn file_only(key: &'static str, shape: Shape) -> Setting {
+/// A setting of the file alone.
+const fn file_only(key: &'static str, shape: Shape, help: &'static str) -> Setting {
     Setting {
         key,
         arg: None,
         env: None,
         shape,
+        help: Some(help),
+    }
+}
+
+/// A setting with a flag, and what its file form adds to the flag's help.
+const fn with_file_note(setting: Setting, help: &'static str) -> Setting {
+    Setting {
+        help: Some(help),
+        ..setting
     }
 }
 
@@ -96,7 +117,15 @@ pub const SETTINGS: &[Setting] = &[
         "RUNCELL_AGENT_SANDBOX_LISTEN",
         One,
     ),
-    s("api_keys", "api_keys", "RUNCELL_API_KEY", List),
+    with_file_note(
+        s("api_keys", "api_keys", "RUNCELL_API_KEY", List),
+        "In the file, keys are [[api_keys]] tables: `id` (the name the audit log and the \
+         metrics use), `key`, and optionally `allow_net` (HOST[:PORT] entries: the network \
+         this key's runs may ask for, within network.allow) and `admin = true` (the key may \
+         also approve runs waiting for network). A file that holds keys must be readable by \
+         its owner only (chmod 600). Keys from the flag or the environment replace the \
+         file's.",
+    ),
     s("admin_keys", "admin_keys", "RUNCELL_ADMIN_KEY", List),
     s(
         "max_concurrent",
@@ -189,9 +218,24 @@ pub const SETTINGS: &[Setting] = &[
         "RUNCELL_AGENT_TIMEOUT",
         One,
     ),
-    file_only("agent.max_iterations", One),
-    file_only("agent.max_calls", One),
-    file_only("agent.max_code_retries", One),
+    file_only(
+        "agent.max_iterations",
+        One,
+        "The most model calls an agent request (POST /v1/agents) may ask for; a request \
+         that does not ask gets 10 [default: 30].",
+    ),
+    file_only(
+        "agent.max_calls",
+        One,
+        "The most code runs per tool an agent request may ask for; a request that does not \
+         ask gets 10 [default: 30].",
+    ),
+    file_only(
+        "agent.max_code_retries",
+        One,
+        "The most failed runs in a row an agent request may ask for before the model is told \
+         to answer with what it has; a request that does not ask gets 3 [default: 10].",
+    ),
     s("network.allow", "allow_net", "RUNCELL_ALLOW_NET", List),
     s(
         "network.max_connections",
@@ -241,12 +285,44 @@ pub const SETTINGS: &[Setting] = &[
         "RUNCELL_PACKAGE_CACHE_MAX",
         One,
     ),
-    file_only("packages.file_hosts", List),
-    file_only("packages.install_timeout", One),
+    file_only(
+        "packages.file_hosts",
+        List,
+        "HOST:PORT entries the package installs may also reach to download the wheels the \
+         index links to (a mirror that serves its own files needs none) [default: \
+         files.pythonhosted.org:443 with the default index, none with another].",
+    ),
+    file_only(
+        "packages.install_timeout",
+        One,
+        "How long one package install (resolving and downloading the wheels, in a sandbox of \
+         its own) may take (seconds, or with a unit) [default: 5m].",
+    ),
     s("cluster.pod", "cluster_pod", "RUNCELL_POD_NAME", One),
-    no_flag("cluster.key", "RUNCELL_CLUSTER_KEY", One),
-    no_flag("cluster.peer_url", "RUNCELL_CLUSTER_PEER_URL", One),
-    no_flag("cluster.peers", "RUNCELL_CLUSTER_PEERS", Pairs),
+    no_flag(
+        "cluster.key",
+        "RUNCELL_CLUSTER_KEY",
+        One,
+        "The secret the servers of a cluster share, at least 32 bytes: it authenticates \
+         the session ids every server hands out (so that no client can forge one). No flag: flags show in \
+         ps. Needs cluster.pod.",
+    ),
+    no_flag(
+        "cluster.peer_url",
+        "RUNCELL_CLUSTER_PEER_URL",
+        One,
+        "How to reach another server of the cluster: a URL with {pod} where its name goes \
+         (e.g. http://{pod}.runcell-pods.default.svc.cluster.local:8080, a headless \
+         Service's names). Needs cluster.pod.",
+    ),
+    no_flag(
+        "cluster.peers",
+        "RUNCELL_CLUSTER_PEERS",
+        Pairs,
+        "The other servers of the cluster by name, as POD=URL entries (a TOML table; \
+         comma-separated in the environment), beside or instead of cluster.peer_url. Needs \
+         cluster.pod.",
+    ),
 ];
 
 fn setting(key: &str) -> Option<&'static Setting> {
