@@ -62,6 +62,18 @@ pub enum Refused {
     PerPeer,
 }
 
+impl Refused {
+    pub const ALL: [Refused; 2] = [Refused::Total, Refused::PerPeer];
+
+    /// Its reason in `runcell_rejections_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refused::Total => "too_many_connections",
+            Refused::PerPeer => "too_many_connections_from_peer",
+        }
+    }
+}
+
 impl ConnectionLimits {
     /// At most `max_total` connections, at most `max_per_peer` of them from one address.
     pub fn new(max_total: usize, max_per_peer: usize) -> ConnectionLimits {

@@ -312,10 +312,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
     let shutdown = state.shutdown_token();
     let metrics_state = state.clone();
     let refused = move |why: Refused| {
-        metrics_state.metrics().rejected(match why {
-            Refused::Total => "too_many_connections",
-            Refused::PerPeer => "too_many_connections_from_peer",
-        });
+        metrics_state.metrics().rejected(why.reason());
     };
     // agent-sandbox's runtime contract on an address of its own, when asked for: the same
     // state (run service, admission, metrics, audit), its own connection caps.
@@ -335,10 +332,7 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServerError> {
             door.start();
             let contract_state = state.clone();
             let refused = move |why: Refused| {
-                contract_state.metrics().rejected(match why {
-                    Refused::Total => "too_many_connections",
-                    Refused::PerPeer => "too_many_connections_from_peer",
-                });
+                contract_state.metrics().rejected(why.reason());
             };
             Some(serve_connections(
                 l,

@@ -469,6 +469,15 @@ pub fn family_names() -> Vec<String> {
     names
 }
 
+/// Every reason `runcell_rejections_total` counts: the API's error categories and the
+/// connections refused before any request.
+pub fn rejection_reasons() -> Vec<&'static str> {
+    let mut all = crate::error::categories();
+    all.extend(crate::connections::Refused::ALL.map(crate::connections::Refused::reason));
+    all.sort_unstable();
+    all
+}
+
 /// What was built: `runcell_build_info{version, commit} 1`.
 fn build_family(out: &mut String, (version, commit): &(String, String)) {
     use std::fmt::Write;

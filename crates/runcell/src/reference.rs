@@ -419,6 +419,7 @@ pub fn names() -> anyhow::Result<Value> {
         "verdict_categories": verdict_categories,
         "api_categories": runcell_server::error::categories(),
         "metrics": runcell_server::metrics::family_names(),
+        "rejection_reasons": runcell_server::metrics::rejection_reasons(),
     }))
 }
 
