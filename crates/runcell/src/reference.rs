@@ -119,9 +119,18 @@ fn split_default(help: &str) -> (Option<String>, String) {
     (Some(default), format!("{before}{after}"))
 }
 
+/// A help text that ends a sentence (clap drops the full stop of a one-paragraph help).
+fn full_stop(t: String) -> String {
+    if t.trim_end().ends_with(['.', ':']) {
+        t
+    } else {
+        format!("{}.", t.trim_end())
+    }
+}
+
 /// A setting's description and default, or why it has none.
 fn describe(setting: &Setting, root: &clap::Command) -> anyhow::Result<(String, String)> {
-    let help = flag_help(setting, root);
+    let help = flag_help(setting, root).map(full_stop);
     let mut text = match (&help, setting.help) {
         (Some(h), Some(note)) => format!("{h}\n\n{note}"),
         (Some(h), None) => h.clone(),
@@ -133,16 +142,12 @@ fn describe(setting: &Setting, root: &clap::Command) -> anyhow::Result<(String, 
         ),
     };
     let (default, rest) = split_default(&text);
-    text = rest.trim_end().to_string();
-    // clap drops the full stop of a one-paragraph help.
-    if !text.ends_with(['.', ':', ')']) {
-        text.push('.');
-    }
+    text = full_stop(rest);
     let default = match (default, setting.shape) {
         (Some(d), _) => d,
         (None, Shape::Bool) => "false".to_string(),
         // Not said: the description tells.
-        (None, _) => "-".to_string(),
+        (None, _) => "not set".to_string(),
     };
     Ok((text, default))
 }
@@ -290,7 +295,7 @@ pub fn settings_markdown(settings: &[Setting], root: &clap::Command) -> anyhow::
         let (Some(flag), Some(env)) = (long_of(arg), arg.get_env()) else {
             continue;
         };
-        let help = help_of(arg).unwrap_or_default().replace('\n', " ");
+        let help = full_stop(help_of(arg).unwrap_or_default()).replace('\n', " ");
         let _ = writeln!(
             out,
             "| `{flag}` | `{}` | {} |",
