@@ -356,13 +356,32 @@ fn every_flag_of_a_runcell_command_line_exists() {
         .collect();
     let mut problems = Vec::new();
     for doc in guides() {
-        for (n, line) in command_lines(&doc) {
+        problems.extend(flag_problems(&doc, &commands, &global));
+    }
+    report("unknown flags in runcell command lines", &problems);
+}
+
+/// The flags of a guide's `runcell` command lines that its command does not take.
+fn flag_problems(
+    doc: &Doc,
+    commands: &BTreeMap<String, BTreeSet<String>>,
+    global: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    {
+        for (n, line) in command_lines(doc) {
             let words = shell_words(&line);
             let mut i = 0;
             while i < words.len() {
                 let (w, quoted) = &words[i];
                 i += 1;
-                if *quoted || !(w == "runcell" || w.ends_with("/runcell")) {
+                // The binary, or a container image of it (`localhost/runcell:dev run ...`).
+                let program = w.split(':').next().unwrap_or_default();
+                if *quoted || !(program == "runcell" || program.ends_with("/runcell")) {
+                    continue;
+                }
+                // The value of another program's flag (`podman run --name runcell ...`).
+                if w == "runcell" && i >= 2 && words[i - 2].0.starts_with("--") {
                     continue;
                 }
                 // `cargo run -p runcell -- serve ...`.
@@ -412,7 +431,7 @@ fn every_flag_of_a_runcell_command_line_exists() {
             }
         }
     }
-    report("unknown flags in runcell command lines", &problems);
+    problems
 }
 
 /// A route of the code: its path template's segments, methods and door.
@@ -554,8 +573,8 @@ fn every_route_the_docs_name_exists_and_every_api_route_is_named() {
     for doc in guides() {
         for (n, method, path) in routes_named(&doc) {
             let written = segments(&path);
-            // The prefix alone (`/v1/`), as in "the /v1/ routes".
-            if written.len() <= 1 && path.ends_with('/') && path != "/e2b/" {
+            // A prefix alone (`/v1/`, `/e2b/`), as in "the /v1/ routes".
+            if written.len() <= 1 && path.ends_with('/') {
                 continue;
             }
             let matching: Vec<&Route> = routes
@@ -756,6 +775,20 @@ fn the_checks_read_command_lines_and_routes_as_meant() {
         text: "```sh\nruncell serve \\\n  --listen :8080\n```\nSee `runcell doctor --json`.".into(),
     };
     let lines: Vec<String> = command_lines(&doc).into_iter().map(|(_, l)| l).collect();
+    let commands = BTreeMap::from([("run".to_string(), BTreeSet::from(["--json".to_string()]))]);
+    let global = BTreeSet::from(["--config".to_string()]);
+    let flags = Doc {
+        path: "y.md".into(),
+        text: "```sh\npodman run --name runcell --privileged localhost/runcell:dev run --json \\\n  --nope\n```\n`runcell --config x run --bad`"
+            .into(),
+    };
+    let found = flag_problems(&flags, &commands, &global);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with("y.md:2: `runcell run` has no flag --nope"),
+        "{found:?}"
+    );
+    assert!(found[1].contains("--bad"), "{found:?}");
     assert!(lines
         .iter()
         .any(|l| l.contains("runcell serve") && l.contains("--listen")));
