@@ -405,6 +405,9 @@ pub fn names() -> anyhow::Result<Value> {
             routes.push(json!({"path": path, "methods": methods, "door": "api"}));
         }
     }
+    for path in runcell_server::console::routes() {
+        routes.push(json!({"path": path, "methods": ["GET"], "door": "console"}));
+    }
     for (path, methods) in runcell_server::e2b::routes() {
         routes.push(json!({"path": path, "methods": methods, "door": "e2b"}));
     }

@@ -29,21 +29,26 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
                        img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; \
                        base-uri 'none'; form-action 'none'";
 
+/// `/console` and its two assets: path, content type, body. The router is built from this
+/// table, and the generated reference (`runcell __reference names`) lists it.
+const ASSETS: [(&str, &str, &str); 3] = [
+    ("/console", "text/html; charset=utf-8", INDEX),
+    ("/console/app.js", "text/javascript; charset=utf-8", APP_JS),
+    ("/console/style.css", "text/css; charset=utf-8", STYLE),
+];
+
+/// The console's routes (each a `GET`).
+pub fn routes() -> Vec<&'static str> {
+    ASSETS.iter().map(|(path, _, _)| *path).collect()
+}
+
 /// `/console` and its two assets.
 pub(crate) fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/console",
-            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
-        )
-        .route(
-            "/console/app.js",
-            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
-        )
-        .route(
-            "/console/style.css",
-            get(|| async { asset("text/css; charset=utf-8", STYLE) }),
-        )
+    ASSETS
+        .into_iter()
+        .fold(Router::new(), |r, (path, content_type, body)| {
+            r.route(path, get(move || async move { asset(content_type, body) }))
+        })
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
