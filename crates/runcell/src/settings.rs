@@ -304,8 +304,8 @@ pub const SETTINGS: &[Setting] = &[
         "RUNCELL_CLUSTER_KEY",
         One,
         "The secret the servers of a cluster share, at least 32 bytes: it authenticates \
-         the session ids every server hands out (so that no client can forge one). No flag: flags show in \
-         ps. Needs cluster.pod.",
+         the session ids every server hands out (so that no client can forge one). No flag: \
+         flags show in ps. Needs cluster.pod.",
     ),
     no_flag(
         "cluster.peer_url",

@@ -779,7 +779,8 @@ fn the_checks_read_command_lines_and_routes_as_meant() {
     let global = BTreeSet::from(["--config".to_string()]);
     let flags = Doc {
         path: "y.md".into(),
-        text: "```sh\npodman run --name runcell --privileged localhost/runcell:dev run --json \\\n  --nope\n```\n`runcell --config x run --bad`"
+        text: "```sh\npodman run --name runcell --privileged localhost/runcell:dev run \
+               --json \\\n  --nope\n```\n`runcell --config x run --bad`"
             .into(),
     };
     let found = flag_problems(&flags, &commands, &global);
