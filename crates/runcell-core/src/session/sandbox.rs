@@ -148,6 +148,10 @@ impl Engine {
 
 /// Whether a language's session interpreter reports a cell's results (see [`super::results`]):
 /// Python (displays, figures, exceptions), Node and Ruby (the last value, the exception).
+/// The fewest processes and threads a node session's interpreter starts with (seven threads,
+/// and the sandbox's pid 1).
+const NODE_SESSION_MIN_PIDS: u64 = 8;
+
 fn reports_results(language: Language) -> bool {
     matches!(language, Language::Python | Language::Node | Language::Ruby)
 }
@@ -294,6 +298,19 @@ impl Session {
 
     /// Start the session's interpreter in its sandbox (again, after it ended).
     fn start_interpreter(&mut self, files: Vec<runcell_jail::InputFile>) -> Result<(), RunError> {
+        // Node.js starts seven threads (its main thread, V8's workers, libuv's) and hangs,
+        // rather than failing, when it cannot create one: a session below that would wait out
+        // the start timeout (found by schemathesis: `pids: 4` held its request two minutes).
+        let pids = self.limits.get(Limit::Pids);
+        if self.language == Language::Node && pids < NODE_SESSION_MIN_PIDS {
+            self.sandbox = None;
+            return Err(RunError::invalid(format!(
+                "A node session needs `pids` of at least {NODE_SESSION_MIN_PIDS} (Node.js starts \
+                 seven threads, and waits forever for one it cannot create); this one asked for \
+                 {pids}. Create the session with a larger `pids`, or without it for the default."
+            ))
+            .with_limit(Limit::Pids));
+        }
         let (Some(inv), Some(sandbox)) = (&self.interpreter, self.sandbox.as_mut()) else {
             return Ok(());
         };
