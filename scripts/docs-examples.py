@@ -17,6 +17,10 @@ Which blocks run (README.md, SECURITY.md and docs/**/*.md, except docs/reference
   (before a block that would not run, or before no block) is an error; `not-run` may also
   spare a `json` block its check.
 
+Links: every relative link of those pages (and of CHANGELOG.md and docs/reference/README.md)
+must lead to a file that exists and, with `#anchor` into a Markdown page, to one of its
+headings (GitHub's anchors); links with a scheme (https:, mailto:) are not followed.
+
 What a block sees: `runcell serve` (this script starts it, with an API key, an admin key and an
 agent upstream that is a scripted OpenAI-compatible model in this process) reachable at
 `localhost:8080`: `localhost:8080` and `127.0.0.1:8080` in the block's text are rewritten to
@@ -169,6 +173,67 @@ def doc_files(root: Path) -> list[Path]:
             p for p in docs.rglob("*.md") if (docs / "reference") not in p.parents
         )
     return [p for p in files if p.is_file()]
+
+
+# --- links ----------------------------------------------------------------------------------
+
+LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, links and code marks dropped, punctuation
+    removed, spaces made hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())
+    text = text.lower()
+    text = "".join(c for c in text if c.isalnum() or c in " -_")
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    fence = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        m = None if fence else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base = slug(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def link_errors(root: Path, files: list[Path]) -> list[str]:
+    """Every relative link of the pages leads to a file that exists and, with `#anchor`, to a
+    heading of it (GitHub's anchors); links to the web are not followed."""
+    errors = []
+    cache: dict[Path, set[str]] = {}
+    for path in files:
+        rel = path.relative_to(root) if path.is_relative_to(root) else path
+        fence = False
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.startswith("```"):
+                fence = not fence
+                continue
+            if fence:
+                continue
+            for m in LINK.finditer(re.sub(r"`[^`]*`", "", line)):
+                target = m.group(1) or m.group(2)
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                    continue
+                file_part, _, anchor = target.partition("#")
+                dest = (path.parent / file_part).resolve() if file_part else path
+                if not dest.exists():
+                    errors.append(f"{rel}:{n}: the link {target!r} leads to no file")
+                    continue
+                if anchor and dest.suffix == ".md":
+                    known = cache.setdefault(dest, anchors(dest))
+                    if anchor not in known:
+                        errors.append(f"{rel}:{n}: the link {target!r} names no heading of {dest.name}")
+    return errors
 
 
 # --- the scripted model -------------------------------------------------------------------
@@ -724,6 +789,18 @@ def self_test(runcell: Path) -> int:
                 "docs/markers.md:11: not-run is not directly before"]
         if len(errors) != len(want) or not all(e.startswith(w) for e, w in zip(errors, want)):
             problems.append(f"marker errors: {errors}")
+        (root / "docs" / "links.md").write_text(
+            "# Links: here\n\n## Twice\n\n## Twice\n\n"
+            "[ok](#links-here) [ok](page.md) [ok](#twice-1) [web](https://example.com/x#y)\n"
+            "[no file](missing.md) [no heading](links.md#nowhere) `[in code](nothing.md)`\n"
+            "![image](gone.png)\n```text\n[in a fence](nothing.md)\n```\n")
+        got_links = link_errors(root, [root / "docs" / "links.md"])
+        want_links = ["docs/links.md:8: the link 'missing.md' leads to no file",
+                      "docs/links.md:8: the link 'links.md#nowhere' names no heading of links.md",
+                      "docs/links.md:9: the link 'gone.png' leads to no file"]
+        if got_links != want_links:
+            problems.append(f"link errors: {got_links}, expected {want_links}")
+        (root / "docs" / "links.md").unlink()
         problems += fake_model_problems()
         harness = Harness(runcell, root, timeout=5)
         try:
@@ -743,8 +820,8 @@ def self_test(runcell: Path) -> int:
     if problems:
         print("docs-examples self-test FAILED:\n  " + "\n  ".join(problems))
         return 1
-    print(f"docs-examples self-test: ok ({len(SELF_TEST_EXPECT)} blocks, 3 marker errors as expected, "
-          "the scripted model in both wire formats)")
+    print(f"docs-examples self-test: ok ({len(SELF_TEST_EXPECT)} blocks, 3 marker errors and 3 broken "
+          "links as expected, the scripted model in both wire formats)")
     return 0
 
 
@@ -781,6 +858,12 @@ def main() -> int:
     if a.self_test:
         return self_test(runcell)
     started = time.monotonic()
+    link_files = files + [f for f in (ROOT / "CHANGELOG.md", ROOT / "docs/reference/README.md")
+                          if not a.file and f.is_file()]
+    broken = link_errors(ROOT, link_files)
+    for e in broken:
+        print(f"FAIL {e}")
+    print(f"docs-examples: {len(link_files)} pages' links checked, {len(broken)} broken", flush=True)
     harness = Harness(runcell, ROOT, a.timeout)
     try:
         harness.start()
@@ -794,7 +877,7 @@ def main() -> int:
     failed = [o.block.where for o in outcomes if o.status == "fail"]
     if failed:
         print("failed: " + " ".join(failed))
-    return 0 if ok else 1
+    return 0 if ok and not broken else 1
 
 
 if __name__ == "__main__":
