@@ -507,7 +507,7 @@ fn over_http_a_networked_run_waits_for_an_admin_to_approve_or_deny_it() {
         &format!(
             "[[api_keys]]\nid = \"team-a\"\nkey = \"{KEY_A}\"\n\
              [[api_keys]]\nid = \"boss\"\nkey = \"{BOSS}\"\nadmin = true\n\
-             [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"3s\"\n",
+             [network]\nallow = [\"{}\"]\napproval = true\napproval_timeout = \"10s\"\n",
             srv.entry()
         ),
         &[],
